@@ -1,0 +1,3 @@
+from atom_plugin.cli import main
+
+raise SystemExit(main())

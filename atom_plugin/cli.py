@@ -1,0 +1,72 @@
+"""`atom-plugin` command line: `info` and `doctor`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from atom_plugin import __version__
+
+
+def _info(_args: argparse.Namespace) -> int:
+    from atom_plugin import manager
+    from atom_plugin.platform import aiter_available, detect_platform, triton_available
+
+    yes_no = {True: "yes", False: "no"}
+    print(f"atom-plugin {__version__}")
+    print(f"platform: {detect_platform()}")
+    print(f"aiter available: {yes_no[aiter_available()]}")
+    print(f"triton available: {yes_no[triton_available()]}")
+    pm = manager.get_plugin_manager()
+    print("hook implementations:")
+    for name, plugin in sorted(pm.list_name_plugin(), key=lambda item: item[0]):
+        hooks = sorted(impl.name for impl in _impls_of(pm, plugin))
+        print(f"  {name}: {', '.join(hooks) or '(no hooks)'}")
+    print("attention backends:")
+    for spec in manager.attention_backends(pm):
+        print(f"  {spec.name} ({spec.kind}) -> {spec.class_path}")
+    print("logits processors:")
+    for spec in manager.logits_processors(pm):
+        print(f"  {spec.name} [{spec.runner}] -> {spec.class_path}")
+    print("tool parsers:")
+    for spec in manager.tool_parsers(pm):
+        print(f"  {spec.name} -> {spec.class_path}")
+    runner = manager.microbatch_runner(pm)
+    print(f"micro-batch runner: {runner.name if runner else '(none)'}")
+    print("health probes:")
+    for spec in manager.health_probes(pm):
+        print(f"  {spec.smi}")
+    return 0
+
+
+def _impls_of(pm, plugin):
+    return [
+        impl
+        for caller in pm.get_hookcallers(plugin) or []
+        for impl in caller.get_hookimpls()
+        if impl.plugin is plugin
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from atom_plugin.doctor import command as doctor_command
+
+    parser = argparse.ArgumentParser(prog="atom-plugin", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"atom-plugin {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,doctor}")
+    sub.required = True
+    info = sub.add_parser("info", help="version, platform and every registered hook")
+    info.set_defaults(func=_info)
+    doctor = sub.add_parser("doctor", help="GPU host health check (run before a server or CI)")
+    doctor_command.configure(doctor)
+    doctor.set_defaults(func=doctor_command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # usage errors exit 2 via argparse
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""What a hook implementation hands the host: small, immutable descriptions.
+
+Hooks return these rather than classes so that listing what the plugin offers
+(`atom-plugin info`) never imports vLLM or a GPU library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+AttentionKind = Literal["mha", "mla"]
+ATTENTION_KINDS: tuple[str, ...] = ("mha", "mla")
+RUNNERS: tuple[str, ...] = ("v1", "mrv2")
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_class_path(what: str, path: str) -> None:
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what} {path!r} must look like 'package.module:Name'")
+
+
+@dataclass(frozen=True)
+class AttentionBackendSpec:
+    """An attention backend: `name` is the `--attention-backend` enum member (upper case)."""
+
+    name: str
+    class_path: str
+    kind: AttentionKind
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.upper():
+            raise ValueError(f"attention backend name {self.name!r} must be upper case")
+        _check_class_path("attention backend class path", self.class_path)
+        _check_choice("attention backend kind", self.kind, ATTENTION_KINDS)
+
+
+@dataclass(frozen=True)
+class LogitsProcessorSpec:
+    """A logits processor class for one of vLLM's model runners ("v1" or "mrv2")."""
+
+    name: str
+    class_path: str
+    runner: str
+
+    def __post_init__(self) -> None:
+        _check_class_path("logits processor class path", self.class_path)
+        _check_choice("logits processor runner", self.runner, RUNNERS)
+
+
+@dataclass(frozen=True)
+class ToolParserSpec:
+    """A tool parser registered with vLLM under `name` (`--tool-call-parser name`)."""
+
+    name: str
+    class_path: str
+
+    def __post_init__(self) -> None:
+        _check_class_path("tool parser class path", self.class_path)
+
+
+@dataclass(frozen=True)
+class MicroBatchRunnerSpec:
+    """The two-batch-overlap runner: `factory(**kwargs)` builds one."""
+
+    name: str
+    factory: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class HealthProbeSpec:
+    """A vendor GPU tool that `atom-plugin doctor` can run and judge.
+
+    `smi` is the `--smi` choice that selects it; `probe` is the object that
+    runs the tool and parses its output (see `atom_plugin.doctor`).
+    """
+
+    smi: str
+    probe: Any
