@@ -1,0 +1,1 @@
+"""The vLLM host adapter: the only package of atom-plugin that imports vLLM."""

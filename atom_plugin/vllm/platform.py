@@ -1,0 +1,59 @@
+"""Platform subclasses: route `--attention-backend atom_aiter` to the plugin's
+classes and add the plugin's logits processors for the runner in use."""
+
+from __future__ import annotations
+
+from vllm.logger import init_logger
+
+from atom_plugin import manager
+from atom_plugin.vllm.registration import backend_for, dotted
+
+logger = init_logger("vllm.atom_plugin")
+
+
+class AtomPlatformMixin:
+    """Put first in the bases of a vLLM platform class."""
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        if selected_backend is not None:
+            spec = backend_for(selected_backend.name, attn_selector_config.use_mla)
+            if spec is not None:
+                return cls._checked_backend_path(spec.class_path, attn_selector_config)
+        return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
+
+    @classmethod
+    def _checked_backend_path(cls, class_path: str, selector) -> str:
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        path = dotted(class_path)
+        backend = resolve_obj_by_qualname(path)
+        reasons = backend.validate_configuration(
+            device_capability=cls.get_device_capability(), **selector._asdict()
+        )
+        if reasons:
+            raise ValueError(
+                f"Selected backend {backend.get_name()} is not valid for this "
+                f"configuration ({selector!r}). Reason: {reasons}"
+            )
+        logger.info_once("Using %s backend (atom-plugin).", backend.get_name())
+        return path
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        super().check_and_update_config(vllm_config)
+        model_config = vllm_config.model_config
+        if model_config is None:
+            return
+        runner = cls.model_runner(vllm_config)
+        wanted = [dotted(s.class_path) for s in manager.logits_processors() if s.runner == runner]
+        present = list(model_config.logits_processors or [])
+        missing = [path for path in wanted if path not in present]
+        if missing:
+            model_config.logits_processors = present + missing
+            logger.info_once("atom-plugin logits processors (%s runner): %s", runner, missing)
+
+    @classmethod
+    def model_runner(cls, vllm_config) -> str:
+        """'mrv2' or 'v1': which model runner's logits-processor interface applies."""
+        return "mrv2" if vllm_config.use_v2_model_runner else "v1"
