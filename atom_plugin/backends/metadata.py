@@ -1,0 +1,146 @@
+"""Per-step metadata of a paged attention call, shared by every kernel path.
+
+The builder fills it from vLLM's common metadata; the kernels (AITER, Triton,
+torch reference) read it the same way. Tensors live on the compute device and
+are never read back to the host by the Triton and AITER paths, so the
+host-side integers (`num_reqs`, `max_seq_len`, ...) carry what launches need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from atom_plugin.tbo.split import decode_ubatch_request_ranges
+
+
+@dataclass
+class PagedAttentionMetadata:
+    """One step's batch: decodes first (query_len 1), then prefills/extends.
+
+    `seq_lens[i]` counts request i's whole context including this step's new
+    tokens; its queries are the last `query_len` positions. A row with
+    seq_len 0 is inert (CUDA-graph padding): its outputs are zeros.
+    `max_seq_len` may be an upper bound (it sizes launches, never masks).
+    """
+
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    num_decodes: int
+    num_decode_tokens: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_reqs]
+    block_table: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
+    slot_mapping: torch.Tensor  # int64 [num_actual_tokens]; negative = skip
+
+    def __post_init__(self) -> None:
+        for name in ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_len"):
+            _check_count(name, getattr(self, name))
+        _check_count("num_decodes", self.num_decodes)
+        _check_count("num_decode_tokens", self.num_decode_tokens)
+        if self.num_decodes > self.num_reqs:
+            raise ValueError(f"num_decodes={self.num_decodes} exceeds num_reqs={self.num_reqs}")
+        if self.num_decode_tokens > self.num_actual_tokens:
+            raise ValueError(
+                f"num_decode_tokens={self.num_decode_tokens} exceeds "
+                f"num_actual_tokens={self.num_actual_tokens}"
+            )
+        _check_tensor("query_start_loc", self.query_start_loc, torch.int32, 1)
+        _check_tensor("seq_lens", self.seq_lens, torch.int32, 1)
+        _check_tensor("block_table", self.block_table, torch.int32, 2)
+        _check_tensor("slot_mapping", self.slot_mapping, torch.int64, 1)
+        if self.query_start_loc.shape[0] < self.num_reqs + 1:
+            raise ValueError(
+                f"query_start_loc has {self.query_start_loc.shape[0]} entries; "
+                f"num_reqs={self.num_reqs} needs {self.num_reqs + 1}"
+            )
+        for name in ("seq_lens", "block_table"):
+            rows = getattr(self, name).shape[0]
+            if rows < self.num_reqs:
+                raise ValueError(
+                    f"{name} has {rows} rows; num_reqs={self.num_reqs} needs that many"
+                )
+
+    @property
+    def num_prefills(self) -> int:
+        """Requests after the decodes (prefills and chunked-prefill extends)."""
+        return self.num_reqs - self.num_decodes
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_actual_tokens - self.num_decode_tokens
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _check_tensor(name: str, t: object, dtype: torch.dtype, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype or t.dim() != ndim:
+        raise ValueError(f"{name} must be a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}")
+
+
+def prepare_ubatch_decode(
+    meta: PagedAttentionMetadata, split_bs: int
+) -> tuple[PagedAttentionMetadata, PagedAttentionMetadata]:
+    """Cut a pure-decode batch into the two TBO micro-batches.
+
+    Rows are cut at `decode_ubatch_request_ranges(split_bs)`. In a decode batch
+    every row owns exactly one token (token index == row index), padding rows
+    included, so each micro-batch's tokens are its rows. Rows at or past the
+    real requests (`meta.num_decodes`) come out inert: seq_len 0, slot -1.
+    `split_bs` may exceed the scheduled requests on a graph replay, but not the
+    rows the block table holds (the builder's padded, persistent rows).
+    """
+    if isinstance(split_bs, bool) or not isinstance(split_bs, int):
+        raise TypeError(f"split_bs must be an int, got {split_bs!r}")
+    if meta.max_query_len > 1 or meta.num_decode_tokens != meta.num_decodes:
+        raise ValueError(
+            "prepare_ubatch_decode needs a pure-decode batch; got "
+            f"max_query_len={meta.max_query_len}, num_decodes={meta.num_decodes}, "
+            f"num_decode_tokens={meta.num_decode_tokens}, num_reqs={meta.num_reqs}"
+        )
+    rows_available = meta.block_table.shape[0]
+    if split_bs > rows_available:
+        raise ValueError(
+            f"split_bs={split_bs} exceeds the {rows_available} rows of the block table "
+            f"(num_reqs={meta.num_reqs}); pad the builder's rows to the graph bucket"
+        )
+    (a0, b0), (a1, b1) = decode_ubatch_request_ranges(split_bs)
+    real = meta.num_decodes
+    device = meta.seq_lens.device
+    # Every row at or past `real` is inert; seq_lens/slots may be shorter than
+    # split_bs (only the scheduled rows), so pad before masking.
+    seq_lens = _pad_to(meta.seq_lens[: min(real, split_bs)], split_bs, 0)
+    slots = _pad_to(meta.slot_mapping[: min(real, split_bs)], split_bs, -1)
+    table = meta.block_table[:split_bs]
+
+    def cut(a: int, b: int) -> PagedAttentionMetadata:
+        n = b - a
+        return replace(
+            meta,
+            num_reqs=n,
+            num_actual_tokens=n,
+            max_query_len=1 if n else 0,
+            num_decodes=n,
+            num_decode_tokens=n,
+            query_start_loc=torch.arange(n + 1, dtype=torch.int32, device=device),
+            seq_lens=seq_lens[a:b],
+            block_table=table[a:b],
+            slot_mapping=slots[a:b],
+        )
+
+    return cut(a0, b0), cut(a1, b1)
+
+
+def _pad_to(t: torch.Tensor, n: int, fill: int) -> torch.Tensor:
+    if t.shape[0] >= n:
+        return t[:n]
+    pad = torch.full((n - t.shape[0],), fill, dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad])

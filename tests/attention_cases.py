@@ -1,0 +1,112 @@
+"""Builders of random paged-attention batches shared by the MHA attention tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_plugin.backends.metadata import PagedAttentionMetadata
+
+
+def vllm_kv_cache(num_blocks, block_size, hkv, d, dtype, device="cpu", gen=None):
+    """A cache laid out as vLLM 0.32 hands it, [nb, Hkv, bs, 2D], split into K/V views.
+
+    Returns (raw, key_cache, value_cache); the views are [nb, bs, Hkv, D] and strided.
+    """
+    if dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        raw = torch.randn(num_blocks, hkv, block_size, 2 * d, generator=gen).clamp(-8, 8)
+        raw = raw.to(dtype).to(device)
+    else:
+        raw = torch.randn(num_blocks, hkv, block_size, 2 * d, generator=gen).to(dtype).to(device)
+    key_cache, value_cache = raw.transpose(1, 2).split(d, dim=-1)
+    return raw, key_cache, value_cache
+
+
+@dataclass
+class Batch:
+    meta: PagedAttentionMetadata
+    query: torch.Tensor
+    key: torch.Tensor  # the new tokens' K [T, Hkv, D]
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    raw_cache: torch.Tensor
+
+
+def make_batch(
+    reqs,
+    *,
+    hq,
+    hkv,
+    d,
+    block_size,
+    dtype=torch.float32,
+    cache_dtype=None,
+    device="cpu",
+    seed=0,
+    extra_blocks=3,
+    pad_tokens=0,
+    drop_slots=(),
+) -> Batch:
+    """reqs: [(query_len, seq_len)], decodes (query_len 1) first.
+
+    Blocks are a shuffled permutation of the pool, so tables are neither
+    contiguous nor ordered; `pad_tokens` adds query rows past num_actual_tokens;
+    `drop_slots` marks those token indices' slots negative.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    cache_dtype = cache_dtype or dtype
+    blocks_per_req = [max(1, -(-s // block_size)) for _, s in reqs]
+    max_blocks = max(blocks_per_req, default=1)
+    num_blocks = sum(blocks_per_req) + extra_blocks
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(reqs), max_blocks, dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_req):
+        table[i, :nb] = perm[used : used + nb].to(torch.int32)
+        table[i, nb:] = perm[-1].item()  # junk beyond the context must never be read
+        used += nb
+    qsl = [0]
+    slots = []
+    for i, (q, s) in enumerate(reqs):
+        qsl.append(qsl[-1] + q)
+        for p in range(s - q, s):
+            slots.append(int(table[i, p // block_size]) * block_size + p % block_size)
+    t = qsl[-1]
+    for j in drop_slots:
+        slots[j] = -1
+    raw, key_cache, value_cache = vllm_kv_cache(
+        num_blocks, block_size, hkv, d, cache_dtype, device, gen
+    )
+    num_decodes = 0
+    for q, _ in reqs:
+        if q != 1:
+            break
+        num_decodes += 1
+    meta = PagedAttentionMetadata(
+        num_reqs=len(reqs),
+        num_actual_tokens=t,
+        max_query_len=max((q for q, _ in reqs), default=0),
+        max_seq_len=max((s for _, s in reqs), default=0),
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decodes,
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([s for _, s in reqs], dtype=torch.int32, device=device),
+        block_table=table.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+    )
+    query = torch.randn(t + pad_tokens, hq, d, generator=gen).to(dtype).to(device)
+    key = torch.randn(t + pad_tokens, hkv, d, generator=gen).to(dtype).to(device)
+    value = torch.randn(t + pad_tokens, hkv, d, generator=gen).to(dtype).to(device)
+    return Batch(meta, query, key, value, key_cache, value_cache, raw)
+
+
+def tolerance(dtype, cache_dtype=None):
+    if cache_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        return dict(atol=3e-2, rtol=3e-2)
+    if dtype == torch.float32:
+        return dict(atol=2e-4, rtol=2e-4)
+    if dtype == torch.bfloat16:
+        return dict(atol=2e-2, rtol=2e-2)
+    return dict(atol=5e-3, rtol=5e-3)
