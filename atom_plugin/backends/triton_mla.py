@@ -1,0 +1,358 @@
+"""Triton MLA kernels: the latent cache write and a split-KV decode with a reduction.
+
+Decode stage 1 runs one program per (head group, KV split, query token). All heads
+share the latent rows, so a program loads each block of cached rows once and scores it
+against BLOCK_H heads with two matmuls (latent part and rope part), then accumulates
+P @ kv_c. Head groups are the fastest-varying grid axis, so the groups that read the
+same rows run next to each other and mostly hit L2. Stage 2 merges the splits with
+their log-sum-exps. Correctness does not depend on the number of splits, so it is
+chosen per call from batch, heads and context to fill the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_plugin.backends.mla_reference import check_mla_shapes, is_fp8, mla_token_plan
+
+# Work below this many keys per split costs more in partial-result traffic than it wins.
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _mla_write_kernel(
+    KV_C,
+    K_PE,
+    CACHE,
+    SLOTS,
+    SCALE,
+    stride_c,
+    stride_pe,
+    stride_cb,
+    stride_cs,
+    BLOCK_SIZE: tl.constexpr,
+    LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(SLOTS + t).to(tl.int64)
+    if slot < 0:
+        return
+    dst = CACHE + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+    offs_c = tl.arange(0, BLOCK_DV)
+    offs_pe = tl.arange(0, BLOCK_DPE)
+    c = tl.load(KV_C + t.to(tl.int64) * stride_c + offs_c, mask=offs_c < LORA)
+    pe = tl.load(K_PE + t.to(tl.int64) * stride_pe + offs_pe, mask=offs_pe < ROPE)
+    if QUANT:
+        inv = 1.0 / tl.load(SCALE)
+        c = c.to(tl.float32) * inv
+        pe = pe.to(tl.float32) * inv
+    tl.store(dst + offs_c, c.to(CACHE.dtype.element_ty), mask=offs_c < LORA)
+    tl.store(dst + LORA + offs_pe, pe.to(CACHE.dtype.element_ty), mask=offs_pe < ROPE)
+
+
+def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
+    n = slot_mapping.shape[0]
+    if n == 0:
+        return
+    lora, rope = kv_c.shape[-1], k_pe.shape[-1]
+    if kv_cache.shape[-1] != lora + rope or kv_cache.stride(-1) != 1:
+        raise ValueError(
+            f"cache {tuple(kv_cache.shape)} (last stride {kv_cache.stride(-1)}) does not hold "
+            f"kv_c {lora} + k_pe {rope} contiguous columns"
+        )
+    quant = is_fp8(kv_cache.dtype)
+    if quant and scale is None:
+        raise ValueError("an fp8 MLA cache needs a scale")
+    kv_c = kv_c if kv_c.stride(-1) == 1 else kv_c.contiguous()
+    k_pe = k_pe if k_pe.stride(-1) == 1 else k_pe.contiguous()
+    _mla_write_kernel[(n,)](
+        kv_c,
+        k_pe,
+        kv_cache,
+        slot_mapping,
+        scale if quant else kv_c,
+        kv_c.stride(0),
+        k_pe.stride(0),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        BLOCK_SIZE=kv_cache.shape[1],
+        LORA=lora,
+        ROPE=rope,
+        BLOCK_DV=triton.next_power_of_2(lora),
+        BLOCK_DPE=triton.next_power_of_2(rope),
+        QUANT=quant,
+    )
+
+
+@triton.jit
+def _mla_decode_stage1(
+    Q,
+    KV,
+    BLOCK_TABLE,
+    TOK_REQ,
+    TOK_KV_LEN,
+    MID_O,
+    MID_LSE,
+    KV_SCALE,
+    sm_scale,
+    num_heads,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_bt,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    PAGE: tl.constexpr,
+    LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    split = tl.program_id(1)
+    t = tl.program_id(2)
+    req = tl.load(TOK_REQ + t)
+    if req < 0:
+        return
+    kv_len = tl.load(TOK_KV_LEN + t)
+    per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, kv_len)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_pe = tl.arange(0, BLOCK_DPE)
+    mask_dv = offs_dv < LORA
+    mask_pe = offs_pe < ROPE
+    q_row = Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
+    q_c = tl.load(q_row + offs_dv[None, :], mask=mask_h[:, None] & mask_dv[None, :], other=0.0)
+    q_pe = tl.load(
+        q_row + LORA + offs_pe[None, :], mask=mask_h[:, None] & mask_pe[None, :], other=0.0
+    )
+    if IS_FP8:
+        kv_scale = tl.load(KV_SCALE)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
+    bt_row = BLOCK_TABLE + req.to(tl.int64) * stride_bt
+    for n in range(start, end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        page = tl.load(bt_row + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
+        row = KV + page * stride_kb + (pos % PAGE).to(tl.int64) * stride_ks
+        kv_c = tl.load(
+            row[:, None] + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0
+        )
+        k_pe = tl.load(
+            row[:, None] + LORA + offs_pe[None, :],
+            mask=mask_n[:, None] & mask_pe[None, :],
+            other=0.0,
+        )
+        if IS_FP8:
+            kv_c = (kv_c.to(tl.float32) * kv_scale).to(q_c.dtype)
+            k_pe = (k_pe.to(tl.float32) * kv_scale).to(q_c.dtype)
+        s = tl.dot(q_c, tl.trans(kv_c), input_precision=PRECISION)
+        s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=PRECISION)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID_O + t.to(tl.int64) * stride_mt + offs_h[:, None] * stride_mh + split * stride_ms
+    tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
+    tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _mla_decode_stage2(
+    MID_O,
+    MID_LSE,
+    TOK_REQ,
+    OUT,
+    LSE,
+    num_splits,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    stride_st,
+    LORA: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    h = tl.program_id(0)
+    t = tl.program_id(1)
+    if tl.load(TOK_REQ + t) < 0:
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < LORA
+    lse = tl.load(
+        MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh + offs_s,
+        mask=mask_s,
+        other=float("-inf"),
+    )
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    denom = tl.sum(w, 0)
+    mid = MID_O + t.to(tl.int64) * stride_mt + h * stride_mh
+    parts = tl.load(
+        mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
+        mask=mask_s[:, None] & mask_dv[None, :],
+        other=0.0,
+    )
+    out = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(
+        OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
+        out.to(OUT.dtype.element_ty),
+        mask=mask_dv,
+    )
+    tl.store(
+        LSE + t.to(tl.int64) * stride_st + h,
+        tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
+    )
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(
+    num_tokens: int, head_groups: int, max_seq_len: int, device: torch.device
+) -> int:
+    """Enough splits that small batches still put ~2 programs on every SM, but never
+    splits shorter than MIN_KEYS_PER_SPLIT keys."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
+    programs = max(num_tokens * head_groups, 1)
+    want = triton.cdiv(2 * sms, programs)
+    by_len = max(triton.cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT), 1)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+def default_config(num_heads: int, dtype: torch.dtype) -> dict:
+    """(BLOCK_H, BLOCK_N, num_warps, num_stages) measured best on the H200 for 128 heads."""
+    block_h = 16 if num_heads <= 16 else 32
+    return {"BLOCK_H": block_h, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+
+
+def mla_decode_triton(
+    q,
+    kv_cache,
+    meta,
+    *,
+    scale,
+    output,
+    kv_lora_rank=512,
+    kv_scale=None,
+    token_kv_lens=None,
+    num_splits: int | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    check_mla_shapes(q, kv_cache, output, kv_lora_rank)
+    T, H, width = q.shape
+    lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
+    if T == 0:
+        return lse
+    fp8 = is_fp8(kv_cache.dtype)
+    if fp8 and kv_scale is None:
+        raise ValueError("an fp8 MLA cache needs kv_scale")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    req, kv_len = mla_token_plan(meta, T, token_kv_lens)
+    cfg = dict(default_config(H, q.dtype), **(config or {}))
+    block_h = max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(H)))
+    head_groups = triton.cdiv(H, block_h)
+    if num_splits is None:
+        num_splits = choose_num_splits(T, head_groups, int(meta.max_seq_len), q.device)
+    rope = width - kv_lora_rank
+    mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+    block_table = meta.block_table
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _mla_decode_stage1[(head_groups, num_splits, T)](
+        q,
+        kv_cache,
+        block_table,
+        req,
+        kv_len,
+        mid_o,
+        mid_lse,
+        kv_scale if fp8 else q,
+        float(scale),
+        H,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        PAGE=kv_cache.shape[1],
+        LORA=kv_lora_rank,
+        ROPE=rope,
+        BLOCK_DV=triton.next_power_of_2(kv_lora_rank),
+        BLOCK_DPE=max(16, triton.next_power_of_2(rope)),
+        BLOCK_H=block_h,
+        BLOCK_N=cfg["BLOCK_N"],
+        IS_FP8=fp8,
+        PRECISION=precision,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    _mla_decode_stage2[(H, T)](
+        mid_o,
+        mid_lse,
+        req,
+        output,
+        lse,
+        num_splits,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        output.stride(0),
+        output.stride(1),
+        lse.stride(0),
+        LORA=kv_lora_rank,
+        BLOCK_DV=triton.next_power_of_2(kv_lora_rank),
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+    )
+    return lse

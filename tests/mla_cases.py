@@ -1,0 +1,91 @@
+"""Random MLA decode batches (DeepSeek latent cache) shared by the MLA tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_plugin.backends.metadata import PagedAttentionMetadata
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+@dataclass
+class MLABatch:
+    meta: PagedAttentionMetadata
+    q: torch.Tensor  # [T (+ padding), H, lora + rope]
+    kv_cache: torch.Tensor  # [num_blocks, block_size, lora + rope], strided view
+    kv_scale: torch.Tensor | None
+
+
+def make_mla_batch(
+    reqs,
+    *,
+    heads,
+    lora=512,
+    rope=64,
+    block_size=16,
+    dtype=torch.float32,
+    cache_dtype=None,
+    device="cpu",
+    seed=0,
+    pad_tokens=0,
+    pad_rows=0,
+) -> MLABatch:
+    """reqs: [(query_len, seq_len)]. Blocks are a shuffled permutation of a pool with
+    junk blocks past each context; the cache is a strided view (each row padded by 8
+    columns) so kernels must honour strides. `pad_rows` adds inert rows (seq_len 0,
+    no queries); `pad_tokens` adds query rows past the requests (must stay untouched)."""
+    gen = torch.Generator().manual_seed(seed)
+    cache_dtype = cache_dtype or dtype
+    width = lora + rope
+    blocks_per_req = [max(1, -(-s // block_size)) for _, s in reqs]
+    max_blocks = max(blocks_per_req, default=1)
+    num_blocks = sum(blocks_per_req) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(reqs) + pad_rows, max_blocks, dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_req):
+        table[i, :nb] = perm[used : used + nb].to(torch.int32)
+        table[i, nb:] = int(perm[-1])  # junk beyond the context must never be read
+        used += nb
+    table[len(reqs) :] = int(perm[-2])
+    qsl, slots = [0], []
+    for i, (q, s) in enumerate(reqs):
+        qsl.append(qsl[-1] + q)
+        for p in range(s - q, s):
+            slots.append(int(table[i, p // block_size]) * block_size + p % block_size)
+    qsl += [qsl[-1]] * pad_rows
+    backing = torch.randn(num_blocks, block_size, width + 8, generator=gen)
+    kv_scale = None
+    if cache_dtype in FP8:
+        kv_scale = torch.tensor([0.5])
+        backing = (backing / kv_scale).clamp(-200, 200)
+    backing = backing.to(cache_dtype).to(device)
+    kv_cache = backing[..., 4 : 4 + width]
+    t = qsl[-1]
+    meta = PagedAttentionMetadata(
+        num_reqs=len(reqs) + pad_rows,
+        num_actual_tokens=t,
+        max_query_len=max((q for q, _ in reqs), default=0),
+        max_seq_len=max((s for _, s in reqs), default=0),
+        num_decodes=len(reqs) + pad_rows,
+        num_decode_tokens=t,
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(
+            [s for _, s in reqs] + [0] * pad_rows, dtype=torch.int32, device=device
+        ),
+        block_table=table.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+    )
+    q = (torch.randn(t + pad_tokens, heads, width, generator=gen) * 0.5).to(dtype).to(device)
+    return MLABatch(meta, q, kv_cache, None if kv_scale is None else kv_scale.to(device))
+
+
+def tolerance(dtype, cache_dtype=None):
+    if cache_dtype in FP8:
+        return dict(atol=3e-2, rtol=3e-2)
+    if dtype == torch.float32:
+        return dict(atol=2e-4, rtol=2e-4)
+    return dict(atol=2e-2, rtol=2e-2)

@@ -1,0 +1,267 @@
+"""MLA kernels (Triton under TRITON_INTERPRET=1 on CPU, natively on a GPU) against the
+torch reference, and the reference against a direct per-token computation."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from mla_cases import FP8, make_mla_batch, tolerance  # noqa: E402
+
+from atom_plugin.backends import mla_ops  # noqa: E402
+from atom_plugin.backends.mla_reference import (  # noqa: E402
+    mla_decode_reference,
+    mla_token_plan,
+    write_mla_kv_reference,
+)
+from atom_plugin.backends.triton_mla import mla_decode_triton, write_mla_kv_triton  # noqa: E402
+
+SENTINEL = 7.0
+
+
+def _run(fn, batch, lora, **kw):
+    T, H, _ = batch.q.shape
+    out = torch.full((T, H, lora), SENTINEL, dtype=batch.q.dtype, device=batch.q.device)
+    lse = fn(
+        batch.q,
+        batch.kv_cache,
+        batch.meta,
+        scale=0.3,
+        output=out,
+        kv_lora_rank=lora,
+        kv_scale=batch.kv_scale,
+        **kw,
+    )
+    return out, lse
+
+
+def _direct(batch, lora, scale=0.3):
+    """Per token, straight from the definition: gather its visible rows, softmax, sum."""
+    meta = batch.meta
+    qsl, seq = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    bs = batch.kv_cache.shape[1]
+    T, H, _ = batch.q.shape
+    out = torch.zeros(T, H, lora)
+    lse = torch.full((T, H), float("-inf"))
+    for r in range(meta.num_reqs):
+        q_len = qsl[r + 1] - qsl[r]
+        for j in range(q_len):
+            t = qsl[r] + j
+            n = seq[r] - q_len + j + 1 if seq[r] else 0
+            if n <= 0:
+                continue
+            rows = torch.stack(
+                [
+                    batch.kv_cache[int(meta.block_table[r, p // bs]), p % bs].float()
+                    for p in range(n)
+                ]
+            )
+            if batch.kv_scale is not None:
+                rows = rows * batch.kv_scale.float()
+            s = batch.q[t].float() @ rows.T * scale
+            lse[t] = torch.logsumexp(s, -1)
+            out[t] = torch.softmax(s, -1) @ rows[:, :lora]
+    return out, lse
+
+
+BS = 16
+SINGLE = [(1, 1), (1, BS - 1), (1, BS), (1, BS + 1), (1, 7 * BS + 5)]
+MULTI = [(1, 9), (3, 40), (4, 4), (2, BS + 1)]  # speculative verification rows
+
+
+@pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
+def test_reference_matches_definition(reqs):
+    b = make_mla_batch(reqs, heads=4, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
+    out, lse = _run(mla_decode_reference, b, 32)
+    want_out, want_lse = _direct(b, 32)
+    T = b.meta.num_actual_tokens
+    torch.testing.assert_close(out[:T], want_out[:T], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse[:T], want_lse[:T], atol=1e-5, rtol=1e-5)
+    assert (out[T:] == SENTINEL).all(), "padding tokens must stay untouched"
+
+
+def test_token_plan_causal_rows_and_padding():
+    b = make_mla_batch([(1, 5), (3, 10)], heads=1, lora=16, rope=16, pad_rows=2, pad_tokens=1)
+    req, kv_len = mla_token_plan(b.meta, 5)
+    assert req.tolist() == [0, 1, 1, 1, -1]
+    assert kv_len.tolist() == [5, 8, 9, 10, 0]
+
+
+@pytest.mark.parametrize(
+    "reqs,heads,splits,cfg",
+    [
+        (SINGLE, 16, None, None),
+        (SINGLE, 20, 3, None),  # heads not a multiple of BLOCK_H
+        (MULTI, 16, 1, None),
+        (MULTI, 32, 5, {"BLOCK_H": 32, "BLOCK_N": 16}),
+    ],
+)
+def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
+    b = make_mla_batch(reqs, heads=heads, lora=64, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
+    want_out, want_lse = _run(mla_decode_reference, b, 64)
+    out, lse = _run(mla_decode_triton, b, 64, num_splits=splits, config=cfg)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+    torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+
+
+def test_triton_decode_deepseek_shapes():
+    """kv_lora_rank 512 + rope 64 = 576, block sizes 1 and 64, multi-token rows."""
+    for bs in (1, 64):
+        b = make_mla_batch([(1, 1), (1, 65), (2, 70)], heads=16, block_size=bs, seed=bs)
+        want_out, want_lse = _run(mla_decode_reference, b, 512)
+        out, lse = _run(mla_decode_triton, b, 512, num_splits=2)
+        torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+        torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+
+
+def test_triton_decode_dcp_token_kv_lens():
+    """Per-token key counts (decode context parallelism) override the causal counts."""
+    b = make_mla_batch([(1, 30), (2, 33)], heads=16, lora=32, rope=16)
+    lens = torch.tensor([7, 0, 12], dtype=torch.int32)
+    want_out, want_lse = _run(mla_decode_reference, b, 32, token_kv_lens=lens)
+    out, lse = _run(mla_decode_triton, b, 32, token_kv_lens=lens, num_splits=2)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+    torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+    assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 60)), min_size=1, max_size=4),
+    st.sampled_from([1, 8, 16]),
+    st.integers(1, 6),
+)
+def test_triton_decode_random_batches(raw_reqs, bs, splits):
+    reqs = [(q, s + q) for q, s in raw_reqs]
+    b = make_mla_batch(reqs, heads=16, lora=32, rope=16, block_size=bs, seed=len(reqs) * bs)
+    want_out, want_lse = _run(mla_decode_reference, b, 32)
+    out, lse = _run(mla_decode_triton, b, 32, num_splits=splits)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+    torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+
+
+def _write_case(cache_dtype, lora=512, rope=64, n=9):
+    gen = torch.Generator().manual_seed(3)
+    kv_c = torch.randn(n + 2, lora, generator=gen)  # 2 padding rows past the slots
+    k_pe = torch.randn(n + 2, rope, generator=gen)
+    slots = torch.randperm(4 * 16, generator=gen)[:n].to(torch.int64)
+    slots[[2, 5]] = -1
+    backing = torch.zeros(4, 16, lora + rope + 8).to(cache_dtype)
+    return kv_c, k_pe, slots, backing
+
+
+@pytest.mark.parametrize("impl", [write_mla_kv_reference, write_mla_kv_triton])
+def test_write_mla_kv(impl):
+    kv_c, k_pe, slots, backing = _write_case(torch.float32)
+    cache = backing[..., 3 : 3 + 576]
+    before = backing.clone()
+    impl(kv_c, k_pe, cache, slots)
+    for t, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        torch.testing.assert_close(cache[s // 16, s % 16], torch.cat([kv_c[t], k_pe[t]]))
+    written = torch.zeros(4, 16, dtype=torch.bool)
+    for s in slots.tolist():
+        if s >= 0:
+            written[s // 16, s % 16] = True
+    assert torch.equal(backing[~written], before[~written]), "only the valid slots change"
+    assert torch.equal(backing[..., :3], before[..., :3]) and torch.equal(
+        backing[..., 3 + 576 :], before[..., 3 + 576 :]
+    ), "columns outside the strided view stay untouched"
+
+
+def test_fp8_write_then_decode_reference():
+    kv_c, k_pe, slots, backing = _write_case(torch.float8_e4m3fn, lora=32, rope=16)
+    cache = backing[..., :48]
+    scale = torch.tensor([0.25])
+    write_mla_kv_reference(kv_c, k_pe, cache, slots, scale)
+    s = int(slots[0])
+    got = cache[s // 16, s % 16].float() * scale
+    torch.testing.assert_close(got, torch.cat([kv_c[0], k_pe[0]]), atol=0.1, rtol=0.07)
+    with pytest.raises(ValueError, match="scale"):
+        write_mla_kv_reference(kv_c, k_pe, cache, slots)
+
+
+def test_ops_dispatch(monkeypatch):
+    b = make_mla_batch([(1, 20), (2, 9)], heads=16, lora=32, rope=16)
+    want, _ = _run(mla_decode_reference, b, 32)
+    for impl in ("torch", "triton"):
+        monkeypatch.setenv("ATOM_PLUGIN_KERNELS", impl)
+        out, _ = _run(mla_ops.mla_decode, b, 32)
+        torch.testing.assert_close(out, want, **tolerance(torch.float32))
+    monkeypatch.setenv("ATOM_PLUGIN_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="aiter, triton, torch"):
+        _run(mla_ops.mla_decode, b, 32)
+
+
+def test_shape_errors_name_the_values():
+    b = make_mla_batch([(1, 4)], heads=2, lora=32, rope=16)
+    with pytest.raises(ValueError, match=r"output must be \[1, 2, 32\]"):
+        mla_decode_reference(
+            b.q, b.kv_cache, b.meta, scale=1.0, output=torch.empty(1, 2, 16), kv_lora_rank=32
+        )
+    with pytest.raises(ValueError, match="kv_lora_rank=48"):
+        mla_decode_reference(
+            b.q, b.kv_cache, b.meta, scale=1.0, output=torch.empty(1, 2, 48), kv_lora_rank=48
+        )
+
+
+# ---- the same checks at realistic sizes on a GPU ----
+
+GPU_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 4099), (1, 777), (4, 2051), (2, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_triton_decode_deepseek(block_size, dtype):
+    b = make_mla_batch(
+        GPU_REQS,
+        heads=128,
+        block_size=block_size,
+        dtype=dtype,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+    )
+    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    out, lse = _run(mla_decode_triton, b, 512)
+    torch.testing.assert_close(out, want_out, **tolerance(dtype))
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [{"BLOCK_H": 16}, {"BLOCK_H": 32}, {"BLOCK_H": 64, "num_warps": 8}])
+def test_gpu_triton_decode_configs(cfg):
+    b = make_mla_batch(GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda")
+    want_out, _ = _run(mla_decode_reference, b, 512)
+    out, _ = _run(mla_decode_triton, b, 512, config=cfg)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_gpu_triton_fp8_cache_and_write():
+    b = make_mla_batch(
+        GPU_REQS,
+        heads=128,
+        block_size=64,
+        dtype=torch.bfloat16,
+        cache_dtype=torch.float8_e4m3fn,
+        device="cuda",
+    )
+    want_out, _ = _run(mla_decode_reference, b, 512)
+    out, _ = _run(mla_decode_triton, b, 512)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
+    kv_c, k_pe, slots, backing = _write_case(torch.float8_e4m3fn)
+    scale = torch.tensor([0.25], device="cuda")
+    args = [x.cuda() for x in (kv_c, k_pe)]
+    ref = backing.cuda()
+    tri = ref.clone()
+    write_mla_kv_reference(*args, ref[..., :576], slots.cuda(), scale)
+    write_mla_kv_triton(*args, tri[..., :576], slots.cuda(), scale)
+    torch.testing.assert_close(tri.float(), ref.float(), atol=0, rtol=0.07)
