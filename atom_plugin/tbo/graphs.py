@@ -1,0 +1,203 @@
+"""Request graphs: each decode bucket recorded as one CUDA graph, split ones included.
+
+A split bucket's graph holds both micro-batches: the step function calls the
+`MicroBatchRunner`, whose workers issue onto the capture stream and a comm
+stream forked from it, joined back before the step returns. A replay reads
+static buffers; `DecodeGraphBuffers.refresh` rewrites them in place (the full
+batch's and each micro-batch's metadata, cut at the bucket) before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
+from atom_plugin.tbo.mode import GraphKey
+
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+_TENSORS = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+
+
+def pad_decode_rows(
+    meta: PagedAttentionMetadata, rows: int, max_seq_len: int | None = None
+) -> PagedAttentionMetadata:
+    """A uniform decode batch padded to `rows` requests; padding rows are inert.
+
+    Padding rows get seq_len 0, block-table row 0 and slot -1 for each of their
+    query tokens. `max_seq_len` (an upper bound) replaces the batch's when given.
+    """
+    n, q = meta.num_reqs, meta.max_query_len
+    if meta.num_decodes != n or meta.num_actual_tokens != n * q:
+        raise ValueError(
+            f"pad_decode_rows needs a uniform decode batch; got num_reqs={n}, "
+            f"num_decodes={meta.num_decodes}, tokens={meta.num_actual_tokens}, max_query_len={q}"
+        )
+    if rows < n:
+        raise ValueError(f"cannot pad {n} requests to {rows} rows")
+    dev = meta.seq_lens.device
+    seq_lens = torch.zeros(rows, dtype=torch.int32, device=dev)
+    seq_lens[:n] = meta.seq_lens[:n]
+    table = torch.zeros((rows, meta.block_table.shape[1]), dtype=torch.int32, device=dev)
+    table[:n] = meta.block_table[:n]
+    slots = torch.full((rows * q,), -1, dtype=torch.int64, device=dev)
+    slots[: n * q] = meta.slot_mapping[: n * q]
+    return replace(
+        meta,
+        num_reqs=rows,
+        num_actual_tokens=rows * q,
+        num_decodes=rows,
+        num_decode_tokens=rows * q,
+        max_seq_len=meta.max_seq_len if max_seq_len is None else max_seq_len,
+        query_start_loc=torch.arange(rows + 1, dtype=torch.int32, device=dev) * q,
+        seq_lens=seq_lens,
+        block_table=table,
+        slot_mapping=slots,
+    )
+
+
+class StaticMetadata:
+    """Metadata whose tensors never move: captured once, refreshed in place before each replay."""
+
+    def __init__(self, template: PagedAttentionMetadata):
+        self.meta = replace(template, **{n: getattr(template, n).clone() for n in _TENSORS})
+
+    def refresh(self, src: PagedAttentionMetadata) -> None:
+        m = self.meta
+        for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens"):
+            if getattr(src, name) != getattr(m, name):
+                raise ValueError(
+                    f"{name}={getattr(src, name)} differs from the captured {getattr(m, name)}"
+                )
+        if src.max_seq_len > m.max_seq_len or src.max_query_len > m.max_query_len:
+            raise ValueError(
+                f"max_seq_len={src.max_seq_len}/max_query_len={src.max_query_len} exceed the "
+                f"captured bounds {m.max_seq_len}/{m.max_query_len}"
+            )
+        for name in _TENSORS:
+            dst, new = getattr(m, name), getattr(src, name)
+            if new.shape != dst.shape:
+                raise ValueError(
+                    f"{name} shape {tuple(new.shape)} differs from the captured {tuple(dst.shape)}"
+                )
+            dst.copy_(new, non_blocking=True)
+
+
+class DecodeGraphBuffers:
+    """The attention metadata buffers of one decode request graph.
+
+    `full` is the whole bucket (the unsplit graph reads it); on a split
+    bucket `ubatches` are the two micro-batches, cut at the bucket with
+    `prepare_ubatch_decode` - the same cut on capture and on every replay.
+    """
+
+    def __init__(
+        self,
+        key: GraphKey,
+        split: bool,
+        max_blocks_per_req: int,
+        block_size: int,
+        device: torch.device | str,
+    ):
+        self.key, self.split = key, split
+        self.max_seq_len = max_blocks_per_req * block_size
+        q = key.query_len
+        inert = PagedAttentionMetadata(
+            num_reqs=0,
+            num_actual_tokens=0,
+            max_query_len=q,
+            max_seq_len=self.max_seq_len,
+            num_decodes=0,
+            num_decode_tokens=0,
+            query_start_loc=torch.zeros(1, dtype=torch.int32, device=device),
+            seq_lens=torch.zeros(0, dtype=torch.int32, device=device),
+            block_table=torch.zeros((0, max_blocks_per_req), dtype=torch.int32, device=device),
+            slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
+        )
+        template = pad_decode_rows(inert, key.bucket)
+        self.full = StaticMetadata(template)
+        self.ubatches = (
+            tuple(StaticMetadata(m) for m in prepare_ubatch_decode(template, key.bucket))
+            if split
+            else None
+        )
+
+    def refresh(self, meta: PagedAttentionMetadata) -> None:
+        """Write this step's batch (at most `bucket` decode requests) into the buffers."""
+        if meta.num_reqs > self.key.bucket or meta.max_query_len != self.key.query_len:
+            raise ValueError(
+                f"a batch of {meta.num_reqs} requests x {meta.max_query_len} tokens does not "
+                f"fit graph {self.key}"
+            )
+        padded = pad_decode_rows(meta, self.key.bucket, self.max_seq_len)
+        self.full.refresh(padded)
+        if self.ubatches is not None:
+            for static, m in zip(
+                self.ubatches, prepare_ubatch_decode(padded, self.key.bucket), strict=True
+            ):
+                static.refresh(m)
+
+
+class RequestGraphs:
+    """CUDA graphs keyed by (bucket, query length), sharing one memory pool.
+
+    `capture(key, step)` warms `step` up on a side stream, then records it;
+    `replay(key)` replays and returns the static outputs of the capture
+    (overwritten by the next replay of that graph).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        *,
+        capture_error_mode: str = "thread_local",
+        warmup_steps: int = 2,
+    ):
+        if capture_error_mode not in CAPTURE_ERROR_MODES:
+            raise ValueError(
+                f"capture_error_mode {capture_error_mode!r} is not one of "
+                f"{', '.join(CAPTURE_ERROR_MODES)}"
+            )
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1 (compiles kernels), got {warmup_steps}")
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"request graphs need a CUDA device, got {self.device}")
+        self.capture_error_mode = capture_error_mode
+        self.warmup_steps = warmup_steps
+        self.pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, Any]] = {}
+
+    def __contains__(self, key: GraphKey) -> bool:
+        return key in self._graphs
+
+    def keys(self) -> list[GraphKey]:
+        return list(self._graphs)
+
+    def capture(self, key: GraphKey, step: Callable[[], Any]) -> Any:
+        """Record `step` (which must only read static buffers) as the graph of `key`."""
+        if key in self._graphs:
+            raise ValueError(f"graph {key} is already captured")
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_steps):
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
+            outputs = step()
+        self._graphs[key] = (graph, outputs)
+        return outputs
+
+    def replay(self, key: GraphKey) -> Any:
+        try:
+            graph, outputs = self._graphs[key]
+        except KeyError:
+            raise KeyError(f"no graph captured for {key}; captured: {self.keys()}") from None
+        graph.replay()
+        return outputs

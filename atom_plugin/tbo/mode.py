@@ -1,0 +1,200 @@
+"""How one step runs: eager or graph replay, split into micro-batches or not.
+
+`ForwardMode.decide` is a pure function of every data-parallel rank's batch
+shape (see `atom_plugin.tbo.dp` for the one collective that gathers them), so
+all ranks reach the same decision: all split or none does, and every rank pads
+its micro-batches to the same token counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from atom_plugin.tbo.split import MIN_SPLIT_TOKENS, decode_bucket_splits
+
+IDLE, DECODE, PREFILL = "idle", "decode", "prefill"
+MIXED = "mixed"  # ranks disagree on the kind of step: nobody splits, nobody replays
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TboConfig:
+    """Which steps may split. `prefill_min_tokens` is the smallest prefill batch that splits."""
+
+    decode: bool = True
+    prefill: bool = True
+    prefill_min_tokens: int = MIN_SPLIT_TOKENS
+
+    def __post_init__(self) -> None:
+        _check_int("prefill_min_tokens", self.prefill_min_tokens, MIN_SPLIT_TOKENS)
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """A request graph: `bucket` decode requests of `query_len` tokens each."""
+
+    bucket: int
+    query_len: int
+
+    def __post_init__(self) -> None:
+        _check_int("bucket", self.bucket, 1)
+        _check_int("query_len", self.query_len, 1)
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What one rank scheduled this step.
+
+    `decode_query_len` is the common query length when every request is a
+    decode (1, or 1 + speculative tokens); None for prefill or mixed batches.
+    """
+
+    num_reqs: int
+    num_tokens: int
+    decode_query_len: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("num_reqs", self.num_reqs, 0)
+        _check_int("num_tokens", self.num_tokens, 0)
+        if self.decode_query_len is not None:
+            _check_int("decode_query_len", self.decode_query_len, 1)
+            if self.num_tokens != self.num_reqs * self.decode_query_len:
+                raise ValueError(
+                    f"a decode batch of {self.num_reqs} requests x {self.decode_query_len} "
+                    f"tokens cannot hold num_tokens={self.num_tokens}"
+                )
+        if (self.num_reqs == 0) != (self.num_tokens == 0):
+            raise ValueError(f"num_reqs={self.num_reqs} and num_tokens={self.num_tokens} disagree")
+        if self.num_tokens < self.num_reqs:
+            raise ValueError(f"{self.num_reqs} requests need at least as many tokens")
+
+    @classmethod
+    def from_query_lens(cls, query_lens: Sequence[int], decode_query_len: int = 1) -> BatchShape:
+        """A decode batch when every request has `decode_query_len` new tokens, else prefill."""
+        lens = list(query_lens)
+        is_decode = bool(lens) and all(q == decode_query_len for q in lens)
+        return cls(len(lens), sum(lens), decode_query_len if is_decode else None)
+
+    @property
+    def kind(self) -> str:
+        if self.num_reqs == 0:
+            return IDLE
+        return DECODE if self.decode_query_len is not None else PREFILL
+
+
+def _global_kind(shapes: Sequence[BatchShape]) -> tuple[str, int | None]:
+    kinds = {s.kind for s in shapes} - {IDLE}
+    if not kinds:
+        return IDLE, None
+    if kinds == {DECODE}:
+        qlens = {s.decode_query_len for s in shapes if s.kind == DECODE}
+        if len(qlens) == 1:
+            return DECODE, qlens.pop()
+        return MIXED, None
+    if kinds == {PREFILL}:
+        return PREFILL, None
+    return MIXED, None
+
+
+@dataclass(frozen=True)
+class ForwardMode:
+    """One rank's plan for one step (derived identically on every DP rank).
+
+    - `replay`: the step replays the request graph `graph_key` (decode only).
+    - `split`: the step runs as two micro-batches.
+    - `bucket`: requests the batch is padded to on a replay.
+    - `ubatch_split_bs`: where decode micro-batches are cut - the bucket on a
+      replay, this rank's scheduled requests on an eager split. The slices and
+      every backend's `prepare_ubatch_decode` take this same number.
+    - `ubatch_num_tokens`: the agreed (padded) tokens of each micro-batch.
+    - `num_padded_tokens`: tokens this rank runs (sum of the micro-batches when split).
+    """
+
+    kind: str
+    replay: bool
+    split: bool
+    bucket: int | None
+    query_len: int | None
+    ubatch_split_bs: int | None
+    ubatch_num_tokens: tuple[int, int] | None
+    num_padded_tokens: int
+
+    @property
+    def graph_key(self) -> GraphKey | None:
+        return GraphKey(self.bucket, self.query_len) if self.replay else None
+
+    @classmethod
+    def decide(
+        cls,
+        shapes: Sequence[BatchShape],
+        rank: int,
+        config: TboConfig,
+        graph_keys: Collection[GraphKey] = (),
+    ) -> ForwardMode:
+        """Plan rank `rank`'s step from all ranks' `shapes` (one entry per DP rank).
+
+        `graph_keys` are the captured request graphs (`plan_request_graphs`).
+        """
+        if not shapes:
+            raise ValueError("shapes must hold one BatchShape per data-parallel rank, got none")
+        if not 0 <= rank < len(shapes):
+            raise ValueError(f"rank {rank} is not in [0, {len(shapes)})")
+        kind, qlen = _global_kind(shapes)
+        mine = shapes[rank]
+        max_tokens = max(s.num_tokens for s in shapes)
+        if kind == DECODE:
+            return cls._decide_decode(shapes, mine, qlen, config, graph_keys)
+        if (
+            kind == PREFILL
+            and config.prefill
+            and all(s.num_tokens >= config.prefill_min_tokens for s in shapes)
+        ):
+            halves = [(s.num_tokens // 2, s.num_tokens - s.num_tokens // 2) for s in shapes]
+            counts = (max(h[0] for h in halves), max(h[1] for h in halves))
+            return cls(PREFILL, False, True, None, None, None, counts, sum(counts))
+        return cls(kind, False, False, None, None, None, None, max_tokens)
+
+    @classmethod
+    def _decide_decode(cls, shapes, mine, qlen, config, graph_keys) -> ForwardMode:
+        max_reqs = max(s.num_reqs for s in shapes)
+        buckets = sorted(k.bucket for k in graph_keys if k.query_len == qlen)
+        bucket = next((b for b in buckets if b >= max_reqs), None)
+        if bucket is not None:
+            if replay_splits(GraphKey(bucket, qlen), config):
+                h = bucket // 2
+                counts = (h * qlen, (bucket - h) * qlen)
+                return cls(DECODE, True, True, bucket, qlen, bucket, counts, bucket * qlen)
+            return cls(DECODE, True, False, bucket, qlen, None, None, bucket * qlen)
+        if _decode_may_split(qlen, config) and all(
+            decode_bucket_splits(s.num_reqs) for s in shapes
+        ):
+            counts = (
+                max(s.num_reqs // 2 for s in shapes) * qlen,
+                max(s.num_reqs - s.num_reqs // 2 for s in shapes) * qlen,
+            )
+            return cls(DECODE, False, True, None, qlen, mine.num_reqs, counts, sum(counts))
+        return cls(DECODE, False, False, None, qlen, None, None, max_reqs * qlen)
+
+
+def _decode_may_split(query_len: int, config: TboConfig) -> bool:
+    # Per-micro-batch decode metadata holds one token per request (prepare_ubatch_decode).
+    return config.decode and query_len == 1
+
+
+def replay_splits(key: GraphKey, config: TboConfig) -> bool:
+    """Whether the request graph `key` is recorded (and replayed) as two micro-batches."""
+    return _decode_may_split(key.query_len, config) and decode_bucket_splits(key.bucket)
+
+
+def plan_request_graphs(
+    buckets: Sequence[int], query_len: int, config: TboConfig
+) -> list[tuple[GraphKey, bool]]:
+    """Every decode bucket gets one graph, recorded split exactly when a replay of it splits."""
+    keys = [GraphKey(b, query_len) for b in sorted(set(buckets))]
+    return [(key, replay_splits(key, config)) for key in keys]
