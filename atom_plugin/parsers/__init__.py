@@ -1,5 +1,17 @@
-"""Kimi-K3 tool-call parsing and the required tools channel."""
+"""Kimi-K3 tool-call parsing and the required tools channel.
 
+The Triton parts (`channel_kernel`, `spec_rows`) are imported from their
+modules, so importing this package never compiles or loads a kernel.
+"""
+
+from atom_plugin.parsers.channel_tables import ChannelTables, compile_channel, next_states
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
 
-__all__ = ["START", "UNCONSTRAINED", "RequiredChannel"]
+__all__ = [
+    "START",
+    "UNCONSTRAINED",
+    "ChannelTables",
+    "RequiredChannel",
+    "compile_channel",
+    "next_states",
+]

@@ -1,0 +1,287 @@
+"""The required channel applied to a step's logits: one Triton kernel and its torch reference.
+
+Each logits row has its own state (see required_channel.py):
+- forced rows: every logit becomes -inf except the forced id, which is set to
+  0.0. The row is only written, never read: any finite value gives the forced
+  id probability 1 once the rest is -inf, and 0.0 stays finite whatever the
+  model produced there (-inf, NaN). Logprobs are taken before this mask.
+- waiting rows: the end ids become -inf, nothing else changes.
+- unconstrained rows (and rows of requests without a channel, whose state is
+  UNCONSTRAINED): untouched, bit for bit.
+
+The grid is rows x vocabulary tiles, so a 163,840-wide forced row is written
+by several programs in parallel; the number of tiles per row shrinks as the
+batch grows so the launch stays about `programs` programs. States advance on
+the device from committed tokens (`advance_states`), with no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_plugin.parsers.channel_tables import ChannelTables, next_states
+from atom_plugin.parsers.required_channel import UNCONSTRAINED
+from atom_plugin.parsers.spec_rows import next_state, row_state, spec_row_states_torch
+
+IMPLS: tuple[str, ...] = ("triton", "torch")
+# Elements one program writes per loop iteration, and the launch size aimed at.
+BLOCK = 2048
+PROGRAMS = 1024
+
+
+@triton.jit
+def _channel_logits_kernel(
+    logits_ptr,
+    logits_stride,
+    vocab,
+    chunk,
+    states_ptr,
+    row_slot_ptr,
+    row_pos_ptr,
+    row_tokens_ptr,
+    forced_ptr,
+    channel_ids_ptr,
+    next_state_ptr,
+    end_ids_ptr,
+    K,
+    E,
+    HAS_SLOT: tl.constexpr,
+    SPEC: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    tile = tl.program_id(1)
+    state = row_state(
+        row,
+        states_ptr,
+        row_slot_ptr,
+        row_pos_ptr,
+        row_tokens_ptr,
+        channel_ids_ptr,
+        next_state_ptr,
+        K,
+        HAS_SLOT,
+        SPEC,
+        K_BLOCK,
+    )
+    if state >= 0:
+        base = logits_ptr + row.to(tl.int64) * logits_stride
+        forced = tl.load(forced_ptr + state)
+        if forced >= 0:
+            lo = tile * chunk
+            hi = tl.minimum(lo + chunk, vocab)
+            minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
+            zero = tl.zeros([BLOCK], logits_ptr.dtype.element_ty)
+            for start in range(lo, hi, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                tl.store(base + offs, tl.where(offs == forced, zero, minus_inf), mask=offs < hi)
+        elif tile == 0:
+            offs = tl.arange(0, E_BLOCK)
+            ends = tl.load(end_ids_ptr + offs, mask=offs < E, other=0)
+            minus_inf = tl.full([E_BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
+            tl.store(base + ends, minus_inf, mask=offs < E)
+
+
+def tiles_per_row(num_rows: int, vocab: int, block: int = BLOCK, programs: int = PROGRAMS) -> int:
+    """How many programs share one row: about `programs` in all, at least one per row."""
+    most = triton.cdiv(vocab, block)
+    return max(1, min(most, triton.cdiv(programs, max(num_rows, 1))))
+
+
+def apply_channel_triton(
+    logits: torch.Tensor,
+    tables: ChannelTables,
+    states: torch.Tensor,
+    row_slot: torch.Tensor | None = None,
+    row_pos: torch.Tensor | None = None,
+    row_tokens: torch.Tensor | None = None,
+    *,
+    block: int = BLOCK,
+    programs: int = PROGRAMS,
+) -> None:
+    """Mask `logits` [rows, vocab] in place in one launch.
+
+    Row r's state is `states[row_slot[r]]` (`states[r]` without `row_slot`),
+    stepped through its drafts when `row_pos`/`row_tokens` are given (see
+    spec_rows.py).
+    """
+    num_rows, vocab = logits.shape
+    tables.check_vocab(vocab)
+    if num_rows == 0:
+        return
+    spec = _check_spec(row_pos, row_tokens)
+    tiles = tiles_per_row(num_rows, vocab, block, programs)
+    chunk = triton.cdiv(triton.cdiv(vocab, tiles), block) * block
+    tiles = triton.cdiv(vocab, chunk)
+    _channel_logits_kernel[(num_rows, tiles)](
+        logits,
+        logits.stride(0),
+        vocab,
+        chunk,
+        states,
+        states if row_slot is None else row_slot,
+        row_pos if spec else states,
+        row_tokens if spec else states,
+        tables.forced,
+        tables.channel_ids,
+        tables.next_state,
+        tables.end_ids,
+        tables.num_channel_ids,
+        tables.num_end_ids,
+        HAS_SLOT=row_slot is not None,
+        SPEC=spec,
+        K_BLOCK=triton.next_power_of_2(tables.num_channel_ids),
+        E_BLOCK=triton.next_power_of_2(max(tables.num_end_ids, 1)),
+        BLOCK=block,
+    )
+
+
+def apply_channel_torch(
+    logits: torch.Tensor,
+    tables: ChannelTables,
+    states: torch.Tensor,
+    row_slot: torch.Tensor | None = None,
+    row_pos: torch.Tensor | None = None,
+    row_tokens: torch.Tensor | None = None,
+    *,
+    max_drafts: int | None = None,
+) -> None:
+    """The reference: same arguments and the same bits as the kernel, as torch ops."""
+    num_rows, vocab = logits.shape
+    tables.check_vocab(vocab)
+    if num_rows == 0:
+        return
+    slots = torch.arange(num_rows, device=logits.device) if row_slot is None else row_slot
+    if _check_spec(row_pos, row_tokens):
+        if max_drafts is None:
+            max_drafts = int(row_pos.max())  # the reference may sync
+        rows = spec_row_states_torch(tables, states, slots, row_pos, row_tokens, max_drafts)
+    else:
+        rows = states[slots.long()]
+    live = rows != UNCONSTRAINED
+    safe = rows.clamp(min=0).long()
+    forced = torch.where(live, tables.forced[safe], -1)
+    waiting = live & tables.waiting[safe]
+    is_forced = (forced >= 0).unsqueeze(1)
+    columns = torch.arange(vocab, device=logits.device)
+    masked = torch.where(columns == forced.unsqueeze(1), 0.0, float("-inf")).to(logits.dtype)
+    logits.copy_(torch.where(is_forced, masked, logits))
+    if tables.num_end_ids:
+        ends = tables.end_ids.long()
+        banned = logits[:, ends]
+        logits[:, ends] = torch.where(waiting.unsqueeze(1), float("-inf"), banned).to(logits.dtype)
+
+
+def _check_spec(row_pos: torch.Tensor | None, row_tokens: torch.Tensor | None) -> bool:
+    if (row_pos is None) != (row_tokens is None):
+        raise ValueError(
+            "speculative rows need both row_pos and row_tokens, got "
+            f"row_pos={'a tensor' if row_pos is not None else None}, "
+            f"row_tokens={'a tensor' if row_tokens is not None else None}"
+        )
+    return row_pos is not None
+
+
+def apply_required_channel(
+    logits: torch.Tensor,
+    tables: ChannelTables,
+    states: torch.Tensor,
+    *,
+    live: bool,
+    row_slot: torch.Tensor | None = None,
+    row_pos: torch.Tensor | None = None,
+    row_tokens: torch.Tensor | None = None,
+    impl: str | None = None,
+) -> bool:
+    """Apply the channel to a step; returns whether anything was launched.
+
+    `live` is the host's knowledge that some row of this step belongs to a
+    request whose channel may still constrain it (a request given a channel
+    and not yet seen UNCONSTRAINED); without one nothing is launched. `impl`
+    is "triton" or "torch"; by default Triton for GPU tensors, torch on CPU.
+    """
+    if impl is None:
+        impl = "torch" if logits.device.type == "cpu" else "triton"
+    if impl not in IMPLS:
+        raise ValueError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
+    if not live or logits.shape[0] == 0:
+        return False
+    apply = apply_channel_triton if impl == "triton" else apply_channel_torch
+    apply(logits, tables, states, row_slot, row_pos, row_tokens)
+    return True
+
+
+@triton.jit
+def _advance_kernel(
+    states_ptr,
+    scanned_ptr,
+    token_ids_ptr,
+    token_ids_stride,
+    total_len_ptr,
+    slots_ptr,
+    channel_ids_ptr,
+    next_state_ptr,
+    K,
+    K_BLOCK: tl.constexpr,
+):
+    slot = tl.load(slots_ptr + tl.program_id(0))
+    state = tl.load(states_ptr + slot)
+    lo = tl.load(scanned_ptr + slot)
+    hi = tl.load(total_len_ptr + slot)
+    if state >= 0:
+        tokens = token_ids_ptr + slot.to(tl.int64) * token_ids_stride
+        for i in range(lo, hi):
+            token = tl.load(tokens + i)
+            state = next_state(state, token, channel_ids_ptr, next_state_ptr, K, K_BLOCK)
+        tl.store(states_ptr + slot, state)
+    tl.store(scanned_ptr + slot, tl.maximum(lo, hi))
+
+
+def advance_states(
+    tables: ChannelTables,
+    states: torch.Tensor,
+    scanned: torch.Tensor,
+    token_ids: torch.Tensor,
+    total_len: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    impl: str = "triton",
+) -> None:
+    """Fold committed tokens into the states of `slots`, in place, without a host sync.
+
+    For each slot s: states[s] is stepped through token_ids[s, scanned[s]:total_len[s]]
+    and scanned[s] becomes total_len[s]. A new request starts with states[s] =
+    START and scanned[s] = its prompt length (scanning starts at the output).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
+    if slots.numel() == 0:
+        return
+    if impl == "triton":
+        _advance_kernel[(slots.numel(),)](
+            states,
+            scanned,
+            token_ids,
+            token_ids.stride(0),
+            total_len,
+            slots,
+            tables.channel_ids,
+            tables.next_state,
+            tables.num_channel_ids,
+            K_BLOCK=triton.next_power_of_2(tables.num_channel_ids),
+        )
+        return
+    idx = slots.long()
+    lo, hi = scanned[idx].long(), total_len[idx].long()
+    state = states[idx]
+    longest = int((hi - lo).max())  # the reference may sync
+    for n in range(max(longest, 0)):
+        at = lo + n
+        token = token_ids[idx, at.clamp(max=token_ids.shape[1] - 1)]
+        state = torch.where(at < hi, next_states(tables, state, token), state)
+    states[idx] = state.to(states.dtype)
+    scanned[idx] = torch.maximum(lo, hi).to(scanned.dtype)
