@@ -66,6 +66,8 @@ def check_write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
             )
         if x.dtype not in ACTIVATION_DTYPES:
             raise ValueError(f"{name} dtype {x.dtype} is not one of {_names(ACTIVATION_DTYPES)}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit last-dim stride, got {x.stride()}")
     if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:
         raise ValueError(
             f"slot_mapping must be a 1-d int64 tensor, got {slot_mapping.dim()}-d "

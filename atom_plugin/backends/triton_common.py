@@ -1,0 +1,55 @@
+"""Pieces shared by the Triton MHA kernels."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mm(a, b, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b in float32; UPCAST computes in float32 (the CPU interpreter's bf16 dot is wrong)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+def dot_flags(query: torch.Tensor) -> dict:
+    """Constexprs for `mm`: exact float32 products for float32 inputs and on the interpreter."""
+    return dict(
+        UPCAST=query.device.type == "cpu",
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+    )
+
+
+@triton.jit
+def _pow2(e):
+    """2**e for int32 e in the normal float32 range, built from the exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_to_e4m3(x, limit, MIN_EXP: tl.constexpr):
+    """x saturated to +-limit and rounded to nearest-even on the e4m3 grid, as float32.
+
+    The later cast to fp8 is then exact. Done by hand because the Triton CPU
+    interpreter's float32 -> fp8 cast drops the carry when rounding up to the
+    next power of two (7.8 -> 4.0); on GPUs it matches the hardware conversion.
+    """
+    x = tl.clamp(x, -limit, limit)
+    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, MIN_EXP) - 3  # 3 mantissa bits
+    r = x * _pow2(-e)
+    f = tl.floor(r)
+    frac = r - f
+    odd = f - 2.0 * tl.floor(f * 0.5)
+    up = (frac > 0.5) | ((frac == 0.5) & (odd == 1.0))
+    return tl.where(up, f + 1.0, f) * _pow2(e)
+
+
+def e4m3_min_exponent(dtype: torch.dtype) -> int:
+    """Smallest normal exponent of an fp8 e4m3 format (-6 for e4m3fn, -7 for e4m3fnuz)."""
+    return round(math.log2(torch.finfo(dtype).tiny))

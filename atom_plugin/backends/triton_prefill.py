@@ -1,0 +1,286 @@
+"""Triton varlen prefill / chunked-prefill extend over the paged KV cache.
+
+A program handles (request, block of BLOCK_Q query tokens, kv head): its rows
+are BLOCK_Q tokens x the group's query heads (row r = token r // BLOCK_G, head
+r % BLOCK_G), so each K/V tile serves the whole group. New tokens sit at the
+end of their context (their K/V already written), so a query at position p
+sees the cached prefix and the new tokens up to p. Tiles entirely below the
+block's first query position need no causal mask and take a cheaper loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_plugin.backends.checks import is_fp8
+from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.backends.triton_common import dot_flags, mm
+
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _tile(
+    q,
+    K,
+    V,
+    table,
+    n,
+    kvh,
+    d,
+    dmask,
+    qpos,
+    seq_len,
+    window,
+    scale,
+    m,
+    l_sum,
+    acc,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    KV_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pos = n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        pmask = pos < seq_len
+        blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
+    else:
+        blk = tl.load(table + pos // KV_BLOCK).to(tl.int64)
+    off = pos % KV_BLOCK
+    kptr = K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+    vptr = V + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :]
+    if MASKED:
+        k = tl.load(kptr, mask=pmask[:, None] & dmask[None, :], other=0.0)
+    else:
+        k = tl.load(kptr, mask=dmask[None, :], other=0.0)
+    qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION) * scale
+    if MASKED:
+        visible = pos[None, :] <= qpos[:, None]
+        if HAS_WINDOW:
+            visible = visible & (pos[None, :] > qpos[:, None] - window)
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(vptr, mask=pmask[:, None] & dmask[None, :], other=0.0)
+    else:
+        v = tl.load(vptr, mask=dmask[None, :], other=0.0)
+    acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), UPCAST, PRECISION)
+    return m_new, l_sum, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    block_table,
+    seq_lens,
+    query_start_loc,
+    k_scale,
+    v_scale,
+    sinks,
+    qk_scale,
+    window,
+    first_req,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    head_size,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    req = first_req + tl.program_id(0)
+    qblock = tl.program_id(1)
+    kvh = tl.program_id(2)
+    t0 = tl.load(query_start_loc + req)
+    q_len = tl.load(query_start_loc + req + 1) - t0
+    q_first = qblock * BLOCK_Q
+    if q_first >= q_len:
+        return
+    seq_len = tl.load(seq_lens + req)
+
+    r = tl.arange(0, BLOCK_Q * BLOCK_G)
+    qi = q_first + r // BLOCK_G
+    g = r % BLOCK_G
+    head = kvh * GROUP + g
+    rmask = (qi < q_len) & (g < GROUP)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < head_size
+    io_mask = rmask[:, None] & dmask[None, :]
+    tok = (t0 + qi).to(tl.int64)
+    if seq_len == 0:
+        zeros = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
+        tl.store(
+            Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            zeros.to(Out.dtype.element_ty),
+            mask=io_mask,
+        )
+        return
+    q = tl.load(
+        Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=io_mask,
+        other=0.0,
+    )
+    scale = qk_scale
+    if IS_FP8:
+        scale = scale * tl.load(k_scale)
+
+    ctx = seq_len - q_len
+    qpos = ctx + qi
+    p_first = ctx + q_first
+    hi = tl.minimum(ctx + tl.minimum(q_first + BLOCK_Q, q_len), seq_len)
+    m = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
+    table = block_table + req.to(tl.int64) * stride_bt
+    if HAS_WINDOW:
+        lo = tl.maximum(p_first - window + 1, 0)
+        unmasked_end = lo
+    else:
+        lo = 0
+        # keys < p_first + 1 are visible to every row of the block
+        unmasked_end = ((p_first + 1) // BLOCK_N) * BLOCK_N
+    for n in range(lo, unmasked_end, BLOCK_N):
+        m, l_sum, acc = _tile(
+            q, K, V, table, n, kvh, d, dmask, qpos, seq_len, window, scale, m, l_sum, acc,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            KV_BLOCK, BLOCK_N, False, HAS_WINDOW, UPCAST, PRECISION,
+        )  # fmt: skip
+    for n in range(unmasked_end, hi, BLOCK_N):
+        m, l_sum, acc = _tile(
+            q, K, V, table, n, kvh, d, dmask, qpos, seq_len, window, scale, m, l_sum, acc,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            KV_BLOCK, BLOCK_N, True, HAS_WINDOW, UPCAST, PRECISION,
+        )  # fmt: skip
+
+    if HAS_SINKS:
+        sink = tl.load(sinks + head, mask=g < GROUP, other=float("-inf")) * 1.4426950408889634
+        m_fin = tl.maximum(m, sink)
+        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        alpha = tl.exp2(m - m_fin)
+        l_sum = l_sum * alpha + tl.exp2(sink - m_fin)
+        acc = acc * alpha[:, None]
+    if IS_FP8:
+        acc = acc * tl.load(v_scale)
+    out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    tl.store(
+        Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=io_mask,
+    )
+
+
+def _config(head_size: int, block_g: int) -> dict:
+    rows = 128 if head_size <= 128 else 64
+    return dict(
+        BLOCK_Q=max(1, rows // block_g),
+        BLOCK_N=64 if head_size <= 128 else 32,
+        num_warps=8 if head_size <= 128 else 4,
+        num_stages=2,
+    )
+
+
+def paged_prefill(
+    query,
+    key_cache,
+    value_cache,
+    meta: PagedAttentionMetadata,
+    *,
+    scale: float,
+    output,
+    sliding_window=None,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
+    first_req: int | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Attention for rows [first_req, num_reqs) (default: after the decodes), any query length."""
+    first = meta.num_decodes if first_req is None else first_req
+    num = meta.num_reqs - first
+    if num <= 0 or meta.max_query_len == 0:
+        return output
+    hq, d = query.shape[1], query.shape[2]
+    _, kv_block, hkv, _ = key_cache.shape
+    group = hq // hkv
+    block_g = triton.next_power_of_2(group)
+    cfg = dict(_config(d, block_g), **(config or {}))
+    # tl.dot needs at least 16 rows
+    cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], triton.cdiv(16, block_g))
+    fp8 = is_fp8(key_cache.dtype)
+    grid = (num, triton.cdiv(meta.max_query_len, cfg["BLOCK_Q"]), hkv)
+    _prefill_kernel[grid](
+        query,
+        key_cache,
+        value_cache,
+        output,
+        meta.block_table,
+        meta.seq_lens,
+        meta.query_start_loc,
+        k_scale if fp8 else meta.seq_lens,
+        v_scale if fp8 else meta.seq_lens,
+        sinks if sinks is not None else meta.seq_lens,
+        scale * LOG2E,
+        sliding_window or 0,
+        first,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        meta.block_table.stride(0),
+        d,
+        GROUP=group,
+        BLOCK_G=block_g,
+        BLOCK_Q=cfg["BLOCK_Q"],
+        BLOCK_D=triton.next_power_of_2(d),
+        KV_BLOCK=kv_block,
+        BLOCK_N=cfg["BLOCK_N"],
+        IS_FP8=fp8,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None,
+        **dot_flags(query),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return output

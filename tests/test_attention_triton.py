@@ -1,0 +1,235 @@
+"""The Triton MHA kernels against the torch reference.
+
+Without CUDA they run in Triton's interpreter (small shapes); with CUDA the same
+tests run on the GPU, and the `gpu` tests add realistic sizes.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # must precede the kernels' @triton.jit
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from attention_cases import make_batch, tolerance  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from atom_plugin.backends import ops, reference  # noqa: E402
+from atom_plugin.backends.metadata import prepare_ubatch_decode  # noqa: E402
+from atom_plugin.backends.triton_decode import choose_num_splits, paged_decode  # noqa: E402
+from atom_plugin.backends.triton_mha import paged_attention, write_kv  # noqa: E402
+from atom_plugin.backends.triton_prefill import paged_prefill  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = torch.float8_e4m3fn
+
+
+def expected(b, **kw):
+    out = torch.zeros_like(b.query)
+    reference.paged_attention(
+        b.query, b.key_cache, b.value_cache, b.meta, output=out, scale=kw.pop("scale", 0.2), **kw
+    )
+    return out
+
+
+def actual(b, num_splits=None, **kw):
+    out = torch.full_like(b.query, 3.0)
+    scale = kw.pop("scale", 0.2)
+    paged_decode(
+        b.query,
+        b.key_cache,
+        b.value_cache,
+        b.meta,
+        scale=scale,
+        output=out,
+        num_splits=num_splits,
+        **kw,
+    )
+    paged_prefill(b.query, b.key_cache, b.value_cache, b.meta, scale=scale, output=out, **kw)
+    return out
+
+
+def check(b, dtype=torch.float32, cache_dtype=None, num_splits=None, **kw):
+    want = expected(b, **kw)
+    got = actual(b, num_splits=num_splits, **kw)
+    t = b.meta.num_actual_tokens
+    torch.testing.assert_close(got[:t].float(), want[:t].float(), **tolerance(dtype, cache_dtype))
+    assert torch.all(got[t:] == 3.0), "padding rows past num_actual_tokens were written"
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_decode_context_edges(block_size, group):
+    lens = [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 5]
+    b = make_batch(
+        [(1, s) for s in lens], hq=group, hkv=1, d=16, block_size=block_size, device=DEV, seed=group
+    )
+    check(b, num_splits=3)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_mixed_batch_decodes_then_prefills(group):
+    bs = 16
+    reqs = [(1, 1), (1, 40), (bs, bs), (3, bs + 1), (bs + 1, 2 * bs + 7), (1, 5)]
+    b = make_batch(reqs, hq=2 * group, hkv=2, d=32, block_size=bs, device=DEV, seed=7, pad_tokens=2)
+    check(b, num_splits=2)
+
+
+@pytest.mark.parametrize("window", [1, 7, 16])
+def test_sliding_window(window):
+    reqs = [(1, 3), (1, 30), (9, 9), (6, 37)]
+    b = make_batch(reqs, hq=4, hkv=2, d=16, block_size=16, device=DEV, seed=window)
+    check(b, num_splits=3, sliding_window=window)
+
+
+def test_sinks_with_window():
+    reqs = [(1, 18), (1, 1), (5, 21)]
+    b = make_batch(reqs, hq=8, hkv=2, d=16, block_size=16, device=DEV, seed=11)
+    sinks = torch.randn(8, device=DEV) * 2
+    check(b, num_splits=2, sinks=sinks)
+    check(b, num_splits=2, sinks=sinks, sliding_window=4)
+
+
+@pytest.mark.parametrize(
+    "dtype,d", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 256)]
+)
+def test_half_dtypes_and_head_sizes(dtype, d):
+    reqs = [(1, 20), (1, 33), (4, 18)]
+    b = make_batch(reqs, hq=4, hkv=1, d=d, block_size=16, dtype=dtype, device=DEV, seed=d)
+    check(b, dtype=dtype, num_splits=2)
+
+
+def test_fp8_cache_with_scales():
+    reqs = [(1, 17), (1, 40), (6, 20)]
+    b = make_batch(
+        reqs, hq=4, hkv=2, d=32, block_size=16, dtype=torch.bfloat16, cache_dtype=FP8,
+        device=DEV, seed=5,
+    )  # fmt: skip
+    ks = torch.tensor([0.7], device=DEV)
+    vs = torch.tensor([1.3], device=DEV)
+    check(b, dtype=torch.bfloat16, cache_dtype=FP8, num_splits=2, k_scale=ks, v_scale=vs)
+
+
+def test_inert_rows_and_empty_padding_rows():
+    b = make_batch([(1, 9), (1, 12), (1, 4), (4, 4)], hq=2, hkv=1, d=16, block_size=16, device=DEV)
+    b.meta.seq_lens[1] = 0  # a padded decode row
+    b.meta.seq_lens[3] = 0  # a prefill row made inert
+    out = actual(b, num_splits=2)
+    assert torch.all(out[1] == 0) and torch.all(out[3:7] == 0)
+    check(b, num_splits=2)
+    # a decode row owning no token writes nothing (rows: 1, 0, 1, 4 tokens)
+    b.meta.query_start_loc.copy_(torch.tensor([0, 1, 1, 2, 6], dtype=torch.int32))
+    b.meta.num_actual_tokens = 6
+    check(b, num_splits=2)
+
+
+@pytest.mark.parametrize(
+    "cache_dtype,dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8, torch.float16)],
+)
+def test_write_kv_matches_reference(cache_dtype, dtype):
+    b = make_batch(
+        [(3, 7), (5, 5)], hq=2, hkv=2, d=16, block_size=16, dtype=dtype, cache_dtype=cache_dtype,
+        device=DEV, drop_slots=(0, 4), pad_tokens=3,
+    )  # fmt: skip
+    ks = torch.tensor([0.05], device=DEV)
+    vs = torch.tensor([3.0], device=DEV)
+    raw = b.raw_cache.clone()
+    d = b.key_cache.shape[-1]
+    kc, vc = raw.transpose(1, 2).split(d, dim=-1)
+    key = b.key * 20  # saturates the fp8 range after scaling
+    reference.write_kv(key, b.value, kc, vc, b.meta.slot_mapping, ks, vs)
+    write_kv(key, b.value, b.key_cache, b.value_cache, b.meta.slot_mapping, ks, vs)
+    assert torch.equal(b.raw_cache.view(torch.uint8), raw.view(torch.uint8))
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+@given(
+    data=st.data(),
+    group=st.sampled_from([1, 2, 4, 8]),
+    block_size=st.sampled_from([16, 32]),
+    window=st.one_of(st.none(), st.integers(1, 40)),
+    with_sinks=st.booleans(),
+    num_splits=st.integers(1, 4),
+)
+def test_random_batches(data, group, block_size, window, with_sinks, num_splits):
+    n_dec = data.draw(st.integers(0, 3))
+    n_pre = data.draw(st.integers(0 if n_dec else 1, 2))
+    reqs = [(1, data.draw(st.integers(1, 70))) for _ in range(n_dec)]
+    for _ in range(n_pre):
+        s = data.draw(st.integers(1, 70))
+        reqs.append((data.draw(st.integers(1, min(s, 20))), s))
+    b = make_batch(reqs, hq=group, hkv=1, d=16, block_size=block_size, device=DEV, seed=len(reqs))
+    sinks = torch.randn(group, device=DEV) if with_sinks else None
+    check(b, num_splits=num_splits, sliding_window=window, sinks=sinks)
+
+
+def test_ops_dispatch_to_triton(monkeypatch):
+    monkeypatch.setenv("ATOM_PLUGIN_KERNELS", "triton")
+    b = make_batch([(1, 9), (3, 12)], hq=4, hkv=2, d=16, block_size=16, device=DEV, seed=2)
+    out = torch.zeros_like(b.query)
+    ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, scale=0.2, output=out)
+    torch.testing.assert_close(out, expected(b), **tolerance(torch.float32))
+
+
+def test_ubatch_halves_through_triton():
+    b = make_batch([(1, 3 + 5 * i) for i in range(5)], hq=4, hkv=1, d=16, block_size=16, device=DEV)
+    whole = expected(b)
+    u0, u1 = prepare_ubatch_decode(b.meta, 5)
+    for u, (lo, hi) in ((u0, (0, 2)), (u1, (2, 5))):
+        part = torch.zeros_like(b.query[lo:hi])
+        paged_attention(b.query[lo:hi], b.key_cache, b.value_cache, u, scale=0.2, output=part)
+        torch.testing.assert_close(part, whole[lo:hi], **tolerance(torch.float32))
+
+
+def test_split_choice_fills_the_gpu():
+    assert choose_num_splits(1, 8, 65536, 132) * 8 >= 2 * 132
+    assert choose_num_splits(256, 8, 65536, 132) == 1
+    assert choose_num_splits(1, 8, 300, 132) == 2  # no split under 256 tokens
+    assert choose_num_splits(1, 1, 10**7, 10**4) == 64  # bounded
+
+
+# --- realistic sizes on the GPU ------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,d,block_size", [(4, 128, 16), (8, 64, 32), (1, 256, 64)])
+def test_gpu_decode_realistic(group, d, block_size):
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.randint(1, 6000, (48,), generator=gen).tolist()
+    b = make_batch(
+        [(1, s) for s in lens], hq=2 * group, hkv=2, d=d, block_size=block_size,
+        dtype=torch.bfloat16, device="cuda",
+    )  # fmt: skip
+    check(b, dtype=torch.bfloat16)
+    check(b, dtype=torch.bfloat16, num_splits=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 512])
+def test_gpu_mixed_realistic(window):
+    reqs = [(1, 3000)] * 8 + [(1024, 1024), (517, 4100), (1, 77), (2048, 2048)]
+    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16, device="cuda")
+    sinks = torch.randn(32, device="cuda")
+    check(b, dtype=torch.bfloat16, sliding_window=window, sinks=sinks)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_realistic():
+    reqs = [(1, 4000)] * 16 + [(700, 2000)]
+    b = make_batch(
+        reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16, cache_dtype=FP8,
+        device="cuda",
+    )  # fmt: skip
+    ks = torch.tensor([0.02], device="cuda")
+    vs = torch.tensor([0.05], device="cuda")
+    check(b, dtype=torch.bfloat16, cache_dtype=FP8, k_scale=ks, v_scale=vs)
+    raw = b.raw_cache.clone()
+    kc, vc = raw.transpose(1, 2).split(128, dim=-1)
+    reference.write_kv(b.key, b.value, kc, vc, b.meta.slot_mapping, ks, vs)
+    write_kv(b.key, b.value, b.key_cache, b.value_cache, b.meta.slot_mapping, ks, vs)
+    assert torch.equal(b.raw_cache.view(torch.uint8), raw.view(torch.uint8))
