@@ -23,6 +23,8 @@ _OTHER_TOKEN = 2**31 - 1
 class ChannelTables:
     """Device tensors of one channel (int32 unless said otherwise).
 
+    max_id: the largest id the channel uses (a host int, checked against the logits width).
+
     forced[s]: the id state s forces, -1 when it forces nothing.
     waiting[s]: bool, s bans the end ids and forces nothing.
     channel_ids[k]: the ids with their own column, ascending.
@@ -31,6 +33,7 @@ class ChannelTables:
     """
 
     channel: RequiredChannel
+    max_id: int
     forced: torch.Tensor
     waiting: torch.Tensor
     channel_ids: torch.Tensor
@@ -47,10 +50,9 @@ class ChannelTables:
 
     def check_vocab(self, vocab: int) -> None:
         """Refuse logits too narrow for the channel's ids (the kernel would write past a row)."""
-        ids = (*self.channel.after, *self.channel.opening, *self.channel.end_ids)
-        if max(ids) >= vocab:
+        if self.max_id >= vocab:
             raise ValueError(
-                f"logits have {vocab} columns but the channel uses ids up to {max(ids)} "
+                f"logits have {vocab} columns but the channel uses ids up to {self.max_id} "
                 f"({self.channel!r})"
             )
 
@@ -65,6 +67,7 @@ def compile_channel(channel: RequiredChannel, device: torch.device | str) -> Cha
 
     return ChannelTables(
         channel=channel,
+        max_id=max((*channel.after, *channel.opening, *channel.end_ids)),
         forced=tensor([_or_minus_one(channel.forced_token(s)) for s in states]),
         waiting=tensor([channel.is_waiting(s) for s in states], torch.bool),
         channel_ids=tensor(list(channel.channel_ids)),

@@ -1,0 +1,404 @@
+"""Kimi-K3 required-channel logits kernel at the K3 vocabulary (163,840), fp32 logits.
+
+fp32 because that is the dtype vLLM samples from (both runners upcast logits
+before logits processors). For every case it measures, in the same run:
+- ours: the one Triton launch of `apply_required_channel` (device time from a
+  CUDA graph of back-to-back launches, and eager wall time per call, which
+  includes Python launch overhead), and the number of kernels it launched
+  (torch profiler);
+- xgrammar: `apply_token_bitmask_inplace` (its Triton kernel, the one vLLM's
+  grammar path uses on CUDA) with a bitmask of the same vocabulary giving the
+  same mask, bitmask already on the device (vLLM also copies it there each
+  step and fills it on the CPU; neither is counted);
+- physical references: an empty kernel launch, a fill of the forced rows' bytes
+  (the least any forced-row mask must write) and a device-to-device copy of
+  the step's logits bytes;
+- ATOM's MI355X figures from the original change, quoted (not measured here).
+
+Usage: python benchmarks/k3_logits.py [--out FILE] [--xgrammar-wheel WHEEL]
+`--xgrammar-wheel` loads xgrammar's Triton kernel file straight from a wheel
+when `import xgrammar` fails (it needs only torch and triton).
+`--smoke` runs every code path on the CPU under TRITON_INTERPRET=1 at a small
+vocabulary; its timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+VOCAB = 163_840
+SMOKE_VOCAB = 640
+XGR_KERNEL = "xgrammar/kernels/apply_token_bitmask_inplace_triton.py"
+
+# ATOM's figures on an MI355X, from the notes: (before, after) in microseconds.
+ATOM_MI355X = {
+    "waiting": "5-7 (no forced row)",
+    "forced1": "58 -> 4",
+    "verify1": "400 -> 15",
+    "verify64": "482 -> 52",
+}
+TARGETS = {
+    "none": "0 launches",
+    "waiting256": "<= 5 us",
+    "forced1": "<= 4 us",
+    "verify1": "<= 10 us",
+    "verify64": "<= 30 us",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--xgrammar-wheel", help="an xgrammar wheel to take the kernel from")
+    parser.add_argument("--graph-calls", type=int, default=20, help="launches per CUDA graph")
+    parser.add_argument("--replays", type=int, default=50, help="graph replays per trial")
+    parser.add_argument("--trials", type=int, default=5, help="trials; the median is reported")
+    parser.add_argument("--smoke", action="store_true", help="CPU, interpreted, tiny vocabulary")
+    return parser.parse_args(argv)
+
+
+ARGS = parse_args(sys.argv[1:] if __name__ == "__main__" else [])
+if ARGS.smoke:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from atom_plugin.parsers import START, RequiredChannel, compile_channel  # noqa: E402
+from atom_plugin.parsers.channel_kernel import advance_states, apply_required_channel  # noqa: E402
+
+
+@triton.jit
+def _empty_kernel(ptr):
+    pass
+
+
+@dataclass
+class Case:
+    key: str
+    name: str
+    rows: int
+    forced_rows: int
+    ours: Callable[[], object]
+    xgrammar: Callable[[], object] | None
+    physical: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
+    atom: str = "-"
+    target: str = "-"
+
+
+def k3_channel(vocab: int) -> RequiredChannel:
+    """A channel with K3's shape; control ids at the top of the vocabulary as in K3."""
+    top = vocab - 256
+    open_, close, sep, eom, eos = top + 2, top + 3, top + 4, top + 5, top + 1
+    text = min(2000, vocab // 4)  # ordinary BPE ids for the tag names
+    response, tools, call, tool_attr, quote = range(text, text + 5)
+    return RequiredChannel(
+        (close, response, sep), (open_, tools, sep, open_, call, tool_attr, quote), 3, [eom, eos]
+    )
+
+
+def load_xgrammar(wheel: str | None):
+    """(apply function, where it came from), or (None, why not)."""
+    try:
+        from importlib.metadata import version
+
+        import xgrammar
+
+        return xgrammar.apply_token_bitmask_inplace, f"xgrammar {version('xgrammar')}"
+    except Exception as err:  # any broken install means "not available"
+        why = f"import xgrammar failed: {type(err).__name__}"
+    if wheel is None:
+        return None, why
+    with zipfile.ZipFile(wheel) as zf:
+        source = zf.read(XGR_KERNEL)
+    path = os.path.join(tempfile.mkdtemp(), "xgr_bitmask_triton.py")
+    with open(path, "wb") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("xgr_bitmask_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = module.apply_token_bitmask_inplace_triton
+    return (lambda logits, bitmask: kernel(logits, bitmask)), f"{os.path.basename(wheel)} kernel"
+
+
+def bitmask(vocab: int, rows: list[tuple[str, object]], device) -> torch.Tensor:
+    """xgrammar's int32 bitmask: per row ("all", None), ("ban", ids) or ("only", id)."""
+    words = (vocab + 31) // 32
+    mask = torch.full((len(rows), words), -1, dtype=torch.int32)
+    for r, (kind, ids) in enumerate(rows):
+        if kind == "only":
+            mask[r] = 0
+            mask[r, ids // 32] = _int32(1 << (ids % 32))
+        elif kind == "ban":
+            for t in ids:
+                mask[r, t // 32] = _int32(int(mask[r, t // 32]) & ~(1 << (t % 32)) & 0xFFFFFFFF)
+    return mask.to(device)
+
+
+def _int32(word: int) -> int:
+    """A 32-bit pattern as the signed value an int32 tensor stores."""
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def device_time_us(fn: Callable[[], object], args: argparse.Namespace) -> float:
+    """Device microseconds per call: a CUDA graph of back-to-back calls, replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(args.graph_calls):
+            fn()
+    graph.replay()
+    trials = []
+    for _ in range(args.trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        trials.append(start.elapsed_time(end) * 1000 / (args.replays * args.graph_calls))
+    return statistics.median(trials)
+
+
+def eager_time_us(fn: Callable[[], object], args: argparse.Namespace, device) -> float:
+    """Wall microseconds per eager call, host launch overhead included."""
+    calls = args.replays * 4
+    fn()
+    trials = []
+    for _ in range(args.trials):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        trials.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(trials)
+
+
+def launches(fn: Callable[[], object], device) -> str:
+    """How many device kernels/copies one call runs, from the torch profiler."""
+    if device.type != "cuda":
+        return "n/a (cpu)"
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    except Exception as err:  # profiler without CUPTI: say so rather than guess
+        return f"n/a ({type(err).__name__})"
+    device_type = torch.autograd.DeviceType.CUDA
+    return str(sum(1 for e in prof.events() if e.device_type == device_type))
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build_cases(vocab: int, device, xgr) -> list[Case]:
+    channel = k3_channel(vocab)
+    tables = compile_channel(channel, device)
+    forced0 = channel.num_waiting  # just after `after`: forces opening[0]
+    end_ids = sorted(channel.end_ids)
+    cases: list[Case] = []
+
+    def logits(rows: int) -> torch.Tensor:
+        return torch.randn(rows, vocab, device=device, dtype=torch.float32)
+
+    def xgr_case(x: torch.Tensor, rows: list[tuple[str, object]]):
+        if xgr is None:
+            return None
+        mask = bitmask(vocab, rows, device)
+        return lambda: xgr(x, mask)
+
+    def fill(x: torch.Tensor, n: int):
+        return (f"fill {n} row(s) ({n * vocab * 4 / 1e6:.2f} MB)", lambda: x[:n].fill_(0.0))
+
+    def copy(x: torch.Tensor):
+        dst = torch.empty_like(x)
+        return (f"d2d copy of step logits ({x.numel() * 4 / 1e6:.2f} MB)", lambda: dst.copy_(x))
+
+    empty_arg = torch.empty(1, device=device)
+    empty = ("empty kernel launch", lambda: _empty_kernel[(1,)](empty_arg))
+
+    x = logits(64)
+    dead = torch.full((64,), -1, dtype=torch.int32, device=device)
+    cases.append(
+        Case(
+            "none",
+            "no channel row, batch 64",
+            64,
+            0,
+            lambda x=x: apply_required_channel(x, tables, dead, live=False, impl="triton"),
+            None,
+            [empty],
+            "-",
+            TARGETS["none"],
+        )
+    )
+    for batch in (1, 64, 256):
+        x = logits(batch)
+        states = torch.full((batch,), START, dtype=torch.int32, device=device)
+        cases.append(
+            Case(
+                f"waiting{batch}",
+                f"channel rows, none forced, batch {batch}",
+                batch,
+                0,
+                lambda x=x, states=states: apply_required_channel(
+                    x, tables, states, live=True, impl="triton"
+                ),
+                xgr_case(x, [("ban", end_ids)] * batch),
+                [empty, copy(x)],
+                ATOM_MI355X["waiting"],
+                TARGETS.get(f"waiting{batch}", "-"),
+            )
+        )
+    x = logits(1)
+    states = torch.full((1,), forced0, dtype=torch.int32, device=device)
+    cases.append(
+        Case(
+            "forced1",
+            "one forced row, batch 1",
+            1,
+            1,
+            lambda x=x, states=states: apply_required_channel(
+                x, tables, states, live=True, impl="triton"
+            ),
+            xgr_case(x, [("only", channel.opening[0])]),
+            [empty, fill(x, 1)],
+            ATOM_MI355X["forced1"],
+            TARGETS["forced1"],
+        )
+    )
+    drafts = list(channel.opening)  # drafts that follow the channel: rows 0..6 forced
+    for batch, forced_requests, key in ((1, 1, "verify1"), (64, 64, "verify64"), (64, 1, "")):
+        rows = batch * 8
+        x = logits(rows)
+        slot_states = torch.full((batch,), START, dtype=torch.int32, device=device)
+        slot_states[:forced_requests] = forced0
+        row_slot = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(8)
+        row_pos = torch.arange(8, device=device, dtype=torch.int32).repeat(batch)
+        row_tokens = torch.tensor([0, *drafts], dtype=torch.int32, device=device).repeat(batch)
+        per_request_forced = [("only", t) for t in channel.opening] + [("all", None)]
+        per_request_waiting = [("ban", end_ids)] * 8
+        masks = per_request_forced * forced_requests + per_request_waiting * (
+            batch - forced_requests
+        )
+        what = "every request" if forced_requests == batch else "one request"
+        cases.append(
+            Case(
+                key or "verify64one",
+                f"verify step, 7 drafts, batch {batch} ({rows} rows), 7 forced rows in {what}",
+                rows,
+                7 * forced_requests,
+                lambda x=x, s=slot_states, a=row_slot, b=row_pos, c=row_tokens: (
+                    apply_required_channel(
+                        x, tables, s, live=True, row_slot=a, row_pos=b, row_tokens=c
+                    )
+                ),
+                xgr_case(x, masks),
+                [empty, fill(x, 7 * forced_requests), copy(x)],
+                ATOM_MI355X.get(key, "-"),
+                TARGETS.get(key, "-"),
+            )
+        )
+    for batch in (1, 64, 256):
+        history = torch.randint(0, 1000, (batch, 4096), dtype=torch.int32, device=device)
+        states = torch.full((batch,), START, dtype=torch.int32, device=device)
+        scanned = torch.full((batch,), 100, dtype=torch.int32, device=device)
+        total = torch.full((batch,), 101, dtype=torch.int32, device=device)
+        slots = torch.arange(batch, dtype=torch.int32, device=device)
+
+        def advance(states=states, scanned=scanned, total=total, history=history, slots=slots):
+            scanned.fill_(100)  # each call folds one committed token again
+            advance_states(tables, states, scanned, history, total, slots)
+
+        cases.append(
+            Case(
+                f"advance{batch}",
+                f"state advance, 1 committed token/request, batch {batch} (+1 fill launch)",
+                batch,
+                0,
+                advance,
+                None,
+                [empty],
+            )
+        )
+    return cases
+
+
+def run(args: argparse.Namespace) -> str:
+    if args.smoke:
+        device, vocab = torch.device("cpu"), SMOKE_VOCAB
+        args.replays = args.trials = 1
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("needs a CUDA device (or --smoke for a CPU run of the code paths)")
+        device, vocab = torch.device("cuda"), VOCAB
+    xgr, xgr_from = load_xgrammar(args.xgrammar_wheel)
+
+    def timed(fn):
+        if device.type == "cuda":
+            return f"{device_time_us(fn, args):.2f}", f"{eager_time_us(fn, args, device):.2f}"
+        return "-", f"{eager_time_us(fn, args, device):.0f}"
+
+    lines = [
+        f"Device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (smoke)'}; "
+        f"torch {torch.__version__}, triton {triton.__version__}; vocabulary {vocab}, fp32 logits.",
+        f"xgrammar: {xgr_from if xgr else 'not available (' + xgr_from + ')'}.",
+        "Times in us per call: 'dev' = device time per launch from a CUDA graph of "
+        f"{args.graph_calls} back-to-back calls; 'eager' = wall time per eager call "
+        f"(median of {args.trials} trials). ATOM figures are theirs, on an MI355X.",
+        "",
+        "| case | rows | forced rows | our launches | ours dev | ours eager | "
+        "xgrammar dev | xgrammar eager | physical reference (dev us) | ATOM MI355X | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in build_cases(vocab, device, xgr):
+        n_launches = launches(case.ours, device)
+        if case.key == "none":
+            ours_dev, ours_eager = "-", f"{eager_time_us(case.ours, args, device):.2f}"
+        else:
+            ours_dev, ours_eager = timed(case.ours)
+        if case.xgrammar is not None:
+            xgr_dev, xgr_eager = timed(case.xgrammar)
+        elif case.key.startswith(("waiting", "forced", "verify")):
+            xgr_dev = xgr_eager = "not available"
+        else:
+            xgr_dev = xgr_eager = "-"
+        physical = "; ".join(f"{what}: {timed(fn)[0]}" for what, fn in case.physical)
+        lines.append(
+            f"| {case.name} | {case.rows} | {case.forced_rows} | {n_launches} | {ours_dev} | "
+            f"{ours_eager} | {xgr_dev} | {xgr_eager} | {physical} | {case.atom} | {case.target} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    table = run(ARGS)
+    print(table)
+    if ARGS.out:
+        with open(ARGS.out, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    main()
