@@ -33,14 +33,6 @@ class AiterMLAPlan:
     reduce_partial_map: torch.Tensor | None = None
 
 
-def _aiter_dtype(dtype: torch.dtype):
-    from aiter import dtypes
-
-    if is_fp8(dtype):
-        return dtypes.fp8
-    return {torch.bfloat16: dtypes.bf16, torch.float16: dtypes.fp16}[dtype]
-
-
 def build_aiter_mla_plan(
     meta, *, num_heads: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int
 ) -> AiterMLAPlan:
@@ -73,8 +65,8 @@ def build_aiter_mla_plan(
         n,
         plan.max_seqlen_q,
         num_heads,
-        _aiter_dtype(q_dtype),
-        _aiter_dtype(kv_dtype),
+        q_dtype,
+        kv_dtype,
         is_sparse=False,
         fast_mode=True,
     )
@@ -104,8 +96,8 @@ def build_aiter_mla_plan(
         max_seqlen_qo=plan.max_seqlen_q,
         uni_seqlen_qo=plan.max_seqlen_q,
         fast_mode=True,
-        dtype_q=_aiter_dtype(q_dtype),
-        dtype_kv=_aiter_dtype(kv_dtype),
+        dtype_q=q_dtype,
+        dtype_kv=kv_dtype,
     )
     return plan
 

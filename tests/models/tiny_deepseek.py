@@ -1,0 +1,64 @@
+"""A tiny DeepSeek-V2-style checkpoint (MLA attention, DeepSeek latent shapes) made locally.
+
+Random seeded weights and a locally trained BPE tokenizer: nothing is downloaded. The
+attention keeps DeepSeek's latent cache shape (kv_lora_rank 512 + rope 64 = 576 wide,
+the only shape vLLM's CPU MLA decode kernel compiles for); everything else is small.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def build_tiny_deepseek(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    kv_lora_rank: int = 512,
+    rope_dim: int = 64,
+    nope_dim: int = 32,
+    v_dim: int = 32,
+    seed: int = 0,
+) -> Path:
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    from scripts.tiny_llama import build_tokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out, vocab_size=512)
+    config = DeepseekV2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        moe_intermediate_size=hidden_size,
+        num_hidden_layers=num_layers,
+        first_k_dense_replace=num_layers,  # dense MLPs only: the test is about attention
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        q_lora_rank=None,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=nope_dim,
+        v_head_dim=v_dim,
+        head_dim=rope_dim,
+        max_position_embeddings=1024,
+        rope_scaling=None,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = DeepseekV2ForCausalLM(config)
+    with torch.no_grad():  # larger weights than the init make greedy outputs varied
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "atom_tiny_model.json").write_text(json.dumps({"seed": seed, "kind": "deepseek_v2"}))
+    return out
