@@ -130,3 +130,21 @@ def test_verify_step_logits_use_the_row_states(impl):
     forced_rows = [K3.forced_token(s) for s in rows]
     assert forced_rows[:5] == [OPEN, TOOLS, SEP, OPEN, CALL]
     assert forced_rows[5:] == [None, None, None, OPEN]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 64])
+def test_k3_vocabulary_verify_step_on_gpu(batch):
+    vocab = 163_840
+    forced_open = K3.walk([CLOSE, RESPONSE, SEP])
+    slot_states = [forced_open if i % 2 == 0 else START for i in range(batch)]
+    slot_drafts = [(i, list(OPENING)) for i in range(batch)]
+    rows = loop_states(slot_states, slot_drafts)
+    states = torch.tensor(slot_states, dtype=torch.int32, device=DEVICE)
+    logits = torch.randn(len(rows), vocab, device=DEVICE)
+    ref, flat = logits.clone(), logits.clone()
+    apply_channel_triton(logits, TABLES, states, *layout(slot_drafts))
+    apply_channel_torch(ref, TABLES, states, *layout(slot_drafts), max_drafts=7)
+    apply_channel_torch(flat, TABLES, torch.tensor(rows, dtype=torch.int32, device=DEVICE))
+    assert torch.equal(logits.view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(logits.view(torch.int32), flat.view(torch.int32))

@@ -285,3 +285,55 @@ def advance_states(
         state = torch.where(at < hi, next_states(tables, state, token), state)
     states[idx] = state.to(states.dtype)
     scanned[idx] = torch.maximum(lo, hi).to(scanned.dtype)
+
+
+class LiveSlots:
+    """The host's knowledge of which request slots may still be constrained, kept without a sync.
+
+    `add(slot)` when a request with a channel takes a slot, `remove(slot)` when
+    it leaves; `observe(states)` once per step after that step's states are
+    written (on the current stream): it starts a non-blocking copy of the states
+    to host memory. `any_live(slots)` first takes in every copy already finished
+    (it never waits): a slot seen UNCONSTRAINED in a copy made after it was
+    added is settled for good, since UNCONSTRAINED is absorbing. So once every
+    required request of a step has its opening, the step launches nothing.
+    """
+
+    def __init__(self, num_slots: int, device: torch.device | str, buffers: int = 4) -> None:
+        self.device = torch.device(device)
+        pin = self.device.type == "cuda"
+        self._free = [
+            torch.empty(num_slots, dtype=torch.int32, pin_memory=pin) for _ in range(buffers)
+        ]
+        self._pending: list[tuple[int, torch.cuda.Event | None, torch.Tensor]] = []
+        # The observation count when each slot's channel was added; -1: no live channel.
+        self._added_at = torch.full((num_slots,), -1, dtype=torch.int64)
+        self._observed = 0
+
+    def add(self, slot: int) -> None:
+        self._added_at[slot] = self._observed
+
+    def remove(self, slot: int) -> None:
+        self._added_at[slot] = -1
+
+    def observe(self, states: torch.Tensor) -> None:
+        if not self._free:  # every buffer is still in flight: skip this step's copy
+            return
+        host = self._free.pop()
+        host.copy_(states, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._observed += 1
+        self._pending.append((self._observed, event, host))
+
+    def any_live(self, slots) -> bool:
+        """Whether any of `slots` (host ints) may still be constrained."""
+        while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
+            observed, _, host = self._pending.pop(0)
+            settled = (host == UNCONSTRAINED) & (self._added_at >= 0)
+            settled &= self._added_at < observed
+            self._added_at[settled] = -1
+            self._free.append(host)
+        return bool((self._added_at[torch.as_tensor(slots, dtype=torch.long)] >= 0).any())
