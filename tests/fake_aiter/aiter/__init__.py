@@ -205,8 +205,14 @@ def flash_attn_varlen_func(
     _expect(sink_ptr is None or sink_ptr.shape == (q.shape[1],), "sink_ptr [Hq]")
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     _expect(cq[-1] <= q.shape[0] and ck[-1] <= k.shape[0], "cu_seqlens within tensors")
-    _expect(max(b - a for a, b in zip(cq, cq[1:])) <= max_seqlen_q, "max_seqlen_q bound")
-    _expect(max(b - a for a, b in zip(ck, ck[1:])) <= max_seqlen_k, "max_seqlen_k bound")
+    _expect(
+        max(b - a for a, b in zip(cq[:-1], cq[1:], strict=True)) <= max_seqlen_q,
+        "max_seqlen_q bound",
+    )
+    _expect(
+        max(b - a for a, b in zip(ck[:-1], ck[1:], strict=True)) <= max_seqlen_k,
+        "max_seqlen_k bound",
+    )
     scale = softmax_scale if softmax_scale is not None else q.shape[2] ** -0.5
     res = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[1]
@@ -248,8 +254,8 @@ def flash_attn_varlen_func(
 # The MLA fakes live in aiter/mla.py (as mla_decode_fwd does in AITER); AITER also
 # exports these three at the top level. Their CALLS list stays their own.
 if importlib.util.find_spec(f"{__name__}.mla") is not None:
-    from .mla import (  # noqa: E402
-        concat_and_cache_mla,
-        get_mla_metadata_info_v1,
-        get_mla_metadata_v1,
-    )
+    from . import mla as _mla
+
+    concat_and_cache_mla = _mla.concat_and_cache_mla
+    get_mla_metadata_info_v1 = _mla.get_mla_metadata_info_v1
+    get_mla_metadata_v1 = _mla.get_mla_metadata_v1
