@@ -1,0 +1,1 @@
+"""The TBO test harness: a small MoE-style model on the plugin's attention ops."""

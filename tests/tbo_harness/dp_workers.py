@@ -1,0 +1,124 @@
+"""Data-parallel workers for the TBO tests: spawned processes over gloo (CPU).
+
+Each worker writes what it saw to `out_dir/rank{r}.pt`; the test process
+checks the files. Collectives time out after `GLOO_TIMEOUT_S`, so a rank left
+waiting on a collective the others skipped fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GLOO_TIMEOUT_S = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(fn, world: int, *args) -> None:
+    """Run `fn(rank, world, port, *args)` in `world` processes; a failing rank raises here."""
+    mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=GLOO_TIMEOUT_S),
+    )
+
+
+def _save(out_dir: str, rank: int, obj) -> None:
+    torch.save(obj, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def agreement_worker(rank, world, port, scenarios, out_dir) -> None:
+    """For each scenario (per-rank BatchShapes, graph keys, per-rank configs): decide across DP."""
+    from atom_plugin.tbo import dp
+
+    _init(rank, world, port)
+    calls = []
+    real_all_gather = dist.all_gather
+
+    def counting_all_gather(*args, **kwargs):
+        calls.append(1)
+        return real_all_gather(*args, **kwargs)
+
+    dp.dist.all_gather = counting_all_gather
+    seen = []
+    try:
+        for shapes, graph_keys, configs in scenarios:
+            before = len(calls)
+            try:
+                mode = dp.decide_across_dp(shapes[rank], configs[rank], graph_keys)
+            except ValueError as e:
+                mode = f"ValueError: {e}"
+            seen.append((mode, len(calls) - before))
+    finally:
+        dp.dist.all_gather = real_all_gather
+        dist.destroy_process_group()
+    _save(out_dir, rank, seen)
+
+
+def model_worker(rank, world, port, cases, out_dir) -> None:
+    """Issue 7 on CPU: the test model with a real collective per layer; TBO on vs off per rank.
+
+    `cases` are (kind, per-rank sizes, graph buckets): kind "decode" sizes are
+    request counts; "prefill" sizes are lists of query lengths.
+    """
+    from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig, plan_request_graphs
+    from atom_plugin.tbo.dp import decide_across_dp
+
+    from .batches import make_batch, random_decode_batch, run_step
+    from .model import GroupComm, KVCaches, ModelConfig, TboTestModel
+
+    _init(rank, world, port)
+    cfg = ModelConfig(experts=4)
+    model = TboTestModel(cfg, "cpu", comm=GroupComm(), seed=0)
+    results = []
+    on, off = TboConfig(), TboConfig(decode=False, prefill=False)
+    try:
+        with MicroBatchRunner("cpu", timeout_s=GLOO_TIMEOUT_S * 2) as runner:
+            for case_id, (kind, sizes, buckets) in enumerate(cases):
+                seed = 100 * case_id + rank
+                if kind == "decode":
+                    batch = random_decode_batch(cfg, sizes[rank], 6, 600, "cpu", seed)
+                else:
+                    lens = sizes[rank]
+                    batch = make_batch(cfg, lens, [2] * len(lens), 12, 600, "cpu", seed)
+                caches = KVCaches.random(cfg, 600, "cpu", seed=rank)
+                shape = BatchShape.from_query_lens(batch.query_lens)
+                outs = {}
+                for name, config in (("off", off), ("on", on)):
+                    keys = [k for k, _ in plan_request_graphs(buckets, 1, config)]
+                    mode = decide_across_dp(shape, config, keys)
+                    c = caches.clone()
+                    outs[name] = (run_step(model, runner, batch, c, mode), c, mode)
+                (ref, ref_c, mode_off), (out, out_c, mode_on) = outs["off"], outs["on"]
+                results.append(
+                    dict(
+                        mode_on=mode_on,
+                        mode_off=mode_off,
+                        out_diff=float((out - ref).abs().max()),
+                        cache_diff=max(
+                            float((a - b).abs().max())
+                            for a, b in zip(out_c.raw, ref_c.raw, strict=True)
+                        ),
+                        scale=float(ref.abs().max()),
+                    )
+                )
+    finally:
+        dist.destroy_process_group()
+    _save(out_dir, rank, results)

@@ -1,0 +1,205 @@
+"""A small MoE-style transformer to prove two-batch overlap on (a test harness, not an engine).
+
+Each layer: paged attention through the plugin's ops (`write_kv`,
+`paged_attention`), then a mixture of experts whose tokens travel through a
+communication step - dispatch (all-gather of hidden states and gates) and
+combine (all-reduce of the expert outputs, each rank keeping its own rows).
+Experts are sharded across the ranks of the comm group; with one rank a
+stand-in kernel of configurable duration on the comm stream takes the place
+of the collectives (`LocalComm`).
+
+Routing is hashed from the token id (top-2 of the experts) with gate weights
+from a learned router, so outputs are continuous in the inputs and TBO-on vs
+TBO-off comparisons need no luck with near ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.backends.ops import paged_attention, write_kv
+from atom_plugin.tbo import record_stream_use, switch_to_comm, yield_and_switch_to_compute
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 97
+    hidden: int = 32
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 8
+    experts: int = 4
+    ffn: int = 48
+    block_size: int = 4
+    dtype: torch.dtype = torch.float32
+
+
+class LocalComm:
+    """One rank: dispatch and combine are identities plus an optional stand-in kernel.
+
+    `sleep_cycles` > 0 (CUDA only) issues `torch.cuda._sleep` on the current
+    stream - the comm stream inside a micro-batch - standing in for an
+    all-to-all of that duration.
+    """
+
+    world, rank = 1, 0
+
+    def __init__(self, sleep_cycles: int = 0):
+        if sleep_cycles < 0:
+            raise ValueError(f"sleep_cycles must be >= 0, got {sleep_cycles}")
+        self.sleep_cycles = sleep_cycles
+
+    def _stand_in(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sleep_cycles:
+            if x.device.type != "cuda":
+                raise ValueError("the stand-in comm kernel needs a CUDA device")
+            torch.cuda._sleep(self.sleep_cycles)
+        return x
+
+    dispatch = _stand_in
+    combine = _stand_in
+
+
+class GroupComm:
+    """A real collective per step over `group` (gloo on CPU, NCCL on GPUs)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def dispatch(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts)
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        y = y.contiguous()
+        dist.all_reduce(y, group=self.group)
+        rows = y.shape[0] // self.world
+        return y[self.rank * rows : (self.rank + 1) * rows]
+
+
+class KVCaches:
+    """Per-layer paged KV caches in vLLM's layout: views of [blocks, kv_heads, block, 2*D]."""
+
+    def __init__(self, raw: list[torch.Tensor], head_dim: int):
+        self.raw = raw
+        self.head_dim = head_dim
+        self.layers = [tuple(r.transpose(1, 2).split(head_dim, dim=-1)) for r in raw]
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, num_blocks: int, device, seed: int) -> KVCaches:
+        """Caches filled with random 'history' (block 0 is the null block, left zero)."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        shape = (num_blocks, cfg.kv_heads, cfg.block_size, 2 * cfg.head_dim)
+        raw = []
+        for _ in range(cfg.layers):
+            r = torch.randn(shape, generator=g).to(device=device, dtype=cfg.dtype)
+            r[0] = 0
+            raw.append(r)
+        return cls(raw, cfg.head_dim)
+
+    def clone(self) -> KVCaches:
+        return KVCaches([r.clone() for r in self.raw], self.head_dim)
+
+
+class TboTestModel:
+    """Forward over one token batch: `forward(input_ids, meta, caches)` -> hidden [P, hidden].
+
+    `input_ids` may be longer than `meta.num_actual_tokens` (padding tokens:
+    their outputs are garbage, they never touch the cache or other tokens).
+    """
+
+    def __init__(self, cfg: ModelConfig, device, comm=None, seed: int = 0):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.comm = comm or LocalComm()
+        if cfg.experts % self.comm.world:
+            raise ValueError(f"{cfg.experts} experts do not shard over {self.comm.world} ranks")
+        g = torch.Generator(device="cpu").manual_seed(seed)
+
+        def w(*shape, scale=None):
+            scale = scale if scale is not None else shape[-2] ** -0.5
+            return (torch.randn(shape, generator=g) * scale).to(self.device, cfg.dtype)
+
+        h, hq, hkv, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.embed = w(cfg.vocab, h, scale=1.0)
+        self.layers = []
+        per_rank = cfg.experts // self.comm.world
+        mine = slice(self.comm.rank * per_rank, (self.comm.rank + 1) * per_rank)
+        for _ in range(cfg.layers):
+            layer = dict(
+                wq=w(h, hq * d),
+                wk=w(h, hkv * d),
+                wv=w(h, hkv * d),
+                wo=w(hq * d, h),
+                router=w(h, cfg.experts),
+                w1=w(cfg.experts, h, cfg.ffn),
+                w2=w(cfg.experts, cfg.ffn, h),
+            )
+            layer["experts"] = range(mine.start, mine.stop)
+            self.layers.append(layer)
+        self.scale = d**-0.5
+
+    @staticmethod
+    def _norm(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def _gates(self, h: torch.Tensor, ids: torch.Tensor, layer: int, router: torch.Tensor):
+        e = self.cfg.experts
+        first = (ids * 7 + layer) % e
+        second = (first + 1 + ids % (e - 1)) % e
+        chosen = torch.stack([first, second], dim=-1)
+        weights = torch.softmax(torch.gather(h @ router, 1, chosen), dim=-1)
+        return torch.zeros(h.shape[0], e, device=h.device, dtype=h.dtype).scatter(
+            1, chosen, weights
+        )
+
+    def _experts(self, layer: dict, tokens: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(tokens)
+        for e in layer["experts"]:
+            hidden = F.silu(tokens @ layer["w1"][e]) @ layer["w2"][e]
+            out = out + gates[:, e : e + 1] * hidden
+        return out
+
+    def forward(
+        self, input_ids: torch.Tensor, meta: PagedAttentionMetadata, caches: KVCaches
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        p = input_ids.shape[0]
+        x = self.embed[input_ids]
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x)
+            q = (h @ layer["wq"]).view(p, cfg.heads, cfg.head_dim)
+            k = (h @ layer["wk"]).view(p, cfg.kv_heads, cfg.head_dim)
+            v = (h @ layer["wv"]).view(p, cfg.kv_heads, cfg.head_dim)
+            key_cache, value_cache = caches.layers[i]
+            write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+            o = torch.zeros_like(q)
+            paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
+            x = x + o.view(p, -1) @ layer["wo"]
+
+            h = self._norm(x)
+            payload = torch.cat([h, self._gates(h, input_ids, i, layer["router"])], dim=-1)
+            gathered = self._communicate(self.comm.dispatch, payload)
+            tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
+            y = self._experts(layer, tokens, gates)
+            x = x + self._communicate(self.comm.combine, y)
+        return x
+
+    @staticmethod
+    def _communicate(op, x: torch.Tensor) -> torch.Tensor:
+        """Run `op` on the comm stream; the other micro-batch computes meanwhile."""
+        switch_to_comm()
+        record_stream_use(x)
+        out = op(x)
+        yield_and_switch_to_compute()
+        record_stream_use(out)
+        return out

@@ -1,0 +1,152 @@
+"""TBO-on outputs equal TBO-off outputs on the test model, eagerly on CPU (invariants 2, 5, 6).
+
+The check compares hidden states and the whole KV cache after the step, so a
+micro-batch that attends with another request's context or writes another
+request's slots fails it. `test_atom_mismatch_is_caught` reintroduces ATOM's
+bug and shows the check then fails.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tbo_harness.batches import make_batch, random_decode_batch, run_split, run_step, run_unsplit
+from tbo_harness.model import KVCaches, ModelConfig, TboTestModel
+
+from atom_plugin.backends.metadata import prepare_ubatch_decode
+from atom_plugin.tbo import (
+    BatchShape,
+    ForwardMode,
+    MicroBatchRunner,
+    TboConfig,
+    maybe_create_ubatch_slices,
+    plan_request_graphs,
+)
+from atom_plugin.tbo.graphs import pad_decode_rows
+
+CFG = ModelConfig()
+NUM_BLOCKS = 700
+MAX_BLOCKS = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TboTestModel(CFG, "cpu", seed=0)
+
+
+@pytest.fixture(scope="module")
+def caches():
+    return KVCaches.random(CFG, NUM_BLOCKS, "cpu", seed=1)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with MicroBatchRunner("cpu", timeout_s=60) as r:
+        yield r
+
+
+def assert_same_step(out, out_caches, ref, ref_caches):
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for a, b in zip(out_caches.raw, ref_caches.raw, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def check_tbo_equals_reference(model, runner, caches, batch, mode):
+    assert mode.split
+    ref_caches, out_caches = caches.clone(), caches.clone()
+    ref = run_unsplit(model, batch, ref_caches)
+    out = run_step(model, runner, batch, out_caches, mode)
+    assert_same_step(out, out_caches, ref, ref_caches)
+
+
+def keys(buckets):
+    return [k for k, _ in plan_request_graphs(buckets, 1, TboConfig())]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(3, 96), st.lists(st.integers(3, 128), max_size=4), st.integers(0, 10**6))
+def test_decode_tbo_on_equals_off(model, runner, caches, n, buckets, seed):
+    """Eager split at the scheduled requests, or the replay layout cut at the bucket."""
+    batch = random_decode_batch(CFG, n, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed)
+    mode = ForwardMode.decide(
+        [BatchShape.from_query_lens(batch.query_lens)], 0, TboConfig(), keys(buckets)
+    )
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.integers(0, 6),
+    st.lists(st.integers(2, 9), min_size=1, max_size=6),
+    st.integers(0, 10**6),
+)
+def test_prefill_and_mixed_tbo_on_equals_off(model, runner, caches, decodes, prefills, seed):
+    """Token-midpoint split, straddling requests included (decodes first, as vLLM orders them)."""
+    lens = [1] * decodes + prefills
+    ctx = [(seed >> i) % 5 for i in range(len(lens))]
+    batch = make_batch(CFG, lens, ctx, 4, NUM_BLOCKS, "cpu", seed)
+    mode = ForwardMode.decide([BatchShape.from_query_lens(lens)], 0, TboConfig(), ())
+    assert mode.kind == "prefill"
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+
+
+def test_straddling_prefill_request(model, runner, caches):
+    batch = make_batch(CFG, [1, 1, 5, 7, 3], [3, 4, 2, 6, 0], 4, NUM_BLOCKS, "cpu", seed=5)
+    mode = ForwardMode.decide([BatchShape.from_query_lens(batch.query_lens)], 0, TboConfig(), ())
+    s0, s1 = maybe_create_ubatch_slices(mode, batch.query_lens)
+    assert s0.request_slice.stop - 1 == s1.request_slice.start == 3  # request 3 straddles
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+
+
+def test_dp_padded_micro_batches_equal_unsplit(model, runner, caches):
+    """An eager split padded to counts agreed with a rank that scheduled more requests."""
+    batch = random_decode_batch(CFG, 25, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed=7)
+    mode = ForwardMode.decide([BatchShape(25, 25, 1), BatchShape(32, 32, 1)], 0, TboConfig(), ())
+    assert mode.ubatch_split_bs == 25 and mode.ubatch_num_tokens == (16, 16)
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+
+
+def test_atom_mismatch_is_caught(model, runner, caches):
+    """ATOM's bug: slices cut from the 25 scheduled requests, metadata cut at half the bucket (32).
+
+    The equality check must fail on it; with the metadata cut where the
+    slices are cut, the same padded step passes.
+    """
+    batch = random_decode_batch(CFG, 25, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed=11)
+    mode = ForwardMode.decide([BatchShape(25, 25, 1), BatchShape(32, 32, 1)], 0, TboConfig(), ())
+    slices = maybe_create_ubatch_slices(mode, batch.query_lens)
+    assert [s.token_slice for s in slices] == [slice(0, 12), slice(12, 25)]
+    ref_caches = caches.clone()
+    ref = run_unsplit(model, batch, ref_caches)
+
+    bucket_metas = prepare_ubatch_decode(pad_decode_rows(batch.meta, 32), 32)
+    bad_caches = caches.clone()
+    bad = run_split(model, runner, batch.input_ids, bad_caches, slices, bucket_metas)
+    with pytest.raises(AssertionError):
+        assert_same_step(bad, bad_caches, ref, ref_caches)
+    # Requests 12..15 ran with other rows' metadata: wrong outputs, and KV written into their slots.
+    assert not torch.allclose(bad[12:], ref[12:], atol=1e-3)
+
+    good_metas = prepare_ubatch_decode(batch.meta, mode.ubatch_split_bs)
+    good_caches = caches.clone()
+    good = run_split(model, runner, batch.input_ids, good_caches, slices, good_metas)
+    assert_same_step(good, good_caches, ref, ref_caches)
+
+
+def test_requests_attend_only_to_their_own_kv(model, runner, caches):
+    """Invariant 5: changing one request's cached history changes only that request's output."""
+    batch = random_decode_batch(CFG, 9, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed=13)
+    mode = ForwardMode.decide([BatchShape(9, 9, 1)], 0, TboConfig(), ())
+    base = run_step(model, runner, batch, caches.clone(), mode)
+    seq_lens = batch.meta.seq_lens.tolist()
+    for victim in (0, 4, 5, 8):  # both micro-batches, both edges of the cut
+        perturbed = caches.clone()
+        nblocks = -(-(seq_lens[victim] - 1) // CFG.block_size)  # history only
+        if nblocks == 0:
+            continue
+        for raw in perturbed.raw:
+            raw[batch.meta.block_table[victim, :nblocks].long()] += 1.0
+        out = run_step(model, runner, batch, perturbed, mode)
+        others = [i for i in range(9) if i != victim]
+        torch.testing.assert_close(out[others], base[others], rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(out[victim], base[victim], atol=1e-3)
