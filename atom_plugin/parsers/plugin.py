@@ -6,9 +6,25 @@ from atom_plugin.specs import LogitsProcessorSpec, ToolParserSpec
 
 @hookimpl
 def atom_tool_parsers() -> list[ToolParserSpec]:
-    return []
+    return [
+        ToolParserSpec(
+            name="atom_kimi_k3",
+            class_path="atom_plugin.vllm.kimi_k3_parser:AtomKimiK3ToolParser",
+        )
+    ]
 
 
 @hookimpl
 def atom_logits_processors() -> list[LogitsProcessorSpec]:
-    return []
+    return [
+        LogitsProcessorSpec(
+            name="atom_k3_required_channel",
+            class_path="atom_plugin.vllm.k3_logits_v1:AtomK3LogitsProcessorV1",
+            runner="v1",
+        ),
+        LogitsProcessorSpec(
+            name="atom_k3_required_channel",
+            class_path="atom_plugin.vllm.k3_logits_mrv2:AtomK3LogitsProcessorMRV2",
+            runner="mrv2",
+        ),
+    ]

@@ -1,0 +1,115 @@
+"""Which requests get the Kimi-K3 required channel, and its ids for a tokenizer.
+
+`required_channel_for(tokenizer)` runs once at startup. It encodes each piece
+on its own, as the model's encoder does: control tokens as special tokens, tag
+names as plain text. When the tokenizer cannot carry the channel faithfully it
+warns once and returns None, and then nothing is constrained.
+
+The channel travels to the worker inside `SamplingParams.extra_args` under
+`EXTRA_ARGS_KEY` (a chat request's `vllm_xargs` is copied there), so the
+logits processors need neither the tokenizer nor the request's tools.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from atom_plugin.parsers.k3_grammar import CLOSE, END_OF_MSG, OPEN, SEP
+from atom_plugin.parsers.required_channel import RequiredChannel
+
+logger = logging.getLogger("atom_plugin.parsers")
+
+# Tool-call formats (vLLM `--tool-call-parser` names) whose output is K3's.
+K3_FORMATS: frozenset[str] = frozenset({"kimi_k3", "atom_kimi_k3"})
+EXTRA_ARGS_KEY = "atom_required_channel"
+
+AFTER_PIECES: tuple[str, ...] = (CLOSE, "response", SEP)
+HEAD_PIECES: tuple[str, ...] = (OPEN, "tools", SEP)
+OPENING_PIECES: tuple[str, ...] = (*HEAD_PIECES, OPEN, 'call tool="')
+CONTROL_TOKENS: tuple[str, ...] = (OPEN, CLOSE, SEP, END_OF_MSG)
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("Kimi-K3 required channel disabled: %s", message)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _encode_pieces(tokenizer: Any, pieces: Sequence[str]) -> list[int]:
+    return [i for piece in pieces for i in _encode(tokenizer, piece)]
+
+
+def required_channel_for(tokenizer: Any) -> RequiredChannel | None:
+    """The channel in this tokenizer's ids, or None (with one warning) if it cannot hold."""
+    control: dict[str, int] = {}
+    for token in CONTROL_TOKENS:
+        ids = _encode(tokenizer, token)
+        if len(ids) != 1:
+            _warn_once(f"control token {token!r} encodes to {len(ids)} ids {ids}, not one")
+            return None
+        control[token] = ids[0]
+    for name, pieces in (("after", AFTER_PIECES), ("the opening's head", HEAD_PIECES)):
+        separate = _encode_pieces(tokenizer, pieces)
+        whole = _encode(tokenizer, "".join(pieces))
+        if separate != whole:
+            _warn_once(
+                f"{name} {''.join(pieces)!r} encodes as {whole} but its pieces encode as "
+                f"{separate}: the ids the model writes would not match"
+            )
+            return None
+    end_ids = {control[END_OF_MSG]}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        end_ids.add(eos)
+    try:
+        return RequiredChannel(
+            after=_encode_pieces(tokenizer, AFTER_PIECES),
+            opening=_encode_pieces(tokenizer, OPENING_PIECES),
+            opens_at=len(_encode_pieces(tokenizer, HEAD_PIECES)),
+            end_ids=end_ids,
+        )
+    except ValueError as err:
+        _warn_once(str(err))
+        return None
+
+
+def wants_channel(tool_choice: Any, tools: Sequence[Any] | None, tool_format: str | None) -> bool:
+    """The gate: only `tool_choice="required"`, with tools, in a K3 tool-call format."""
+    return tool_choice == "required" and bool(tools) and tool_format in K3_FORMATS
+
+
+def channel_extra_args(channel: RequiredChannel) -> dict[str, str]:
+    """The `extra_args` / `vllm_xargs` entry that asks the processors for `channel`."""
+    value = {
+        "after": list(channel.after),
+        "opening": list(channel.opening),
+        "opens_at": channel.opens_at,
+        "end_ids": sorted(channel.end_ids),
+    }
+    return {EXTRA_ARGS_KEY: json.dumps(value, separators=(",", ":"))}
+
+
+def channel_from_extra_args(extra_args: Mapping[str, Any] | None) -> RequiredChannel | None:
+    """The channel a request asked for, None if it asked for none; ValueError if malformed."""
+    if not extra_args or EXTRA_ARGS_KEY not in extra_args:
+        return None
+    raw = extra_args[EXTRA_ARGS_KEY]
+    fields = ("after", "opening", "opens_at", "end_ids")
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(value, Mapping) or set(value) != set(fields):
+            raise ValueError(f"expected exactly the keys {', '.join(fields)}")
+        return RequiredChannel(**{k: value[k] for k in fields})
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}]={raw!r} is not a required channel: {err}"
+        ) from err

@@ -1,0 +1,215 @@
+"""The per-step core shared by the V1 and MRV2 logits processors.
+
+It keeps each request slot's channel state on the device and applies the
+channel kernel to a step's logits. Requests may carry different channels (the
+engine's stop ids differ per request): each distinct channel is a group with
+its own tables and its own `states` tensor, in which slots outside the group
+are UNCONSTRAINED, so one launch per group leaves every other row untouched.
+Usually there is one group.
+
+What the host knows decides whether anything is launched: a slot is live from
+the moment it gets a channel until the host learns it became UNCONSTRAINED.
+A step whose slots are not live costs no launch. The V1 processor knows states
+exactly (it reads committed tokens on the host anyway); the MRV2 processor
+advances states on the device and learns of UNCONSTRAINED slots from an
+asynchronous copy of the states one step late, which is safe because
+UNCONSTRAINED is absorbing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from atom_plugin.parsers.channel_kernel import advance_states, apply_required_channel
+from atom_plugin.parsers.channel_tables import ChannelTables, compile_channel
+from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
+
+MAX_IDLE_GROUPS = 16
+
+
+@dataclass
+class _Group:
+    tables: ChannelTables
+    states: torch.Tensor  # [max_slots] int32; UNCONSTRAINED outside the group
+    scanned: torch.Tensor  # [max_slots] int32; output positions folded into states
+    members: set[int] = field(default_factory=set)
+    # Asynchronous copy of `states` (MRV2): host buffer, its event, slot epochs then.
+    snapshot: torch.Tensor | None = None
+    snapshot_event: object | None = None
+    snapshot_epochs: np.ndarray | None = None
+
+
+class ChannelCore:
+    """Per-slot channel states on `device` for up to `max_slots` requests."""
+
+    def __init__(self, max_slots: int, device: torch.device | str, impl: str | None = None) -> None:
+        if max_slots <= 0:
+            raise ValueError(f"max_slots must be positive, got {max_slots}")
+        self.max_slots = max_slots
+        self.device = torch.device(device)
+        self.impl = impl
+        self._groups: dict[RequiredChannel, _Group] = {}
+        self._slot_group: list[RequiredChannel | None] = [None] * max_slots
+        self._epoch = np.zeros(max_slots, dtype=np.int64)
+        # Staged host writes: (channel, slot, state, scanned), applied by flush().
+        self._staged: list[tuple[RequiredChannel, int, int, int]] = []
+
+    # ---- host side: who has which channel ---------------------------------
+    def assign(
+        self, slot: int, channel: RequiredChannel | None, state: int = START, scanned: int = 0
+    ) -> None:
+        """Give `slot` a channel in `state` (or none); takes effect at `flush()`."""
+        self._check_slot(slot)
+        old = self._slot_group[slot]
+        self._epoch[slot] += 1
+        if old is not None:
+            self._groups[old].members.discard(slot)
+            self._staged.append((old, slot, UNCONSTRAINED, 0))
+        if channel is None or state == UNCONSTRAINED:
+            self._slot_group[slot] = None
+            return
+        if channel not in self._groups:
+            self._groups[channel] = self._new_group(channel)
+        self._groups[channel].members.add(slot)
+        self._slot_group[slot] = channel
+        self._staged.append((channel, slot, state, scanned))
+
+    def channel_of(self, slot: int) -> RequiredChannel | None:
+        return self._slot_group[slot]
+
+    def is_live(self, slots: Iterable[int] | np.ndarray) -> bool:
+        """Whether any of `slots` may still be constrained (host knowledge only)."""
+        return any(self._slot_group[int(s)] is not None for s in slots)
+
+    def flush(self) -> None:
+        """Write the staged assignments to the device (a few small copies, no sync)."""
+        if not self._staged:
+            return
+        by_group: dict[RequiredChannel, dict[int, tuple[int, int]]] = {}
+        for channel, slot, state, scanned in self._staged:
+            by_group.setdefault(channel, {})[slot] = (state, scanned)
+        self._staged.clear()
+        for channel, writes in by_group.items():
+            group = self._groups[channel]
+            slots = self._h2d(list(writes))
+            values = list(writes.values())
+            group.states[slots] = self._h2d([s for s, _ in values], torch.int32)
+            group.scanned[slots] = self._h2d([n for _, n in values], torch.int32)
+        self._drop_empty_groups()
+
+    # ---- device side -------------------------------------------------------
+    def advance(
+        self, token_ids: torch.Tensor, total_len: torch.Tensor, slots_np: np.ndarray
+    ) -> None:
+        """Fold committed tokens token_ids[s, scanned[s]:total_len[s]] into each live state."""
+        impl = self.impl or ("torch" if self.device.type == "cpu" else "triton")
+        step_slots = {int(s) for s in slots_np}
+        for group in self._groups.values():
+            slots = sorted(group.members & step_slots)
+            if slots:
+                advance_states(
+                    group.tables,
+                    group.states,
+                    group.scanned,
+                    token_ids,
+                    total_len,
+                    self._h2d(slots, torch.int32),
+                    impl=impl,
+                )
+
+    def apply(
+        self,
+        logits: torch.Tensor,
+        slots_np: np.ndarray,
+        row_slot: torch.Tensor | None = None,
+        row_pos: torch.Tensor | None = None,
+        row_tokens: torch.Tensor | None = None,
+    ) -> int:
+        """Mask `logits` in place for the step's slots; returns the number of launches.
+
+        `slots_np` are the step's request slots on the host; without `row_slot`,
+        logits row r belongs to slot r.
+        """
+        launches = 0
+        step_slots = {int(s) for s in slots_np}
+        for group in self._groups.values():
+            if group.members.isdisjoint(step_slots):
+                continue
+            launches += apply_required_channel(
+                logits,
+                group.tables,
+                group.states,
+                live=True,
+                row_slot=row_slot,
+                row_pos=row_pos,
+                row_tokens=row_tokens,
+                impl=self.impl,
+            )
+        return launches
+
+    def states_of(self, slots: Iterable[int]) -> list[int]:
+        """The device states of `slots` (syncs; for tests and debugging)."""
+        out = []
+        for slot in slots:
+            channel = self._slot_group[slot]
+            group = self._groups.get(channel) if channel is not None else None
+            out.append(UNCONSTRAINED if group is None else int(group.states[slot]))
+        return out
+
+    # ---- learning of UNCONSTRAINED slots without a sync (MRV2) -------------
+    def snapshot(self) -> None:
+        """Start an asynchronous copy of every group's states to the host."""
+        for group in self._groups.values():
+            if group.snapshot is None:
+                pin = self.device.type == "cuda"
+                group.snapshot = torch.empty(self.max_slots, dtype=torch.int32, pin_memory=pin)
+            group.snapshot.copy_(group.states, non_blocking=True)
+            group.snapshot_epochs = self._epoch.copy()
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record()
+                group.snapshot_event = event
+            else:
+                group.snapshot_event = None
+
+    def retire_finished(self) -> None:
+        """Forget slots that a completed snapshot shows UNCONSTRAINED (no waiting)."""
+        for group in self._groups.values():
+            if group.snapshot_epochs is None:
+                continue
+            event = group.snapshot_event
+            if event is not None and not event.query():
+                continue
+            states = group.snapshot.numpy()
+            for slot in list(group.members):
+                same_request = group.snapshot_epochs[slot] == self._epoch[slot]
+                if same_request and states[slot] == UNCONSTRAINED:
+                    group.members.discard(slot)
+                    self._slot_group[slot] = None
+            group.snapshot_epochs = None
+
+    # ---- helpers -----------------------------------------------------------
+    def _new_group(self, channel: RequiredChannel) -> _Group:
+        full = torch.full((self.max_slots,), UNCONSTRAINED, dtype=torch.int32, device=self.device)
+        return _Group(compile_channel(channel, self.device), full, torch.zeros_like(full))
+
+    def _drop_empty_groups(self) -> None:
+        # Groups (and their tables) are kept for reuse unless there are many.
+        if len(self._groups) <= MAX_IDLE_GROUPS:
+            return
+        staged = {channel for channel, *_ in self._staged}
+        for channel in [c for c, g in self._groups.items() if not g.members]:
+            if channel not in staged:
+                del self._groups[channel]
+
+    def _h2d(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        host = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
+        return host.to(self.device, non_blocking=True)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} is outside 0..{self.max_slots - 1}")

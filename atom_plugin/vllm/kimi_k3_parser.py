@@ -1,0 +1,143 @@
+"""vLLM tool parser `atom_kimi_k3`: vLLM's `kimi_k3` with the required channel.
+
+For `tool_choice="required"` with tools, vLLM's `kimi_k3` asks xgrammar for a
+structural tag (a grammar over the whole turn). This parser instead attaches
+the required channel to the request (`vllm_xargs`, which vLLM copies into
+`SamplingParams.extra_args`); the plugin's logits processors then force the
+tools channel open where the model would end its message. Set
+`ATOM_K3_STRUCTURAL_TAG=1` to keep vLLM's structural tag instead. Named tool
+choices and `auto` with strict tools keep the structural tag either way.
+
+Output is read by the plugin's own K3 parser (`atom_plugin.parsers.k3_tool_parser`),
+which also splits off the think channel and never raises on malformed output.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.entrypoints.generate.base.protocol import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
+)
+from vllm.tool_parsers.kimi_k3_tool_parser import KimiK3ToolParser
+
+from atom_plugin.parsers.channel_for import (
+    channel_extra_args,
+    required_channel_for,
+    wants_channel,
+)
+from atom_plugin.parsers.k3_tool_parser import K3StreamParser, K3ToolCall, parse_k3
+from atom_plugin.parsers.required_channel import RequiredChannel
+
+NAME = "atom_kimi_k3"
+KEEP_STRUCTURAL_TAG_ENV = "ATOM_K3_STRUCTURAL_TAG"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def keep_structural_tag() -> bool:
+    """`ATOM_K3_STRUCTURAL_TAG`: 1 keeps vLLM's structural tag for required requests."""
+    value = os.environ.get(KEEP_STRUCTURAL_TAG_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{KEEP_STRUCTURAL_TAG_ENV}={value!r} is not one of {', '.join(_TRUE + _FALSE[1:])}"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _channel_of(tokenizer: Any) -> RequiredChannel | None:
+    # Derived once per tokenizer object (the server has one).
+    return required_channel_for(tokenizer)
+
+
+def _tool_call(call: K3ToolCall) -> ToolCall:
+    return ToolCall(
+        type="function", function=FunctionCall(name=call.name, arguments=call.arguments_json)
+    )
+
+
+class AtomKimiK3ToolParser(KimiK3ToolParser):
+    def __init__(self, tokenizer: Any, tools: list | None = None):
+        super().__init__(tokenizer, tools)
+        self.channel = _channel_of(tokenizer)
+        self._stream = K3StreamParser()
+        self._fed = ""
+        self._sent_calls = 0
+
+    def uses_channel(self, request: Any) -> bool:
+        """The gate, for this server: required + tools + a derivable channel + no tag wanted."""
+        return (
+            self.channel is not None
+            and not keep_structural_tag()
+            and wants_channel(request.tool_choice, request.tools, NAME)
+            and request.extract_structured_outputs() is None
+        )
+
+    def get_structural_tag(self, request: Any, **kwargs: Any):
+        # vLLM asks for the tag before adjust_request; the channel replaces it.
+        if self.uses_channel(request):
+            return None
+        return super().get_structural_tag(request, **kwargs)
+
+    def adjust_request(self, request: Any) -> Any:
+        request = super().adjust_request(request)
+        structured = getattr(request, "structured_outputs", None)
+        has_tag = structured is not None and structured.structural_tag is not None
+        if self.uses_channel(request) and not has_tag:
+            request.vllm_xargs = {**(request.vllm_xargs or {}), **channel_extra_args(self.channel)}
+        return request
+
+    def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
+        parsed = parse_k3(model_output)
+        return ExtractedToolCallInformation(
+            tools_called=bool(parsed.tool_calls),
+            tool_calls=[_tool_call(c) for c in parsed.tool_calls],
+            content=parsed.content or None,
+        )
+
+    def extract_tool_calls_streaming(
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+        request: Any,
+    ) -> DeltaMessage | None:
+        if not current_text.startswith(self._fed):
+            # The serving layer restarted the text (it should not); start over.
+            self._stream, self._fed = K3StreamParser(), ""
+        delta = self._stream.feed(current_text[len(self._fed) :])
+        self._fed = current_text
+        if not delta:
+            return None
+        calls = []
+        for call in delta.tool_calls:
+            tool_call = _tool_call(call)
+            calls.append(
+                DeltaToolCall(
+                    index=self._sent_calls,
+                    id=tool_call.id,
+                    type="function",
+                    function=DeltaFunctionCall(
+                        name=call.name, arguments=call.arguments_json
+                    ).model_dump(exclude_none=True),
+                )
+            )
+            self._sent_calls += 1
+        return DeltaMessage(
+            content=delta.content or None,
+            reasoning=delta.reasoning or None,
+            tool_calls=calls,
+        )

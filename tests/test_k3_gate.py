@@ -1,0 +1,318 @@
+"""Who gets the required channel, and that nobody else's logits change.
+
+Requests are made the way vLLM's chat server makes them: the tool-call format's
+parser (through vLLM's ParserManager) adjusts a real ChatCompletionRequest,
+which becomes SamplingParams; the V1 processor then sees them in a real
+BatchUpdate.
+"""
+
+import logging
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atom_plugin.parsers.channel_for import (
+    EXTRA_ARGS_KEY,
+    K3_FORMATS,
+    channel_extra_args,
+    channel_from_extra_args,
+    required_channel_for,
+    wants_channel,
+)
+from atom_plugin.parsers.required_channel import START, UNCONSTRAINED
+from models.scripted_gpt2 import build_tokenizer, ids
+
+vllm = pytest.importorskip("vllm")
+
+from vllm.config import SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
+from vllm.parser.parser_manager import ParserManager  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.tool_parsers import ToolParserManager  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
+
+from atom_plugin.vllm.k3_logits_v1 import AtomK3LogitsProcessorV1  # noqa: E402
+from atom_plugin.vllm.registration import register_tool_parsers  # noqa: E402
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return build_tokenizer(tmp_path_factory.mktemp("k3tok"))
+
+
+@pytest.fixture(scope="module")
+def formats():
+    register_tool_parsers()
+    names = ToolParserManager.list_registered()
+    assert "atom_kimi_k3" in names and "kimi_k3" in names
+    return names
+
+
+def test_channel_ids_for_the_scripted_tokenizer(tokenizer):
+    channel = required_channel_for(tokenizer)
+    assert channel.after == tuple(ids(tokenizer, "<|close|>", "response", "<|sep|>"))
+    assert channel.opening == tuple(
+        ids(tokenizer, "<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="')
+    )
+    assert channel.opens_at == 3
+    assert channel.end_ids == {tokenizer.eos_token_id}
+
+
+class PieceTokenizer:
+    """A greedy longest-match tokenizer over a given vocabulary (not vLLM's)."""
+
+    def __init__(self, vocab, eos=None):
+        self.vocab = {piece: i for i, piece in enumerate(vocab)}
+        self.eos_token_id = eos
+
+    def encode(self, text, add_special_tokens=False):
+        out = []
+        while text:
+            piece = max((p for p in self.vocab if text.startswith(p)), key=len)
+            out.append(self.vocab[piece])
+            text = text[len(piece) :]
+        return out
+
+
+BASE = [
+    "<|open|>",
+    "<|close|>",
+    "<|sep|>",
+    "<|end_of_msg|>",
+    "response",
+    "tools",
+    "call",
+    ' tool="',
+]
+
+
+def test_control_token_split_warns_once_and_disables(caplog):
+    split = PieceTokenizer([p for p in BASE if p != "<|sep|>"] + ["<|", "sep", "|>"])
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
+        assert required_channel_for(split) is None
+        assert required_channel_for(split) is None
+    warnings = [r for r in caplog.records if "'<|sep|>' encodes to 3 ids" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_head_that_encodes_differently_in_context_disables(caplog):
+    merged = PieceTokenizer(BASE + ["<|open|>tools"])
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
+        assert required_channel_for(merged) is None
+    assert any("opening's head" in r.getMessage() for r in caplog.records)
+    assert required_channel_for(PieceTokenizer(BASE, eos=3)) is not None
+
+
+def test_extra_args_round_trip_and_bad_values(tokenizer):
+    channel = required_channel_for(tokenizer)
+    assert channel_from_extra_args(channel_extra_args(channel)) == channel
+    assert channel_from_extra_args(None) is None
+    assert channel_from_extra_args({"other": 1}) is None
+    with pytest.raises(ValueError, match="atom_required_channel.*expected exactly the keys"):
+        channel_from_extra_args({EXTRA_ARGS_KEY: '{"after": [1]}'})
+    with pytest.raises(ValueError, match="atom_required_channel.*'not json'"):
+        channel_from_extra_args({EXTRA_ARGS_KEY: "not json"})
+    with pytest.raises(ValueError, match="end ids"):
+        bad = '{"after":[1,2],"opening":[3,4],"opens_at":1,"end_ids":[2]}'
+        channel_from_extra_args({EXTRA_ARGS_KEY: bad})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    choice=st.sampled_from(["required", "auto", "none", None, "NAMED"]),
+    has_tools=st.sampled_from([None, [], TOOLS]),
+    data=st.data(),
+)
+def test_gate_only_required_with_tools_in_k3_format(formats, choice, has_tools, data):
+    fmt = data.draw(st.sampled_from(formats))
+    tool_choice = NAMED if choice == "NAMED" else choice
+    expected = choice == "required" and bool(has_tools) and fmt in ("kimi_k3", "atom_kimi_k3")
+    assert wants_channel(tool_choice, has_tools, fmt) == expected
+    assert fmt in K3_FORMATS or not wants_channel("required", TOOLS, fmt)
+
+
+def sampling_params_through(fmt, tokenizer, tool_choice):
+    """What vLLM's chat server makes of a request under tool-call format `fmt`."""
+    parser_cls = ParserManager.get_parser(tool_parser_name=fmt, enable_auto_tools=True)
+    parser = parser_cls(tokenizer, TOOLS)
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        model="m",
+        tools=TOOLS,
+        tool_choice=tool_choice,
+    )
+    return parser.adjust_request(request).to_sampling_params(16, {})
+
+
+@pytest.fixture(scope="module")
+def requests_by_format(formats, tokenizer):
+    """(format, tool_choice) -> SamplingParams, for every format that builds here."""
+    made, unbuildable = {}, []
+    for fmt in formats:
+        for choice in ("required", "auto"):
+            try:
+                made[fmt, choice] = sampling_params_through(fmt, tokenizer, choice)
+            except (ImportError, RuntimeError, ValueError, AttributeError):
+                # The parser needs tokens (or a package) this tokenizer lacks.
+                unbuildable.append(fmt)
+                break
+    assert len({f for f, _ in made}) >= 35, f"too few formats built; not built: {unbuildable}"
+    return made
+
+
+def test_only_atom_kimi_k3_required_attaches_the_channel(requests_by_format, tokenizer):
+    with_channel = {
+        key
+        for key, params in requests_by_format.items()
+        if EXTRA_ARGS_KEY in (params.extra_args or {})
+    }
+    assert with_channel == {("atom_kimi_k3", "required")}
+    params = requests_by_format["atom_kimi_k3", "required"]
+    assert params.structured_outputs is None  # the channel replaces vLLM's structural tag
+    assert channel_from_extra_args(params.extra_args) == required_channel_for(tokenizer)
+    assert params.skip_special_tokens is False
+
+
+def test_structural_tag_setting_keeps_vllms_tag(tokenizer, monkeypatch, formats):
+    monkeypatch.setenv("ATOM_K3_STRUCTURAL_TAG", "1")
+    params = sampling_params_through("atom_kimi_k3", tokenizer, "required")
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    assert params.structured_outputs.structural_tag is not None
+    monkeypatch.setenv("ATOM_K3_STRUCTURAL_TAG", "maybe")
+    with pytest.raises(ValueError, match="ATOM_K3_STRUCTURAL_TAG='maybe'"):
+        sampling_params_through("atom_kimi_k3", tokenizer, "required")
+
+
+def v1_processor(max_num_seqs=128):
+    config = VllmConfig(
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_model_len=128, is_encoder_decoder=False
+        )
+    )
+    return AtomK3LogitsProcessorV1(config, torch.device("cpu"), False)
+
+
+def noisy_logits(rows, vocab, seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[:, 5] = float("-inf")
+    logits[:, 7] = float("nan")
+    return logits
+
+
+def test_v1_every_format_batch_only_k3_row_changes(requests_by_format, tokenizer):
+    channel = required_channel_for(tokenizer)
+    keys = sorted(requests_by_format)
+    k3_row = keys.index(("atom_kimi_k3", "required"))
+    outputs = [[] for _ in keys]
+    proc = v1_processor()
+    proc.update_state(
+        BatchUpdate(
+            batch_size=len(keys),
+            removed=[],
+            added=[(i, requests_by_format[k], [1, 2], outputs[i]) for i, k in enumerate(keys)],
+            moved=[],
+        )
+    )
+    vocab = len(tokenizer)
+    # The K3 row writes text, then tries to close the message right after the trigger.
+    script = ids(tokenizer, "Sure", *channel_pieces_after())
+    state = START
+    for step, token in enumerate([None, *script]):
+        if token is not None:
+            for out in outputs:
+                out.append(token)
+            state = channel.step(state, token)
+        proc.update_state(None)
+        before = noisy_logits(len(keys), vocab, step)
+        after = proc.apply(before.clone())
+        for row in range(len(keys)):
+            if row != k3_row:
+                assert torch.equal(after[row].view(torch.int32), before[row].view(torch.int32))
+        check_row(after[k3_row], before[k3_row], channel, state)
+        if state == UNCONSTRAINED:
+            assert torch.equal(after[k3_row].view(torch.int32), before[k3_row].view(torch.int32))
+    assert state == UNCONSTRAINED
+
+
+def channel_pieces_after():
+    opening = ["<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="']
+    return ["<|close|>", "response", "<|sep|>", *opening, "get_weather", "<|end_of_msg|>"]
+
+
+def check_row(after, before, channel, state):
+    """The row as the channel's own definition says it must be."""
+    forced = None if state == UNCONSTRAINED else channel.forced_token(state)
+    if forced is not None:
+        assert torch.isfinite(after[forced])
+        others = torch.cat([after[:forced], after[forced + 1 :]])
+        assert torch.all(others == float("-inf"))
+        return
+    banned = sorted(channel.banned_tokens(state))
+    expect = before.clone()
+    expect[banned] = float("-inf")
+    assert torch.equal(after.view(torch.int32), expect.view(torch.int32))
+
+
+def test_v1_moves_swaps_removals_and_async_placeholders(tokenizer):
+    channel = required_channel_for(tokenizer)
+    args = channel_extra_args(channel)
+    req = SamplingParams(max_tokens=8, extra_args=args)
+    plain = SamplingParams(max_tokens=8)
+    close, resp, sep = ids(tokenizer, "<|close|>", "response", "<|sep|>")
+    out_a, out_b, out_c = [close, resp], [], [close, resp, -1]  # c: async placeholder
+    proc = v1_processor()
+    proc.update_state(
+        BatchUpdate(3, [], [(0, req, [1], out_a), (1, plain, [1], out_b), (2, req, [1], out_c)], [])
+    )
+    proc.update_state(BatchUpdate(3, [], [], [(0, 2, MoveDirectionality.SWAP)]))
+    # Row 2 now holds a's request, row 0 c's; the runner repairs c's placeholder.
+    out_c[-1] = sep
+    vocab = len(tokenizer)
+    before = noisy_logits(3, vocab, 0)
+    after = proc.apply(before.clone())
+    state_ac = channel.walk([close, resp])
+    check_row(after[2], before[2], channel, state_ac)  # a: waiting right before <|sep|>
+    check_row(after[0], before[0], channel, channel.walk([close, resp, sep]))  # c: forced
+    assert torch.equal(after[1].view(torch.int32), before[1].view(torch.int32))
+    # A one-way move of row 0 onto row 1, then row 2 removed: only row 1 is constrained.
+    proc.update_state(BatchUpdate(2, [2], [], [(0, 1, MoveDirectionality.UNIDIRECTIONAL)]))
+    before = noisy_logits(2, vocab, 1)
+    after = proc.apply(before.clone())
+    assert torch.equal(after[0].view(torch.int32), before[0].view(torch.int32))
+    check_row(after[1], before[1], channel, channel.walk([close, resp, sep]))
+
+
+def test_v1_engine_stop_ids_are_banned_while_waiting(tokenizer):
+    channel = required_channel_for(tokenizer)
+    params = SamplingParams(
+        max_tokens=8, stop_token_ids=[4], extra_args=channel_extra_args(channel)
+    )
+    proc = v1_processor()
+    proc.update_state(BatchUpdate(1, [], [(0, params, [1], [])], []))
+    before = noisy_logits(1, len(tokenizer), 3)
+    after = proc.apply(before.clone())
+    assert after[0, 4] == float("-inf") and after[0, tokenizer.eos_token_id] == float("-inf")
+    check_row(after[0], before[0], channel.ending_on([4]), START)
+
+
+def test_v1_validate_params_names_the_bad_value():
+    with pytest.raises(ValueError, match="atom_required_channel"):
+        AtomK3LogitsProcessorV1.validate_params(
+            SamplingParams(extra_args={EXTRA_ARGS_KEY: "[1, 2]"})
+        )
+    AtomK3LogitsProcessorV1.validate_params(SamplingParams())
+    assert v1_processor().is_argmax_invariant() is False
