@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "smi_fixtures"
 BIN = FIXTURES / "bin"
 HOSTS = FIXTURES / "hosts"
-SYSTEM_PATH = os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p))
-STANDIN_PATH = f"{BIN}{os.pathsep}{SYSTEM_PATH}"
+# Only the stand-ins: a real vendor tool installed on the test machine must not be found.
+STANDIN_PATH = str(BIN)
 NA_POWER_UID = "0x1b9e9c9ca24c3014"  # GPU 5 of hosts/mi355x_na_power
 OUR_ENV = ("GITHUB_ACTIONS", "SMI_STANDIN_HOST", "SMI_STANDIN_MODE", "SMI_STANDIN_PIDS")
 
@@ -65,7 +65,7 @@ def only_on_path(tmp_path: Path, *tools: str) -> str:
     bin_dir.mkdir()
     for name in (*tools, "standin-modes.sh"):
         shutil.copy2(BIN / name, bin_dir / name)
-    return f"{bin_dir}{os.pathsep}{SYSTEM_PATH}"
+    return str(bin_dir)
 
 
 def saved_table(tmp_path: Path, host: str, *files: str) -> str:
@@ -116,6 +116,16 @@ def test_failing_tool_exits_1():
     result = doctor(host="mi355x_healthy", SMI_STANDIN_MODE="fail")
     assert result.returncode == 1
     assert "`rocm-smi` failed with exit status 1: rocm-smi: error:" in result.stdout
+
+
+def test_tool_that_cannot_start_is_unhealthy(tmp_path, monkeypatch):
+    broken = tmp_path / "rocm-smi"
+    broken.write_text("#!/no/such/interpreter\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    verdict = check_host()
+    assert not verdict.healthy
+    assert verdict.reason.startswith("`rocm-smi` could not be started: ")
 
 
 def _running(pid: int) -> bool:

@@ -91,7 +91,10 @@ def check_host(
         if remaining <= 0:
             reason = f"`{shown}` did not run: the {timeout:g} s timeout was used up"
             return Verdict(False, reason, name)
-        result = run_tool(argv, remaining)
+        try:
+            result = run_tool(argv, remaining)
+        except OSError as err:  # e.g. a broken interpreter line or a vanished binary
+            return Verdict(False, f"`{shown}` could not be started: {err.strerror}", name)
         if result.timed_out:
             return Verdict(False, f"`{shown}` did not finish within {timeout:g} s; killed", name)
         if result.returncode != 0:
