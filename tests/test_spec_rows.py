@@ -94,7 +94,7 @@ def test_bonus_row_comes_after_every_draft_and_requests_are_independent():
     assert K3.forced_token(want[2]) == TOOLS  # request 0's bonus row, after SEP and OPEN
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.sampled_from(ALL_STATES), min_size=1, max_size=4),
     st.data(),

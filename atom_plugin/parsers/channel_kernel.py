@@ -23,7 +23,12 @@ import triton.language as tl
 
 from atom_plugin.parsers.channel_tables import ChannelTables, next_states
 from atom_plugin.parsers.required_channel import UNCONSTRAINED
-from atom_plugin.parsers.spec_rows import next_state, row_state, spec_row_states_torch
+from atom_plugin.parsers.spec_rows import (
+    load_channel_ids,
+    next_state,
+    row_state,
+    spec_row_states_torch,
+)
 
 IMPLS: tuple[str, ...] = ("triton", "torch")
 # Elements one program writes per loop iteration, and the launch size aimed at.
@@ -234,9 +239,10 @@ def _advance_kernel(
     hi = tl.load(total_len_ptr + slot)
     if state >= 0:
         tokens = token_ids_ptr + slot.to(tl.int64) * token_ids_stride
+        ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
         for i in range(lo, hi):
             token = tl.load(tokens + i)
-            state = next_state(state, token, channel_ids_ptr, next_state_ptr, K, K_BLOCK)
+            state = next_state(state, token, ids, next_state_ptr, K, K_BLOCK)
         tl.store(states_ptr + slot, state)
     tl.store(scanned_ptr + slot, tl.maximum(lo, hi))
 

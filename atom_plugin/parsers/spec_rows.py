@@ -45,11 +45,19 @@ def spec_row_states_torch(
 
 
 @triton.jit
-def next_state(state, token, channel_ids_ptr, next_state_ptr, K, K_BLOCK: tl.constexpr):
-    """One step of the channel for a scalar (state, token); -1 (UNCONSTRAINED) stays."""
+def load_channel_ids(channel_ids_ptr, K, K_BLOCK: tl.constexpr):
+    """The channel ids as a vector, padded with -1 (no token is -1)."""
     offs = tl.arange(0, K_BLOCK)
-    ids = tl.load(channel_ids_ptr + offs, mask=offs < K, other=-1)
-    column = tl.min(tl.where(ids == token, offs, K), axis=0)
+    return tl.load(channel_ids_ptr + offs, mask=offs < K, other=-1)
+
+
+@triton.jit
+def next_state(state, token, ids, next_state_ptr, K, K_BLOCK: tl.constexpr):
+    """One step of the channel for a scalar (state, token); -1 (UNCONSTRAINED) stays.
+
+    `ids` is `load_channel_ids(...)`, loaded once per program.
+    """
+    column = tl.min(tl.where(ids == token, tl.arange(0, K_BLOCK), K), axis=0)
     safe = tl.maximum(state, 0)
     stepped = tl.load(next_state_ptr + safe * (K + 1) + column)
     return tl.where(state < 0, state, stepped)
@@ -78,9 +86,10 @@ def row_state(
     if SPEC:
         pos = tl.load(row_pos_ptr + row)
         first = row - pos
+        ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
         for j in range(1, pos + 1):
             token = tl.load(row_tokens_ptr + first + j)
-            state = next_state(state, token, channel_ids_ptr, next_state_ptr, K, K_BLOCK)
+            state = next_state(state, token, ids, next_state_ptr, K, K_BLOCK)
     return state
 
 
