@@ -21,7 +21,7 @@ def dot_flags(query: torch.Tensor) -> dict:
     """Constexprs for `mm`: exact float32 products for float32 inputs and on the interpreter."""
     return dict(
         UPCAST=query.device.type == "cpu",
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if query.dtype == torch.float32 else None,  # None: the backend default
     )
 
 

@@ -46,10 +46,14 @@ def _decode_split_kernel(
     v_scale,
     O_part,
     L_part,
+    sinks,
+    Out,
     qk_scale,
     window,
     stride_qt,
     stride_qh,
+    stride_ot,
+    stride_oh,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -67,6 +71,8 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    DIRECT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -132,16 +138,31 @@ def _decode_split_kernel(
 
     if IS_FP8:
         acc = acc * tl.load(v_scale)
-    has = l_sum > 0
-    out = tl.where(has[:, None], acc / tl.where(has, l_sum, 1.0)[:, None], 0.0)
-    lse = tl.where(has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
-    row = (req.to(tl.int64) * num_q_heads + heads) * num_splits + split
-    tl.store(
-        O_part + row[:, None] * BLOCK_D + d[None, :],
-        out,
-        mask=gmask[:, None] & dmask[None, :],
-    )
-    tl.store(L_part + row, lse, mask=gmask)
+    if DIRECT:  # one split: finish here, no partials and no reduction launch
+        if HAS_SINKS:
+            sink = tl.load(sinks + heads, mask=gmask, other=float("-inf")) * 1.4426950408889634
+            m_fin = tl.maximum(m, sink)
+            m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+            alpha = tl.exp2(m - m_fin)
+            l_sum = l_sum * alpha + tl.exp2(sink - m_fin)
+            acc = acc * alpha[:, None]
+        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+        tl.store(
+            Out + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=gmask[:, None] & dmask[None, :],
+        )
+    else:
+        has = l_sum > 0
+        out = tl.where(has[:, None], acc / tl.where(has, l_sum, 1.0)[:, None], 0.0)
+        lse = tl.where(has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
+        row = (req.to(tl.int64) * num_q_heads + heads) * num_splits + split
+        tl.store(
+            O_part + row[:, None] * BLOCK_D + d[None, :],
+            out,
+            mask=gmask[:, None] & dmask[None, :],
+        )
+        tl.store(L_part + row, lse, mask=gmask)
 
 
 @triton.jit
@@ -230,8 +251,10 @@ def paged_decode(
         num_splits = choose_num_splits(n, hkv, meta.max_seq_len, num_sms)
     cfg = dict(_config(d), **(config or {}))
     block_d = triton.next_power_of_2(d)
-    o_part = torch.empty(n * hq * num_splits * block_d, dtype=torch.float32, device=query.device)
-    l_part = torch.empty(n * hq * num_splits, dtype=torch.float32, device=query.device)
+    direct = num_splits == 1
+    parts = 0 if direct else n * hq * num_splits
+    o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
+    l_part = torch.empty(parts, dtype=torch.float32, device=query.device)
     fp8 = is_fp8(key_cache.dtype)
     _decode_split_kernel[(n, hkv, num_splits)](
         query,
@@ -244,10 +267,14 @@ def paged_decode(
         v_scale if fp8 else meta.seq_lens,
         o_part,
         l_part,
+        sinks if sinks is not None else meta.seq_lens,
+        output,
         scale * LOG2E,
         sliding_window or 0,
         query.stride(0),
         query.stride(1),
+        output.stride(0),
+        output.stride(1),
         key_cache.stride(0),
         key_cache.stride(1),
         key_cache.stride(2),
@@ -265,10 +292,14 @@ def paged_decode(
         BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=fp8,
         HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None,
+        DIRECT=direct,
         **dot_flags(query),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if direct:
+        return output
     _decode_reduce_kernel[(n, hq)](
         o_part,
         l_part,
