@@ -43,23 +43,27 @@ class ModelConfig:
 class LocalComm:
     """One rank: dispatch and combine are identities plus an optional stand-in kernel.
 
-    `sleep_cycles` > 0 (CUDA only) issues `torch.cuda._sleep` on the current
-    stream - the comm stream inside a micro-batch - standing in for an
-    all-to-all of that duration.
+    With `cycles_per_token` > 0 (CUDA only) each call issues `torch.cuda._sleep`
+    on the current stream - the comm stream inside a micro-batch - for that
+    many GPU cycles per token row, standing in for an all-to-all whose time
+    grows with the tokens it moves (two micro-batches sleep as long as one
+    unsplit batch). The attribute may be changed between steps (not between
+    a graph's capture and its replays: the duration is baked in).
     """
 
     world, rank = 1, 0
 
-    def __init__(self, sleep_cycles: int = 0):
-        if sleep_cycles < 0:
-            raise ValueError(f"sleep_cycles must be >= 0, got {sleep_cycles}")
-        self.sleep_cycles = sleep_cycles
+    def __init__(self, cycles_per_token: float = 0.0):
+        if cycles_per_token < 0:
+            raise ValueError(f"cycles_per_token must be >= 0, got {cycles_per_token}")
+        self.cycles_per_token = cycles_per_token
 
     def _stand_in(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sleep_cycles:
+        cycles = int(self.cycles_per_token * x.shape[0])
+        if cycles:
             if x.device.type != "cuda":
                 raise ValueError("the stand-in comm kernel needs a CUDA device")
-            torch.cuda._sleep(self.sleep_cycles)
+            torch.cuda._sleep(cycles)
         return x
 
     dispatch = _stand_in
@@ -97,11 +101,12 @@ class KVCaches:
     @classmethod
     def random(cls, cfg: ModelConfig, num_blocks: int, device, seed: int) -> KVCaches:
         """Caches filled with random 'history' (block 0 is the null block, left zero)."""
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        device = torch.device(device)
+        g = torch.Generator(device=device).manual_seed(seed)
         shape = (num_blocks, cfg.kv_heads, cfg.block_size, 2 * cfg.head_dim)
         raw = []
         for _ in range(cfg.layers):
-            r = torch.randn(shape, generator=g).to(device=device, dtype=cfg.dtype)
+            r = torch.randn(shape, generator=g, device=device).to(cfg.dtype)
             r[0] = 0
             raw.append(r)
         return cls(raw, cfg.head_dim)

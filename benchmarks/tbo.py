@@ -1,0 +1,202 @@
+"""Two-batch-overlap benchmark: time per decode step of the TBO test model on one GPU.
+
+For batch {8, 32, 128, 256} and the stand-in communication off or at a
+fraction (default 30%) of the unsplit step, it times one decode step as:
+- unsplit graph: the bucket's request graph recorded without micro-batches;
+- split replay: the bucket's graph recorded as two micro-batches (TBO on);
+- eager split: the two micro-batches run eagerly on the runner's threads;
+- eager unsplit: the plain eager step, for reference.
+A step is "refresh the static buffers in place + replay"; the replay-only
+times are reported beside it. The physical references measured in the same
+run: the stand-in communication alone (its own graph), and the ideal overlap
+bound max(compute, communication alone), compute being the unsplit replay with
+the stand-in off - no schedule can beat it; the serial sum is the unsplit graph.
+
+The stand-in is `torch.cuda._sleep` on the comm stream, its duration
+proportional to the tokens moved (so two micro-batches wait as long as one
+unsplit batch), calibrated against the unsplit replay measured with it off:
+comm = f / (1 - f) x compute, i.e. f of the unsplit step with comm.
+
+Before timing, each condition checks that the split replay's hidden states
+equal the unsplit graph's (bf16; relative max error reported, > 5% aborts).
+
+    python -m benchmarks.tbo [--batches 8 32 128 256] [--comm 0 0.3] [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks._timing import time_us
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from tbo_harness.batches import make_batch, run_step, run_unsplit  # noqa: E402
+from tbo_harness.graphed import GraphedDecoder  # noqa: E402
+from tbo_harness.model import KVCaches, LocalComm, ModelConfig, TboTestModel  # noqa: E402
+
+from atom_plugin.tbo import BatchShape, ForwardMode, MicroBatchRunner, TboConfig  # noqa: E402
+
+MODEL = ModelConfig(
+    vocab=4096,
+    hidden=2048,
+    layers=4,
+    heads=16,
+    kv_heads=4,
+    head_dim=128,
+    experts=8,
+    ffn=1024,
+    block_size=16,
+    dtype=torch.bfloat16,
+)
+MAX_REL_ERROR = 0.05
+
+
+def calibrate_cycles_per_ms() -> float:
+    """GPU cycles `torch.cuda._sleep` spins per millisecond on this device."""
+    cycles = 2_000_000
+    ms = time_us(lambda: torch.cuda._sleep(cycles), iters=5, graph=False) / 1e3
+    return cycles / ms
+
+
+def comm_alone_ms(comm: LocalComm, batch: int) -> float:
+    """The stand-in communication of one unsplit step alone (2 calls per layer), as a graph."""
+    x = torch.empty(batch, 1, device="cuda")
+
+    def calls():
+        for _ in range(MODEL.layers * 2):
+            comm.dispatch(x)
+
+    return time_us(calls, iters=20, graph=True) / 1e3
+
+
+def step_ms(fn, iters: int) -> float:
+    return time_us(fn, iters=iters, warmup=3, graph=False) / 1e3
+
+
+def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runner, ctx_len, iters):
+    """One condition's row: comm_ms is the stand-in communication per unsplit step (0 = off)."""
+    max_blocks = -(-(ctx_len + 1) // MODEL.block_size)
+    num_blocks = caches.raw[0].shape[0]
+    batch = make_batch(
+        MODEL, [1] * batch_size, [ctx_len] * batch_size, max_blocks, num_blocks, "cuda", seed=1
+    )
+    per_step_tokens = MODEL.layers * 2 * batch_size  # rows through the stand-in per step
+    comm.cycles_per_token = comm_ms * cycles_per_ms / per_step_tokens
+    row = dict(batch=batch_size)
+    row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
+
+    decoders = {}
+    for name, config in (("unsplit", TboConfig(decode=False)), ("split", TboConfig())):
+        decoders[name] = GraphedDecoder(model, caches, runner, [batch_size], config, max_blocks)
+    out_unsplit = decoders["unsplit"].step(batch).float().clone()
+    out_split = decoders["split"].step(batch).float().clone()
+    err = float((out_split - out_unsplit).abs().max() / out_unsplit.abs().max())
+    row["split_vs_unsplit_rel_err"] = err
+    if err > MAX_REL_ERROR:
+        raise SystemExit(f"batch {batch_size}: split replay differs from unsplit by {err:.3g}")
+    for name, dec in decoders.items():
+        key = next(iter(dec.plan))
+        assert dec.plan[key] == (name == "split"), (name, dec.plan)
+        row[f"{name}_graph_ms"] = step_ms(lambda dec=dec: dec.step(batch), iters)
+        row[f"{name}_replay_only_ms"] = step_ms(lambda dec=dec, k=key: dec.graphs.replay(k), iters)
+
+    eager_split = ForwardMode.decide([BatchShape(batch_size, batch_size, 1)], 0, TboConfig(), ())
+    row["eager_split_ms"] = step_ms(
+        lambda: run_step(model, runner, batch, caches, eager_split), max(3, iters // 5)
+    )
+    row["eager_unsplit_ms"] = step_ms(lambda: run_unsplit(model, batch, caches), max(3, iters // 5))
+    row["unsplit_over_split"] = row["unsplit_graph_ms"] / row["split_graph_ms"]
+    row["unsplit_over_split_replay"] = row["unsplit_replay_only_ms"] / row["split_replay_only_ms"]
+    del decoders
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+COLUMNS = [
+    ("batch", "batch", "{}"),
+    ("comm_fraction", "comm", "{:.0%}"),
+    ("unsplit_graph_ms", "unsplit graph ms", "{:.3f}"),
+    ("split_graph_ms", "split replay ms", "{:.3f}"),
+    ("eager_split_ms", "eager split ms", "{:.3f}"),
+    ("eager_unsplit_ms", "eager unsplit ms", "{:.3f}"),
+    ("unsplit_replay_only_ms", "unsplit replay-only ms", "{:.3f}"),
+    ("split_replay_only_ms", "split replay-only ms", "{:.3f}"),
+    ("comm_alone_ms", "comm alone ms", "{:.3f}"),
+    ("ideal_overlap_ms", "ideal overlap ms", "{:.3f}"),
+    ("unsplit_over_split", "unsplit / split", "{:.2f}x"),
+    ("unsplit_over_split_replay", "unsplit / split replay-only", "{:.2f}x"),
+    ("split_vs_unsplit_rel_err", "rel err", "{:.1e}"),
+]
+
+
+def markdown(rows, header_lines) -> str:
+    lines = [*header_lines, ""]
+    lines.append("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for r in rows:
+        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batches", type=int, nargs="+", default=[8, 32, 128, 256])
+    p.add_argument("--comm", type=float, nargs="+", default=[0.0, 0.3])
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--out", help="write the markdown table here")
+    p.add_argument("--json", help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/tbo.py needs a CUDA device")
+    bad = [f for f in args.comm if not 0 <= f < 1]
+    if bad:
+        raise SystemExit(f"--comm fractions must be in [0, 1), got {bad}")
+    if any(b < 3 for b in args.batches):
+        raise SystemExit(f"--batches must be >= 3 (smaller buckets never split): {args.batches}")
+    torch.cuda.set_device(0)
+    cycles_per_ms = calibrate_cycles_per_ms()
+    comm = LocalComm()
+    model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
+    max_blocks = -(-(args.context + 1) // MODEL.block_size)
+    caches = KVCaches.random(MODEL, max(args.batches) * max_blocks + 1, "cuda", seed=1)
+    rows = []
+    with MicroBatchRunner("cuda", timeout_s=300) as runner:
+        for b in args.batches:
+            common = (cycles_per_ms, model, comm, caches, runner, args.context, args.iters)
+            base = measure(b, 0.0, *common)
+            compute_ms = base["unsplit_replay_only_ms"]  # GPU time of a step without comm
+            for f in args.comm:
+                row = base if f == 0 else measure(b, f / (1 - f) * compute_ms, *common)
+                row = dict(row, comm_fraction=f)
+                row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    header = [
+        f"# TBO decode step, {torch.cuda.get_device_name()} ({now:%Y-%m-%d %H:%M} UTC), "
+        f"torch {torch.__version__}",
+        f"model: {MODEL.layers} layers, hidden {MODEL.hidden}, {MODEL.heads}/{MODEL.kv_heads} "
+        f"heads x {MODEL.head_dim}, {MODEL.experts} experts x ffn {MODEL.ffn} (dense-masked), "
+        f"bf16; context {args.context} tokens/request; stand-in comm {cycles_per_ms:.3g} cycles/ms",
+    ]
+    table = markdown(rows, header)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

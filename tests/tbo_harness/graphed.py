@@ -1,0 +1,84 @@
+"""Decode steps of the test model replayed from request graphs (CUDA only).
+
+Every bucket of the plan is captured once; a split bucket's graph holds both
+micro-batches (the runner's workers issue onto the capture stream and the
+comm stream forked from it). A step refreshes the static buffers in place -
+input ids, the bucket's metadata and each micro-batch's metadata cut at the
+bucket - and replays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_plugin.tbo import (
+    BatchShape,
+    ForwardMode,
+    MicroBatchRunner,
+    TboConfig,
+    decode_ubatch_ranges,
+    plan_request_graphs,
+)
+from atom_plugin.tbo.graphs import DecodeGraphBuffers, RequestGraphs
+
+from .batches import Batch
+from .model import KVCaches, TboTestModel
+
+
+class GraphedDecoder:
+    def __init__(
+        self,
+        model: TboTestModel,
+        caches: KVCaches,
+        runner: MicroBatchRunner,
+        buckets: list[int],
+        config: TboConfig,
+        max_blocks_per_req: int,
+        capture_error_mode: str = "thread_local",
+        graphs=None,
+    ):
+        """`graphs` replaces the CUDA `RequestGraphs` (CPU tests pass one that re-runs the step)."""
+        self.model, self.caches, self.runner, self.config = model, caches, runner, config
+        self.plan = dict(plan_request_graphs(buckets, 1, config))
+        self.graphs = graphs or RequestGraphs(model.device, capture_error_mode=capture_error_mode)
+        self.buffers: dict = {}
+        self.input_ids: dict = {}
+        for key in sorted(self.plan, key=lambda k: -k.bucket):  # largest first: the pool is shared
+            split = self.plan[key]
+            bufs = DecodeGraphBuffers(
+                key, split, max_blocks_per_req, model.cfg.block_size, model.device
+            )
+            ids = torch.zeros(key.bucket, dtype=torch.int64, device=model.device)
+            self.buffers[key], self.input_ids[key] = bufs, ids
+            self.graphs.capture(key, self._step_fn(key, split, bufs, ids))
+
+    def _step_fn(self, key, split, bufs, ids):
+        model, caches = self.model, self.caches
+        if not split:
+            return lambda: model.forward(ids, bufs.full.meta, caches)
+        views = [ids[a:b] for a, b in decode_ubatch_ranges(key.bucket).tokens]
+        metas = [u.meta for u in bufs.ubatches]
+
+        def ubatch(ctx):
+            return model.forward(views[ctx.id], ctx.forward_context, caches)
+
+        return lambda: torch.cat(self.runner.run(ubatch, metas))
+
+    def mode(self, batch: Batch) -> ForwardMode:
+        shape = BatchShape.from_query_lens(batch.query_lens)
+        return ForwardMode.decide([shape], 0, self.config, list(self.plan))
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """Hidden states of the batch's tokens (a view of the graph's static output)."""
+        mode = self.mode(batch)
+        if not mode.replay:
+            raise ValueError(f"{batch.meta.num_reqs} requests exceed the largest bucket")
+        key = mode.graph_key
+        if mode.split != self.plan[key]:
+            raise AssertionError(f"graph {key} was recorded split={self.plan[key]}, mode {mode}")
+        n = batch.meta.num_reqs
+        ids = self.input_ids[key]
+        ids[:n].copy_(batch.input_ids)
+        ids[n:].zero_()
+        self.buffers[key].refresh(batch.meta)
+        return self.graphs.replay(key)[:n]
