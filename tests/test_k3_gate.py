@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from models.scripted_gpt2 import build_tokenizer, ids
 
 from atom_plugin.parsers.channel_for import (
     EXTRA_ARGS_KEY,
@@ -22,7 +23,6 @@ from atom_plugin.parsers.channel_for import (
     wants_channel,
 )
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED
-from models.scripted_gpt2 import build_tokenizer, ids
 
 vllm = pytest.importorskip("vllm")
 
