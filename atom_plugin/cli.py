@@ -20,7 +20,7 @@ def _info(_args: argparse.Namespace) -> int:
     pm = manager.get_plugin_manager()
     print("hook implementations:")
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda item: item[0]):
-        hooks = sorted(impl.name for impl in _impls_of(pm, plugin))
+        hooks = sorted(_hooks_of(pm, plugin))
         print(f"  {name}: {', '.join(hooks) or '(no hooks)'}")
     print("attention backends:")
     for spec in manager.attention_backends(pm):
@@ -39,13 +39,8 @@ def _info(_args: argparse.Namespace) -> int:
     return 0
 
 
-def _impls_of(pm, plugin):
-    return [
-        impl
-        for caller in pm.get_hookcallers(plugin) or []
-        for impl in caller.get_hookimpls()
-        if impl.plugin is plugin
-    ]
+def _hooks_of(pm, plugin) -> list[str]:
+    return [caller.name for caller in pm.get_hookcallers(plugin) or []]
 
 
 def build_parser() -> argparse.ArgumentParser:

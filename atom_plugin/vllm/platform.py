@@ -51,7 +51,9 @@ class AtomPlatformMixin:
         missing = [path for path in wanted if path not in present]
         if missing:
             model_config.logits_processors = present + missing
-            logger.info_once("atom-plugin logits processors (%s runner): %s", runner, missing)
+            logger.info_once(
+                "atom-plugin logits processors (%s runner): %s", runner, ", ".join(missing)
+            )
 
     @classmethod
     def model_runner(cls, vllm_config) -> str:

@@ -1,0 +1,60 @@
+"""Run real vLLM engines in fresh subprocesses for end-to-end tests.
+
+A fresh process per engine keeps environment variables (ATOM_PLUGIN_DISABLE,
+VLLM_PLUGINS) and vLLM's process-wide state apart between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+GENERATE = textwrap.dedent(
+    """
+    import json, sys
+    from vllm import LLM, SamplingParams
+
+    if __name__ == "__main__":
+        spec = json.loads(sys.argv[1])
+        llm = LLM(**spec["llm"])
+        params = SamplingParams(**spec["sampling"])
+        outs = llm.generate(spec["prompts"], params)
+        from vllm.platforms import current_platform
+        result = {
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "platform": type(current_platform).__name__,
+        }
+        print("RESULT " + json.dumps(result), flush=True)
+    """
+)
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def generate(
+    llm_kwargs: dict, prompts: list, sampling: dict, env: dict | None = None, timeout: float = 600
+) -> dict:
+    """Greedy (or other) generation in a fresh process; returns tokens and the platform class."""
+    spec = json.dumps({"llm": llm_kwargs, "prompts": prompts, "sampling": sampling})
+    proc = subprocess.run(
+        [sys.executable, "-c", GENERATE, spec],
+        capture_output=True,
+        text=True,
+        env=env or engine_env(),
+        timeout=timeout,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+            result["log"] = proc.stdout + proc.stderr
+            return result
+    raise AssertionError(
+        f"engine run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+    )
