@@ -96,7 +96,16 @@ def write_mla_kv_reference(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> No
 
 
 def mla_decode_reference(
-    q, kv_cache, meta, *, scale, output, kv_lora_rank=512, kv_scale=None, token_kv_lens=None
+    q,
+    kv_cache,
+    meta,
+    *,
+    scale,
+    output,
+    kv_lora_rank=512,
+    kv_scale=None,
+    token_kv_lens=None,
+    token_plan=None,
 ) -> torch.Tensor:
     """Absorbed MLA decode: output[t, h] = softmax(q[t,h] . K^T * scale) @ V over the keys
     token t sees (see `mla_token_plan`); returns lse [T, H] float32 (natural log, -inf
@@ -107,8 +116,9 @@ def mla_decode_reference(
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
     if T == 0:
         return lse
-    req, kv_len = mla_token_plan(meta, T, token_kv_lens)
+    req, kv_len = token_plan if token_plan is not None else mla_token_plan(meta, T, token_kv_lens)
     req_l, len_l = req.tolist(), kv_len.tolist()
+    T = min(T, len(req_l))
     block_size = kv_cache.shape[1]
     for r in sorted(set(req_l) - {-1}):
         toks = [t for t in range(T) if req_l[t] == r]

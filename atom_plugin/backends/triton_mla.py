@@ -262,10 +262,12 @@ def choose_num_splits(
     return int(max(1, min(want, by_len, MAX_SPLITS)))
 
 
-def default_config(num_heads: int, dtype: torch.dtype) -> dict:
-    """(BLOCK_H, BLOCK_N, num_warps, num_stages) measured best on the H200 for 128 heads."""
-    block_h = 16 if num_heads <= 16 else 32
-    return {"BLOCK_H": block_h, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+def default_config(num_heads: int) -> dict:
+    """Launch parameters. 64 heads per program, 32 keys per step, 8 warps was the
+    fastest of the sweep on the H200 at 128 heads (docs/benchmarks.md)."""
+    if num_heads <= 16:
+        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
 
 
 def mla_decode_triton(
@@ -280,7 +282,10 @@ def mla_decode_triton(
     token_kv_lens=None,
     num_splits: int | None = None,
     config: dict | None = None,
+    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
+    """Split-KV MLA decode; see `mla_reference.mla_decode_reference` for the semantics.
+    `token_plan` is `mla_token_plan`'s result when the caller built it once per step."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, width = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
@@ -291,8 +296,11 @@ def mla_decode_triton(
         raise ValueError("an fp8 MLA cache needs kv_scale")
     if q.stride(-1) != 1:
         q = q.contiguous()
-    req, kv_len = mla_token_plan(meta, T, token_kv_lens)
-    cfg = dict(default_config(H, q.dtype), **(config or {}))
+    if token_plan is None:
+        token_plan = mla_token_plan(meta, T, token_kv_lens)
+    req, kv_len = token_plan
+    T = min(T, req.shape[0])  # tokens past the plan stay untouched
+    cfg = dict(default_config(H), **(config or {}))
     block_h = max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(H)))
     head_groups = triton.cdiv(H, block_h)
     if num_splits is None:
@@ -301,7 +309,7 @@ def mla_decode_triton(
     mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
     mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
     block_table = meta.block_table
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
     _mla_decode_stage1[(head_groups, num_splits, T)](
         q,
         kv_cache,

@@ -43,6 +43,7 @@ from atom_plugin.tbo.split import decode_ubatch_request_ranges
 class AtomMLADecodeMetadata(MLACommonDecodeMetadata):
     paged: PagedAttentionMetadata | None = None  # the decode rows in the plugin's form
     token_kv_lens: torch.Tensor | None = None  # per-token visible local rows (DCP, multi-token)
+    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None  # mla_token_plan, once a step
     aiter_plan: object | None = None  # AiterMLAPlan when the AITER kernels run
 
 
@@ -145,6 +146,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             dcp_tot_seq_lens=dcp_tot_seq_lens,
             paged=paged,
             token_kv_lens=token_kv_lens,
+            token_plan=mla_token_plan(paged, paged.num_actual_tokens, token_kv_lens),
             aiter_plan=aiter_plan,
         )
 
@@ -258,6 +260,7 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
             kv_scale=layer._k_scale if self._fp8_cache else None,
             token_kv_lens=decode.token_kv_lens,
             aiter_plan=decode.aiter_plan,
+            token_plan=decode.token_plan,
         )
         return out, lse
 
