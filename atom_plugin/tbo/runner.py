@@ -43,8 +43,8 @@ class MicroBatchFailed(RuntimeError):
         self.ubatch = ubatch
 
 
-class _Aborted(Exception):
-    """Raised inside a micro-batch whose sibling failed, to unwind it."""
+class _Aborted(BaseException):
+    """Raised inside a micro-batch whose sibling failed, to unwind it (past `except Exception`)."""
 
 
 class _Step:

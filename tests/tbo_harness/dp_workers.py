@@ -29,10 +29,20 @@ def spawn(fn, world: int, *args) -> None:
     mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
 
 
-def _init(rank: int, world: int, port: int) -> None:
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def _init(rank: int, world: int, port: int, backend: str = "gloo") -> None:
     torch.set_num_threads(1)
+    if backend == "nccl":
+        os.environ.update(NO_MULTICAST_ENV)
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
@@ -72,11 +82,13 @@ def agreement_worker(rank, world, port, scenarios, out_dir) -> None:
     _save(out_dir, rank, seen)
 
 
-def model_worker(rank, world, port, cases, out_dir) -> None:
-    """Issue 7 on CPU: the test model with a real collective per layer; TBO on vs off per rank.
+def model_worker(rank, world, port, cases, out_dir, backend="gloo") -> None:
+    """Issue 7: the test model with a real collective per layer; TBO on vs off per rank.
 
     `cases` are (kind, per-rank sizes, graph buckets): kind "decode" sizes are
-    request counts; "prefill" sizes are lists of query lengths.
+    request counts; "prefill" sizes are lists of query lengths. With backend
+    "nccl" each rank runs on its GPU (eagerly; replay-layout cases run the
+    bucket cut eagerly) and agrees over a separate gloo group.
     """
     from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig, plan_request_graphs
     from atom_plugin.tbo.dp import decide_across_dp
@@ -84,26 +96,28 @@ def model_worker(rank, world, port, cases, out_dir) -> None:
     from .batches import make_batch, random_decode_batch, run_step
     from .model import GroupComm, KVCaches, ModelConfig, TboTestModel
 
-    _init(rank, world, port)
+    _init(rank, world, port, backend)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
     cfg = ModelConfig(experts=4)
-    model = TboTestModel(cfg, "cpu", comm=GroupComm(), seed=0)
+    model = TboTestModel(cfg, device, comm=GroupComm(), seed=0)
     results = []
     on, off = TboConfig(), TboConfig(decode=False, prefill=False)
     try:
-        with MicroBatchRunner("cpu", timeout_s=GLOO_TIMEOUT_S * 2) as runner:
+        with MicroBatchRunner(device, timeout_s=GLOO_TIMEOUT_S * 2) as runner:
             for case_id, (kind, sizes, buckets) in enumerate(cases):
                 seed = 100 * case_id + rank
                 if kind == "decode":
-                    batch = random_decode_batch(cfg, sizes[rank], 6, 600, "cpu", seed)
+                    batch = random_decode_batch(cfg, sizes[rank], 6, 600, device, seed)
                 else:
                     lens = sizes[rank]
-                    batch = make_batch(cfg, lens, [2] * len(lens), 12, 600, "cpu", seed)
-                caches = KVCaches.random(cfg, 600, "cpu", seed=rank)
+                    batch = make_batch(cfg, lens, [2] * len(lens), 12, 600, device, seed)
+                caches = KVCaches.random(cfg, 600, device, seed=rank)
                 shape = BatchShape.from_query_lens(batch.query_lens)
                 outs = {}
                 for name, config in (("off", off), ("on", on)):
                     keys = [k for k, _ in plan_request_graphs(buckets, 1, config)]
-                    mode = decide_across_dp(shape, config, keys)
+                    mode = decide_across_dp(shape, config, keys, group=cpu_group)
                     c = caches.clone()
                     outs[name] = (run_step(model, runner, batch, c, mode), c, mode)
                 (ref, ref_c, mode_off), (out, out_c, mode_on) = outs["off"], outs["on"]
