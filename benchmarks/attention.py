@@ -50,12 +50,15 @@ SWEEP_DECODE = [
     {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
     {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3},
 ]
-SWEEP_PREFILL = [
-    {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+SWEEP_PREFILL = [  # BLOCK_Q counts tokens; a program's rows are BLOCK_Q x 4 query heads
     {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_Q": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_Q": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_Q": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_Q": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_Q": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_Q": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_Q": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
 ]
 
 
@@ -173,7 +176,7 @@ def _sdpa_decode(pool, meta, q, out, kv_bytes, flush) -> dict:
     return {"sdpa_us": us, "sdpa_kv_gbps": kv_bytes / (us * 1e-6) / 1e9, "maxdiff": diff}
 
 
-def bench_prefill(pool, name, reqs, flush, mm_tflops, config=None) -> dict:
+def bench_prefill(pool, name, reqs, flush, mm_tflops, config=None, with_sdpa=True) -> dict:
     from atom_plugin.backends.triton_prefill import paged_prefill
 
     meta = pool.meta(reqs, seed=len(reqs))
@@ -192,7 +195,8 @@ def bench_prefill(pool, name, reqs, flush, mm_tflops, config=None) -> dict:
     flops = 4 * HQ * D * pairs
     row = {"case": name, "tokens": t, "us": us, "tflops": flops / (us * 1e-6) / 1e12}
     row["frac_matmul"] = row["tflops"] / mm_tflops
-    row.update(_sdpa_prefill(pool, meta, reqs, q, out, flops, flush))
+    if with_sdpa:
+        row.update(_sdpa_prefill(pool, meta, reqs, q, out, flops, flush))
     return row
 
 
@@ -217,30 +221,36 @@ def _sdpa_prefill(pool, meta, reqs, q, out, flops, flush) -> dict:
     return {"sdpa_us": us, "sdpa_tflops": flops / (us * 1e-6) / 1e12, "maxdiff": diff}
 
 
-def sweep(pool, flush, copy_gbps, mm_tflops) -> list[str]:
-    """Time the config candidates on a few shapes; lines to print."""
-    lines = []
-    for cfg in SWEEP_DECODE:
-        for batch, context in ((1, 65536), (32, 4096), (128, 16384), (256, 1024)):
-            try:
+def sweep(pool, flush, copy_gbps, mm_tflops, which) -> tuple[list[str], dict | None]:
+    """Time the config candidates ("decode" and/or "prefill") on a few shapes.
+
+    Returns the lines to print and the fastest prefill config (None if not swept).
+    """
+    lines, best = [], None
+    if "decode" in which:
+        for cfg in SWEEP_DECODE:
+            for batch, context in ((1, 65536), (32, 4096), (128, 16384), (256, 1024)):
                 r = bench_decode(pool, batch, context, flush, copy_gbps, cfg, with_sdpa=False)
                 lines.append(
                     f"decode {cfg} B={batch} ctx={context}: {r['us']:.1f} us "
                     f"{100 * r['frac_copy']:.1f}% of copy"
                 )
-            except Exception as exc:
-                lines.append(f"decode {cfg} B={batch} ctx={context}: failed {exc!r:.100}")
-    for cfg in SWEEP_PREFILL:
+    if "prefill" in which:
         name, reqs = next(iter(PREFILL_CASES.items()))
-        try:
-            r = bench_prefill(pool, name, reqs, flush, mm_tflops, cfg)
+        best_us = float("inf")
+        for cfg in SWEEP_PREFILL:
+            try:
+                r = bench_prefill(pool, name, reqs, flush, mm_tflops, cfg, with_sdpa=False)
+            except Exception as exc:  # e.g. a config needing more shared memory than exists
+                lines.append(f"prefill {cfg}: failed {exc!r:.100}")
+                continue
             lines.append(
                 f"prefill {cfg}: {r['us']:.1f} us {r['tflops']:.0f} TFLOP/s "
                 f"{100 * r['frac_matmul']:.1f}% of matmul"
             )
-        except Exception as exc:
-            lines.append(f"prefill {cfg}: failed {exc!r:.100}")
-    return lines
+            if r["us"] < best_us:
+                best, best_us = cfg, r["us"]
+    return lines, best
 
 
 def decode_table(rows) -> str:
@@ -289,7 +299,10 @@ def _mla_section(copy_gbps) -> str:
         return "MLA decode: benchmarks/attention_mla.py is not present; not measured.\n"
     from benchmarks import attention_mla
 
-    rows = attention_mla.run_mla_benchmarks(copy_gbps=copy_gbps)
+    try:
+        rows = attention_mla.run_mla_benchmarks(copy_gbps=copy_gbps)
+    except Exception as exc:  # keep the MHA report when the MLA run fails
+        return f"MLA decode: benchmarks/attention_mla.py failed: {exc!r:.200}\n"
     return (
         "MLA decode (from benchmarks/attention_mla.py, same copy bandwidth):\n\n"
         + attention_mla.format_table(rows)
@@ -301,10 +314,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write the markdown report here")
     p.add_argument("--json", help="write the rows as JSON here")
-    p.add_argument("--sweep", action="store_true", help="time kernel config candidates first")
+    p.add_argument(
+        "--sweep",
+        default="",
+        help="comma list of decode,prefill: time those kernel config candidates first",
+    )
     p.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     p.add_argument("--decode-config", type=json.loads, default=None, help="JSON kernel config")
-    p.add_argument("--prefill-config", type=json.loads, default=None, help="JSON kernel config")
+    p.add_argument(
+        "--prefill-config",
+        type=lambda v: v if v == "best" else json.loads(v),
+        default=None,
+        help="JSON kernel config, or 'best': the fastest of the prefill sweep",
+    )
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=BATCHES)
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=CONTEXTS)
     p.add_argument("--no-mla", action="store_true", help="skip the MLA section")
@@ -322,9 +344,17 @@ def main(argv=None) -> int:
     print(f"# {device}; copy {copy_gbps:.0f} GB/s (read+write); bf16 matmul {mm:.0f} TFLOP/s")
     print(f"# KV pool {pool.raw.numel() * 2 / GIB:.1f} GiB, block size {args.block_size}")
     report = {"device": device, "date": when, "copy_gbps": copy_gbps, "matmul_tflops": mm}
-    if args.sweep:
-        report["sweep"] = sweep(pool, flush, copy_gbps, mm)
+    which = {w for w in args.sweep.split(",") if w}
+    if which - {"decode", "prefill"}:
+        p.error(f"--sweep takes decode and/or prefill, got {args.sweep!r}")
+    if args.prefill_config == "best" and "prefill" not in which:
+        p.error("--prefill-config best needs --sweep prefill")
+    best = None
+    if which:
+        report["sweep"], best = sweep(pool, flush, copy_gbps, mm, which)
         print("\n".join(report["sweep"]), flush=True)
+    prefill_config = best if args.prefill_config == "best" else args.prefill_config
+    report["prefill_config"] = prefill_config
     decode_rows = []
     for batch in args.batches:
         for context in args.contexts:
@@ -332,7 +362,7 @@ def main(argv=None) -> int:
             decode_rows.append(r)
             print(decode_table([r]).splitlines()[-1], flush=True)
     prefill_rows = [
-        bench_prefill(pool, name, reqs, flush, mm, args.prefill_config)
+        bench_prefill(pool, name, reqs, flush, mm, prefill_config)
         for name, reqs in PREFILL_CASES.items()
     ]
     report["decode"], report["prefill"] = decode_rows, prefill_rows
@@ -345,7 +375,8 @@ def main(argv=None) -> int:
         f"dense bf16 matmul (8192^3): {mm:.0f} TFLOP/s\n\n"
         f"MHA decode ({HQ} query heads, {HKV} KV heads, head size {D}, bf16):\n\n"
         f"{decode_table(decode_rows)}\n\n"
-        f"Prefill ({HQ}/{HKV} heads, head size {D}, bf16, causal):\n\n"
+        f"Prefill ({HQ}/{HKV} heads, head size {D}, bf16, causal; kernel config "
+        f"{prefill_config or 'default'}):\n\n"
         f"{prefill_table(prefill_rows)}\n\n{mla}"
     )
     print(text)

@@ -48,9 +48,9 @@ def _write_kv_kernel(
     mask = (h < num_heads) & (d < head_size)
     k = tl.load(key + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(value + t * stride_vt + h * stride_vh + d, mask=mask)
-    if IS_FP8:
-        k = round_to_e4m3(k.to(tl.float32) / tl.load(k_scale), fp8_limit, MIN_EXP)
-        v = round_to_e4m3(v.to(tl.float32) / tl.load(v_scale), fp8_limit, MIN_EXP)
+    if IS_FP8:  # IEEE division (plain `/` is approximate on GPUs), as torch divides
+        k = round_to_e4m3(tl.math.div_rn(k.to(tl.float32), tl.load(k_scale)), fp8_limit, MIN_EXP)
+        v = round_to_e4m3(tl.math.div_rn(v.to(tl.float32), tl.load(v_scale)), fp8_limit, MIN_EXP)
     kc = key_cache + blk.to(tl.int64) * stride_kcb + off * stride_kcs + h * stride_kch + d
     vc = value_cache + blk.to(tl.int64) * stride_vcb + off * stride_vcs + h * stride_vch + d
     tl.store(kc, k.to(key_cache.dtype.element_ty), mask=mask)

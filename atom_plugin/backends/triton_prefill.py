@@ -206,12 +206,12 @@ def _prefill_kernel(
 
 
 def _config(head_size: int, block_g: int) -> dict:
-    rows = 128 if head_size <= 128 else 64
+    """64 rows (tokens x group heads) per program; tuned on an H200 (docs/benchmarks.md)."""
     return dict(
-        BLOCK_Q=max(1, rows // block_g),
+        BLOCK_Q=max(1, 64 // block_g),
         BLOCK_N=64 if head_size <= 128 else 32,
-        num_warps=8 if head_size <= 128 else 4,
-        num_stages=2,
+        num_warps=4,
+        num_stages=3 if head_size <= 128 else 2,
     )
 
 
