@@ -125,7 +125,7 @@ def _prefill_kernel(
     PRECISION: tl.constexpr,
 ):
     req = first_req + tl.program_id(0)
-    qblock = tl.program_id(1)
+    qblock = tl.num_programs(1) - 1 - tl.program_id(1)  # longest causal rows launch first
     kvh = tl.program_id(2)
     t0 = tl.load(query_start_loc + req)
     q_len = tl.load(query_start_loc + req + 1) - t0
