@@ -6,6 +6,8 @@ inert; every bucket must have a graph and buffers; capture and replay buffers
 are the same tensors.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -151,6 +153,8 @@ def test_static_buffers_refresh_in_place():
                 assert torch.equal(getattr(static.meta, f), getattr(want, f))
     with pytest.raises(ValueError, match="does not fit graph"):
         bufs.refresh(decode_meta(33))
+    with pytest.raises(ValueError, match="max_seq_len=9 exceeds the graph's bound 8"):
+        bufs.refresh(dataclasses.replace(decode_meta(4), max_seq_len=9))
 
 
 SHAPES = st.one_of(

@@ -46,6 +46,12 @@ def gather_batch_shapes(
     `group` must be a CPU (gloo) group. Raises on every rank alike when the
     ranks run different TBO settings.
     """
+    backend = dist.get_backend(group)
+    if backend != "gloo":
+        raise ValueError(
+            f"the TBO agreement needs a CPU (gloo) group, got a {backend!r} group; "
+            "pass dist.new_group(backend='gloo')"
+        )
     world = dist.get_world_size(group)
     mine = _encode(shape, config)
     rows = [torch.empty(_FIELDS, dtype=torch.int64) for _ in range(world)]

@@ -132,6 +132,10 @@ class DecodeGraphBuffers:
                 f"a batch of {meta.num_reqs} requests x {meta.max_query_len} tokens does not "
                 f"fit graph {self.key}"
             )
+        if meta.max_seq_len > self.max_seq_len:
+            raise ValueError(
+                f"max_seq_len={meta.max_seq_len} exceeds the graph's bound {self.max_seq_len}"
+            )
         padded = pad_decode_rows(meta, self.key.bucket, self.max_seq_len)
         self.full.refresh(padded)
         if self.ubatches is not None:
