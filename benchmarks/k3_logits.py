@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replays", type=int, default=50, help="graph replays per trial")
     parser.add_argument("--trials", type=int, default=5, help="trials; the median is reported")
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreted, tiny vocabulary")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time the kernel over BLOCK x PROGRAMS choices"
+    )
     return parser.parse_args(argv)
 
 
@@ -73,8 +76,14 @@ if ARGS.smoke:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from atom_plugin.parsers import START, RequiredChannel, compile_channel  # noqa: E402
-from atom_plugin.parsers.channel_kernel import advance_states, apply_required_channel  # noqa: E402
+from atom_plugin.parsers import START, UNCONSTRAINED, RequiredChannel, compile_channel  # noqa: E402
+from atom_plugin.parsers.channel_kernel import (  # noqa: E402
+    BLOCK,
+    PROGRAMS,
+    advance_states,
+    apply_channel_triton,
+    apply_required_channel,
+)
 
 
 @triton.jit
@@ -93,6 +102,8 @@ class Case:
     physical: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
     atom: str = "-"
     target: str = "-"
+    # (logits, tables, states, row_slot, row_pos, row_tokens) for the block/programs sweep.
+    kernel_args: tuple | None = None
 
 
 def k3_channel(vocab: int) -> RequiredChannel:
@@ -253,39 +264,70 @@ def build_cases(vocab: int, device, xgr) -> list[Case]:
             TARGETS["none"],
         )
     )
+
+    def ours(x, states, row_slot=None, row_pos=None, row_tokens=None):
+        def call():
+            apply_required_channel(
+                x,
+                tables,
+                states,
+                live=True,
+                row_slot=row_slot,
+                row_pos=row_pos,
+                row_tokens=row_tokens,
+                impl="triton",
+            )
+
+        return call, (x, tables, states, row_slot, row_pos, row_tokens)
+
     for batch in (1, 64, 256):
         x = logits(batch)
         states = torch.full((batch,), START, dtype=torch.int32, device=device)
+        call, kernel_args = ours(x, states)
         cases.append(
             Case(
                 f"waiting{batch}",
                 f"channel rows, none forced, batch {batch}",
                 batch,
                 0,
-                lambda x=x, states=states: apply_required_channel(
-                    x, tables, states, live=True, impl="triton"
-                ),
+                call,
                 xgr_case(x, [("ban", end_ids)] * batch),
                 [empty, copy(x)],
                 ATOM_MI355X["waiting"],
                 TARGETS.get(f"waiting{batch}", "-"),
+                kernel_args,
             )
         )
+    x = logits(256)
+    states = torch.full((256,), UNCONSTRAINED, dtype=torch.int32, device=device)
+    call, kernel_args = ours(x, states)
+    cases.append(
+        Case(
+            "open256",
+            "channel rows all past their opening (host not told), batch 256",
+            256,
+            0,
+            call,
+            None,
+            [empty],
+            kernel_args=kernel_args,
+        )
+    )
     x = logits(1)
     states = torch.full((1,), forced0, dtype=torch.int32, device=device)
+    call, kernel_args = ours(x, states)
     cases.append(
         Case(
             "forced1",
             "one forced row, batch 1",
             1,
             1,
-            lambda x=x, states=states: apply_required_channel(
-                x, tables, states, live=True, impl="triton"
-            ),
+            call,
             xgr_case(x, [("only", channel.opening[0])]),
             [empty, fill(x, 1)],
             ATOM_MI355X["forced1"],
             TARGETS["forced1"],
+            kernel_args,
         )
     )
     drafts = list(channel.opening)  # drafts that follow the channel: rows 0..6 forced
@@ -303,21 +345,19 @@ def build_cases(vocab: int, device, xgr) -> list[Case]:
             batch - forced_requests
         )
         what = "every request" if forced_requests == batch else "one request"
+        call, kernel_args = ours(x, slot_states, row_slot, row_pos, row_tokens)
         cases.append(
             Case(
                 key or "verify64one",
                 f"verify step, 7 drafts, batch {batch} ({rows} rows), 7 forced rows in {what}",
                 rows,
                 7 * forced_requests,
-                lambda x=x, s=slot_states, a=row_slot, b=row_pos, c=row_tokens: (
-                    apply_required_channel(
-                        x, tables, s, live=True, row_slot=a, row_pos=b, row_tokens=c
-                    )
-                ),
+                call,
                 xgr_case(x, masks),
                 [empty, fill(x, 7 * forced_requests), copy(x)],
                 ATOM_MI355X.get(key, "-"),
                 TARGETS.get(key, "-"),
+                kernel_args,
             )
         )
     for batch in (1, 64, 256):
@@ -372,7 +412,8 @@ def run(args: argparse.Namespace) -> str:
         "xgrammar dev | xgrammar eager | physical reference (dev us) | ATOM MI355X | target |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in build_cases(vocab, device, xgr):
+    cases = build_cases(vocab, device, xgr)
+    for case in cases:
         n_launches = launches(case.ours, device)
         if case.key == "none":
             ours_dev, ours_eager = "-", f"{eager_time_us(case.ours, args, device):.2f}"
@@ -389,7 +430,49 @@ def run(args: argparse.Namespace) -> str:
             f"| {case.name} | {case.rows} | {case.forced_rows} | {n_launches} | {ours_dev} | "
             f"{ours_eager} | {xgr_dev} | {xgr_eager} | {physical} | {case.atom} | {case.target} |"
         )
+    if args.sweep:
+        lines += sweep_table(cases, args, device)
     return "\n".join(lines) + "\n"
+
+
+SWEEP_BLOCKS = (1024, 2048, 4096, 8192)
+SWEEP_PROGRAMS = (256, 1024, 4096)
+
+
+def sweep_table(cases: list[Case], args: argparse.Namespace, device) -> list[str]:
+    """Device us of the kernel alone for each (BLOCK, PROGRAMS); defaults are starred."""
+    head = [
+        f"{b}/{p}{'*' if (b, p) == (BLOCK, PROGRAMS) else ''}"
+        for b in SWEEP_BLOCKS
+        for p in SWEEP_PROGRAMS
+    ]
+    lines = [
+        "",
+        "Kernel alone, device us per launch, by BLOCK/PROGRAMS (* = the defaults):",
+        "",
+        "| case | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(head),
+    ]
+    for case in cases:
+        if case.kernel_args is None:
+            continue
+        cells = []
+        for block in SWEEP_BLOCKS:
+            for programs in SWEEP_PROGRAMS:
+
+                def call(block=block, programs=programs, kernel_args=case.kernel_args):
+                    apply_channel_triton(*kernel_args, block=block, programs=programs)
+
+                cells.append(timed_dev(call, args, device))
+        lines.append(f"| {case.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def timed_dev(fn, args, device) -> str:
+    if device.type != "cuda":
+        fn()
+        return "-"
+    return f"{device_time_us(fn, args):.2f}"
 
 
 def main() -> None:
