@@ -46,7 +46,14 @@ class AtomPlatformMixin:
         if model_config is None:
             return
         runner = cls.model_runner(vllm_config)
-        wanted = [dotted(s.class_path) for s in manager.logits_processors() if s.runner == runner]
+        # vLLM's loaders take "module:Class" here (not the dotted enum form).
+        wanted = [s.class_path for s in manager.logits_processors() if s.runner == runner]
+        refusal = cls._logits_processor_refusal(vllm_config, runner)
+        if wanted and refusal:
+            logger.warning(
+                "atom-plugin logits processors are off (%s): %s", refusal, ", ".join(wanted)
+            )
+            return
         present = list(model_config.logits_processors or [])
         missing = [path for path in wanted if path not in present]
         if missing:
@@ -54,6 +61,15 @@ class AtomPlatformMixin:
             logger.info_once(
                 "atom-plugin logits processors (%s runner): %s", runner, ", ".join(missing)
             )
+
+    @staticmethod
+    def _logits_processor_refusal(vllm_config, runner: str) -> str | None:
+        """Why vLLM would refuse to start with custom logits processors, if it would."""
+        if vllm_config.model_config.runner_type == "pooling":
+            return "pooling models take no logits processors"
+        if runner == "v1" and vllm_config.speculative_config is not None:
+            return "the V1 model runner refuses them with speculative decoding; use MRV2"
+        return None
 
     @classmethod
     def model_runner(cls, vllm_config) -> str:
