@@ -242,33 +242,3 @@ def test_k3_vocabulary_on_gpu(batch):
     apply_channel_torch(ref, TABLES, states)
     assert same_bits(logits, ref)
     assert same_bits(logits, expected(logits_with_specials(batch, vocab, seed=batch), row_states))
-
-
-def test_live_slots_settle_only_after_an_observation_made_after_add():
-    from atom_plugin.parsers.channel_kernel import LiveSlots
-
-    live = LiveSlots(4, DEVICE)
-    states = torch.full((4,), UNCONSTRAINED, dtype=torch.int32, device=DEVICE)
-    assert not live.any_live([0, 1, 2, 3])
-    live.add(1)
-    live.add(2)
-    states[1], states[2] = START, FORCED[0]
-    assert live.any_live([1])
-    live.observe(states)
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    assert live.any_live([1, 2]) and not live.any_live([0, 3])
-    states[2] = UNCONSTRAINED
-    live.observe(states)
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    assert not live.any_live([2]) and live.any_live([1, 2])
-    # The slot is reused: an old copy showing UNCONSTRAINED must not settle the new request.
-    live.observe(states)  # in flight while the slot is handed over
-    live.add(2)
-    states[2] = START
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    assert live.any_live([2])
-    live.remove(1)
-    assert not live.any_live([1])
