@@ -99,3 +99,57 @@ def test_dcp_token_kv_lens_match_brute_force(world, interleave):
                 owned = [g for g in range(pos + 1) if (g // interleave) % world == rank]
                 want.append(len(owned))
         assert got == want, (world, interleave, rank)
+
+
+def _builder_without_vllm_config():
+    """The builder's own state only (its __init__ needs a whole model); the metadata
+    objects it makes and cuts are vLLM's real classes."""
+    from atom_plugin.vllm.attention_mla import AtomAiterMLAMetadataBuilder
+
+    b = AtomAiterMLAMetadataBuilder.__new__(AtomAiterMLAMetadataBuilder)
+    b.kernel_impl, b.dcp_world_size, b.dcp_rank, b.cp_kv_cache_interleave_size = "torch", 1, 0, 1
+    return b
+
+
+def test_prepare_ubatch_decode_cuts_mla_metadata():
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadata
+
+    from atom_plugin.backends.metadata import PagedAttentionMetadata
+
+    builder = _builder_without_vllm_config()
+    n, rows = 5, 8  # 5 scheduled decodes in a bucket of 8 rows
+    paged = PagedAttentionMetadata(
+        num_reqs=n,
+        num_actual_tokens=n,
+        max_query_len=1,
+        max_seq_len=40,
+        num_decodes=n,
+        num_decode_tokens=n,
+        query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+        seq_lens=torch.tensor([3, 17, 40, 1, 9], dtype=torch.int32),
+        block_table=torch.arange(rows * 3, dtype=torch.int32).view(rows, 3),
+        slot_mapping=torch.tensor([2, 16, 39, 0, 8], dtype=torch.int64),
+    )
+    builder.last_metadata = MLACommonMetadata(
+        num_reqs=n,
+        max_query_len=1,
+        max_seq_len=40,
+        num_actual_tokens=n,
+        query_start_loc=paged.query_start_loc,
+        slot_mapping=paged.slot_mapping,
+        num_decodes=n,
+        num_decode_tokens=n,
+        num_prefills=0,
+        decode=builder._decode_metadata(paged, None),
+    )
+    first, second = builder.prepare_ubatch_decode(rows)
+    assert (first.num_reqs, second.num_reqs) == (4, 4)
+    assert first.decode.seq_lens.tolist() == [3, 17, 40, 1]
+    assert second.decode.seq_lens.tolist() == [9, 0, 0, 0]  # rows past the 5 requests: inert
+    assert second.slot_mapping.tolist() == [8, -1, -1, -1]
+    assert second.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    assert torch.equal(second.decode.block_table, paged.block_table[4:8])
+    req, kv_len = second.decode.token_plan
+    assert req.tolist() == [0, 1, 2, 3] and kv_len.tolist() == [9, 0, 0, 0]
+    with pytest.raises(ValueError, match="split_bs=9 exceeds"):
+        builder.prepare_ubatch_decode(9)
