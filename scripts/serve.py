@@ -41,6 +41,7 @@ class VllmServer:
             *args,
         ]
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
+        self.env.pop("TRITON_INTERPRET", None)  # a test-only switch; vLLM sees the machine
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -33,7 +33,10 @@ GENERATE = textwrap.dedent(
 
 
 def engine_env(**extra: str) -> dict[str, str]:
+    """The test process's environment for a vLLM process, less the test-only Triton
+    interpreter switch (vLLM must see the machine as it is)."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("TRITON_INTERPRET", None)
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
 
