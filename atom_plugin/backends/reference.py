@@ -12,8 +12,15 @@ from atom_plugin.backends.checks import fp8_max, is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
 
 
-def _scale_value(scale: torch.Tensor | None) -> float:
-    return 1.0 if scale is None else float(scale.reshape(()).item())
+def _scale_on(scale: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | float:
+    """The scale as a 0-d float32 tensor on x's device.
+
+    A tensor, not a Python float: CUDA divides by a host scalar as a multiply by
+    its reciprocal, which rounds differently from x / scale.
+    """
+    if scale is None:
+        return 1.0
+    return scale.reshape(()).to(device=x.device, dtype=torch.float32)
 
 
 def quantize_for_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale) -> torch.Tensor:
@@ -21,14 +28,14 @@ def quantize_for_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale) -> torc
     if not is_fp8(cache_dtype):
         return x.to(cache_dtype)
     limit = fp8_max(cache_dtype)
-    return (x.float() / _scale_value(scale)).clamp(-limit, limit).to(cache_dtype)
+    return (x.float() / _scale_on(scale, x)).clamp(-limit, limit).to(cache_dtype)
 
 
 def dequantize_from_cache(x: torch.Tensor, scale) -> torch.Tensor:
     """float32 value of cache entries (stored * scale for fp8)."""
     if not is_fp8(x.dtype):
         return x.float()
-    return x.float() * _scale_value(scale)
+    return x.float() * _scale_on(scale, x)
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:

@@ -17,6 +17,14 @@ def mm(a, b, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(a, b, input_precision=PRECISION)
 
 
+@triton.jit
+def mm_acc(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a @ b, accumulating inside the MMA."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
 def dot_flags(query: torch.Tensor) -> dict:
     """Constexprs for `mm`: exact float32 products for float32 inputs and on the interpreter."""
     return dict(

@@ -15,10 +15,11 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.triton_common import dot_flags, mm
+from atom_plugin.backends.triton_common import dot_flags, mm, mm_acc
 
 LOG2E = math.log2(math.e)
 
@@ -81,7 +82,7 @@ def _tile(
         v = tl.load(vptr, mask=pmask[:, None] & dmask[None, :], other=0.0)
     else:
         v = tl.load(vptr, mask=dmask[None, :], other=0.0)
-    acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), UPCAST, PRECISION)
+    acc = mm_acc(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], UPCAST, PRECISION)
     return m_new, l_sum, acc
 
 
@@ -205,14 +206,19 @@ def _prefill_kernel(
     )
 
 
-def _config(head_size: int, block_g: int) -> dict:
-    """64 rows (tokens x group heads) per program; tuned on an H200 (docs/benchmarks.md)."""
-    return dict(
-        BLOCK_Q=max(1, 64 // block_g),
-        BLOCK_N=64 if head_size <= 128 else 32,
-        num_warps=4,
-        num_stages=3 if head_size <= 128 else 2,
-    )
+def _configs(head_size: int, block_g: int) -> list[dict]:
+    """Candidates, fastest first (H200 sweep, docs/benchmarks.md); the first needs ~224 KB
+    of shared memory at head size 128, so GPUs with less fall back to the second."""
+    small = dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=32, num_warps=4, num_stages=2)
+    if head_size > 128:
+        return [small]
+    big = dict(BLOCK_Q=max(1, 128 // block_g), BLOCK_N=128, num_warps=8, num_stages=3)
+    return [big, dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=64, num_warps=4, num_stages=2), small]
+
+
+_FITTING: dict[
+    tuple, int
+] = {}  # (device, head_size, block_g) -> index of the first config that fit
 
 
 def paged_prefill(
@@ -235,11 +241,34 @@ def paged_prefill(
     num = meta.num_reqs - first
     if num <= 0 or meta.max_query_len == 0:
         return output
+    d = query.shape[2]
+    block_g = triton.next_power_of_2(query.shape[1] // key_cache.shape[2])
+    if config is not None:
+        _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
+                k_scale, v_scale, first, num, config)  # fmt: skip
+        return output
+    key = (str(query.device), d, block_g)
+    candidates = _configs(d, block_g)
+    for i in range(_FITTING.get(key, 0), len(candidates)):
+        try:
+            _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
+                    k_scale, v_scale, first, num, candidates[i])  # fmt: skip
+        except OutOfResources:
+            if i + 1 == len(candidates):
+                raise
+            continue
+        _FITTING[key] = i
+        break
+    return output
+
+
+def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
+            k_scale, v_scale, first, num, cfg) -> None:  # fmt: skip
     hq, d = query.shape[1], query.shape[2]
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
     block_g = triton.next_power_of_2(group)
-    cfg = dict(_config(d, block_g), **(config or {}))
+    cfg = dict(cfg)
     # tl.dot needs at least 16 rows
     cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], triton.cdiv(16, block_g))
     fp8 = is_fp8(key_cache.dtype)
@@ -283,4 +312,3 @@ def paged_prefill(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    return output
