@@ -147,6 +147,22 @@ def test_write_kv_matches_reference(cache_dtype, dtype):
     assert torch.equal(b.raw_cache.view(torch.uint8), raw.view(torch.uint8))
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_fp8_write_rounds_like_the_torch_cast(fp8):
+    # ties to even, carries into the next power of two, subnormals, signed zeros, saturation
+    special = [1.0625, 1.1875, 7.8, -7.8, 15.5, 2**-10 * 3, -(2**-11), -1e-6, -0.0, 0.0, 1e4, -1e4]
+    vals = torch.tensor(special + torch.randn(64 - len(special)).mul(30).tolist())
+    key = vals.view(2, 2, 16).to(DEV)  # 2 tokens, 2 kv heads, head size 16
+    b = make_batch([(2, 2)], hq=2, hkv=2, d=16, block_size=16, cache_dtype=fp8, device=DEV)
+    one = torch.ones(1, device=DEV)
+    write_kv(key, key, b.key_cache, b.value_cache, b.meta.slot_mapping, one, one)
+    limit = torch.finfo(fp8).max
+    want = key.float().cpu().clamp(-limit, limit).to(fp8)
+    slots = b.meta.slot_mapping.tolist()
+    got = torch.stack([b.key_cache[s // 16, s % 16] for s in slots]).cpu()
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )

@@ -40,22 +40,26 @@ def _pow2(e):
 
 
 @triton.jit
-def round_to_e4m3(x, limit, MIN_EXP: tl.constexpr):
+def round_to_e4m3(x, limit, MIN_EXP: tl.constexpr, NEG_ZERO: tl.constexpr):
     """x saturated to +-limit and rounded to nearest-even on the e4m3 grid, as float32.
 
     The later cast to fp8 is then exact. Done by hand because the Triton CPU
     interpreter's float32 -> fp8 cast drops the carry when rounding up to the
     next power of two (7.8 -> 4.0); on GPUs it matches the hardware conversion.
     """
-    x = tl.clamp(x, -limit, limit)
-    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    bits = x.to(tl.int32, bitcast=True)
+    a = tl.minimum(tl.abs(x), limit)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     e = tl.maximum(e, MIN_EXP) - 3  # 3 mantissa bits
-    r = x * _pow2(-e)
+    r = a * _pow2(-e)
     f = tl.floor(r)
     frac = r - f
     odd = f - 2.0 * tl.floor(f * 0.5)
     up = (frac > 0.5) | ((frac == 0.5) & (odd == 1.0))
-    return tl.where(up, f + 1.0, f) * _pow2(e)
+    y = tl.where(up, f + 1.0, f) * _pow2(e)
+    if NEG_ZERO:  # e4m3fn has -0 and the cast keeps a zero's sign; e4m3fnuz has no -0
+        return tl.where(bits < 0, -y, y)
+    return tl.where((bits < 0) & (y > 0), -y, y)
 
 
 def e4m3_min_exponent(dtype: torch.dtype) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -34,6 +35,7 @@ def _write_kv_kernel(
     fp8_limit,
     IS_FP8: tl.constexpr,
     MIN_EXP: tl.constexpr,
+    NEG_ZERO: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -49,8 +51,12 @@ def _write_kv_kernel(
     k = tl.load(key + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(value + t * stride_vt + h * stride_vh + d, mask=mask)
     if IS_FP8:  # IEEE division (plain `/` is approximate on GPUs), as torch divides
-        k = round_to_e4m3(tl.math.div_rn(k.to(tl.float32), tl.load(k_scale)), fp8_limit, MIN_EXP)
-        v = round_to_e4m3(tl.math.div_rn(v.to(tl.float32), tl.load(v_scale)), fp8_limit, MIN_EXP)
+        k = round_to_e4m3(
+            tl.math.div_rn(k.to(tl.float32), tl.load(k_scale)), fp8_limit, MIN_EXP, NEG_ZERO
+        )
+        v = round_to_e4m3(
+            tl.math.div_rn(v.to(tl.float32), tl.load(v_scale)), fp8_limit, MIN_EXP, NEG_ZERO
+        )
     kc = key_cache + blk.to(tl.int64) * stride_kcb + off * stride_kcs + h * stride_kch + d
     vc = value_cache + blk.to(tl.int64) * stride_vcb + off * stride_vcs + h * stride_vch + d
     tl.store(kc, k.to(key_cache.dtype.element_ty), mask=mask)
@@ -87,6 +93,7 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_s
         fp8_max(key_cache.dtype) if fp8 else 0.0,
         IS_FP8=fp8,
         MIN_EXP=e4m3_min_exponent(key_cache.dtype) if fp8 else 0,
+        NEG_ZERO=key_cache.dtype == torch.float8_e4m3fn,
         BLOCK_H=triton.next_power_of_2(hkv),
         BLOCK_D=triton.next_power_of_2(d),
     )
