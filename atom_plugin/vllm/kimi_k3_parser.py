@@ -34,7 +34,7 @@ from atom_plugin.parsers.channel_for import (
     required_channel_for,
     wants_channel,
 )
-from atom_plugin.parsers.k3_tool_parser import K3StreamParser, K3ToolCall, parse_k3
+from atom_plugin.parsers.k3_tool_parser import K3Delta, K3StreamParser, K3ToolCall, parse_k3
 from atom_plugin.parsers.required_channel import RequiredChannel
 
 NAME = "atom_kimi_k3"
@@ -67,11 +67,15 @@ def _tool_call(call: K3ToolCall) -> ToolCall:
 
 
 class AtomKimiK3ToolParser(KimiK3ToolParser):
+    # The parser reads each delta once and keeps its own state, so vLLM's parser
+    # composition feeds it deltas and calls finish_streaming() at the end (and,
+    # without a reasoning parser, takes content without markers from it too).
+    engine_based_streaming = True
+
     def __init__(self, tokenizer: Any, tools: list | None = None):
         super().__init__(tokenizer, tools)
         self.channel = _channel_of(tokenizer)
         self._stream = K3StreamParser()
-        self._fed = ""
         self._sent_calls = 0
 
     def uses_channel(self, request: Any) -> bool:
@@ -115,11 +119,13 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         delta_token_ids: Sequence[int],
         request: Any,
     ) -> DeltaMessage | None:
-        if not current_text.startswith(self._fed):
-            # The serving layer restarted the text (it should not); start over.
-            self._stream, self._fed = K3StreamParser(), ""
-        delta = self._stream.feed(current_text[len(self._fed) :])
-        self._fed = current_text
+        return self._delta_message(self._stream.feed(delta_text))
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """What the stream held back: a call cut short comes back as content."""
+        return self._delta_message(self._stream.finish())
+
+    def _delta_message(self, delta: K3Delta) -> DeltaMessage | None:
         if not delta:
             return None
         calls = []

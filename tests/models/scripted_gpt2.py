@@ -54,15 +54,18 @@ PIECES = [
     "\n",
 ]
 
-# K3's prompt format: each message is `<|open|>message role="R"<|sep|>` ... and
-# the assistant turn is left open inside its response channel.
+# K3's prompt format: tools are declared first (by name, so the prompt's length
+# does not depend on how a server serialises their schemas), each message is
+# `<|open|>message role="R"<|sep|>` ..., and the assistant turn is left open
+# inside its response channel.
 CHAT_TEMPLATE = (
-    "{%- if tools %}<|open|>tool_declare<|sep|>{{ tools | tojson }}"
+    "{%- if tools %}<|open|>tool_declare<|sep|>"
+    "{%- for t in tools %}{{ (t.function or t)['name'] }}{%- endfor %}"
     "<|close|>tool_declare<|sep|>{%- endif %}"
     "{%- for m in messages %}<|open|>message role=\"{{ m['role'] }}\"<|sep|>"
     "<|open|>response<|sep|>{{ m['content'] }}<|close|>response<|sep|>"
     "<|close|>message<|sep|>{%- endfor %}"
-    '{%- if add_generation_prompt %}<|open|>message role="assistant"<|sep|>'
+    "{%- if add_generation_prompt %}<|open|>message role=\"assistant\"<|sep|>"
     "<|open|>response<|sep|>{%- endif %}"
 )
 
