@@ -1,0 +1,158 @@
+"""The processors' shared core (no vLLM): groups, launches, device advance, retiring.
+
+On CPU it runs with the torch reference and with the Triton kernels under
+TRITON_INTERPRET=1; with CUDA the same tests run compiled on the GPU.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from atom_plugin.parsers.processor_core import ChannelCore  # noqa: E402
+from atom_plugin.parsers.required_channel import (  # noqa: E402
+    START,
+    UNCONSTRAINED,
+    RequiredChannel,
+)
+
+VOCAB = 64
+AFTER, HEAD, TAIL, EOS = [10, 11, 12], [13, 14, 12], [13, 15, 16], 20
+CHANNEL = RequiredChannel(AFTER, HEAD + TAIL, len(HEAD), {EOS})
+OTHER = CHANNEL.ending_on([21, 22])
+
+CASES = [("cpu", "torch"), ("cpu", "triton")]
+if torch.cuda.is_available():
+    CASES = [pytest.param("cuda", "triton", marks=pytest.mark.gpu)]
+
+
+def logits_for(rows, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, VOCAB, generator=gen)
+    logits[:, 3] = float("nan")
+    logits[:, 4] = float("-inf")
+    return logits.to(device)
+
+
+def expect(after, before, channel, state):
+    if state != UNCONSTRAINED and channel.forced_token(state) is not None:
+        forced = channel.forced_token(state)
+        assert torch.isfinite(after[forced])
+        assert torch.all(torch.cat([after[:forced], after[forced + 1 :]]) == float("-inf"))
+        return
+    want = before.clone()
+    if state != UNCONSTRAINED:
+        want[sorted(channel.banned_tokens(state))] = float("-inf")
+    assert torch.equal(after.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("device,impl", CASES)
+def test_groups_leave_each_other_and_plain_rows_alone(device, impl):
+    core = ChannelCore(8, device, impl)
+    core.assign(0, CHANNEL, START)
+    core.assign(1, OTHER, CHANNEL.walk(AFTER[:2]))
+    core.assign(5, OTHER, CHANNEL.walk(AFTER))  # forced, in the other group
+    core.flush()
+    before = logits_for(8, device)
+    after = before.clone()
+    launches = core.apply(after, np.arange(8))
+    assert launches == 2
+    expect(after[0].cpu(), before[0].cpu(), CHANNEL, START)
+    expect(after[1].cpu(), before[1].cpu(), OTHER, CHANNEL.walk(AFTER[:2]))
+    expect(after[5].cpu(), before[5].cpu(), OTHER, CHANNEL.walk(AFTER))
+    for row in (2, 3, 4, 6, 7):
+        assert torch.equal(after[row].view(torch.int32), before[row].view(torch.int32))
+
+
+@pytest.mark.parametrize("device,impl", CASES)
+def test_step_without_live_rows_launches_nothing(device, impl):
+    core = ChannelCore(8, device, impl)
+    before = logits_for(4, device)
+    after = before.clone()
+    assert core.apply(after, np.arange(4)) == 0
+    core.assign(6, CHANNEL, START)
+    core.flush()
+    assert core.apply(after, np.arange(4)) == 0  # slot 6 is not in this step
+    assert torch.equal(after.view(torch.int32), before.view(torch.int32))
+    core.assign(6, None)
+    core.flush()
+    assert not core.is_live([6]) and core.states_of([6]) == [UNCONSTRAINED]
+
+
+@pytest.mark.parametrize("device,impl", CASES)
+def test_moving_a_slot_between_groups_clears_the_old_state(device, impl):
+    core = ChannelCore(4, device, impl)
+    core.assign(2, CHANNEL, CHANNEL.walk(AFTER))
+    core.flush()
+    core.assign(2, OTHER, START)
+    core.flush()
+    before = logits_for(4, device)
+    after = before.clone()
+    assert core.apply(after, np.arange(4)) == 1
+    expect(after[2].cpu(), before[2].cpu(), OTHER, START)
+
+
+TOKENS = st.lists(st.sampled_from([*AFTER, *HEAD, *TAIL, 1, 2]), max_size=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(outputs=st.lists(TOKENS, min_size=1, max_size=3), data=st.data())
+@pytest.mark.parametrize("device,impl", CASES)
+def test_advance_folds_committed_tokens_like_the_state_machine(device, impl, outputs, data):
+    core = ChannelCore(4, device, impl)
+    prompt = [10, 11, 12]  # an earlier turn's trigger: must not count
+    width = len(prompt) + 24
+    token_ids = torch.zeros(4, width, dtype=torch.int32)
+    total = torch.zeros(4, dtype=torch.int32)
+    for slot, _ in enumerate(outputs):
+        core.assign(slot, CHANNEL, START, scanned=len(prompt))
+        token_ids[slot, : len(prompt)] = torch.tensor(prompt)
+        total[slot] = len(prompt)
+    core.flush()
+    done = [0] * len(outputs)
+    slots = np.arange(len(outputs))
+    for _ in range(3):  # a few steps, each committing some more tokens
+        for slot, out in enumerate(outputs):
+            more = data.draw(st.integers(0, len(out) - done[slot]))
+            new = out[done[slot] : done[slot] + more]
+            start = len(prompt) + done[slot]
+            token_ids[slot, start : start + len(new)] = torch.tensor(new, dtype=torch.int32)
+            done[slot] += more
+            total[slot] = len(prompt) + done[slot]
+        core.advance(token_ids.to(device), total.to(device), slots)
+        want = [CHANNEL.walk(out[: done[s]]) for s, out in enumerate(outputs)]
+        got = [
+            UNCONSTRAINED if core.channel_of(s) is None else core.states_of([s])[0]
+            for s in range(len(outputs))
+        ]
+        assert got == want
+
+
+@pytest.mark.parametrize("device,impl", CASES)
+def test_snapshot_retires_open_slots_but_not_reused_ones(device, impl):
+    core = ChannelCore(4, device, impl)
+    opened = CHANNEL.walk(AFTER + HEAD + TAIL)
+    assert opened == UNCONSTRAINED
+    token_ids = torch.zeros(4, 16, dtype=torch.int32)
+    token_ids[0, : len(AFTER + HEAD + TAIL)] = torch.tensor(AFTER + HEAD + TAIL)
+    token_ids[1, : len(AFTER + HEAD + TAIL)] = torch.tensor(AFTER + HEAD + TAIL)
+    total = torch.tensor([9, 9, 0, 0], dtype=torch.int32)
+    core.assign(0, CHANNEL, START)
+    core.assign(1, CHANNEL, START)
+    core.flush()
+    core.advance(token_ids.to(device), total.to(device), np.array([0, 1]))
+    core.snapshot()
+    core.assign(1, CHANNEL, START)  # slot 1 reused by a new request after the snapshot
+    core.flush()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    core.retire_finished()
+    assert not core.is_live([0])
+    assert core.is_live([1]) and core.states_of([1]) == [START]
