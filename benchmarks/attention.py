@@ -14,7 +14,7 @@ The cache is vLLM's layout ([blocks, Hkv, block_size, 2*D] split into K/V
 views) with shuffled block tables; each call is one CUDA-graph replay timed
 with events after an L2 flush.
 
-    python -m benchmarks.attention [--out table.md] [--json rows.json] [--sweep]
+    python -m benchmarks.attention [--out table.md] [--json rows.json] [--sweep decode,prefill]
 """
 
 from __future__ import annotations
