@@ -91,12 +91,14 @@ OFFLINE = textwrap.dedent(
         channel = required_channel_for(llm.get_tokenizer())
         base = dict(max_tokens=60, temperature=0.0, skip_special_tokens=False,
                     spaces_between_special_tokens=False)
-        params = [SamplingParams(**base, extra_args=channel_extra_args(channel)),
+        params = [SamplingParams(**base, logprobs=1, extra_args=channel_extra_args(channel)),
                   SamplingParams(**base)]
         outs = llm.chat([messages, messages], params, tools=tools, use_tqdm=False)
         print("RESULT " + json.dumps({
             "texts": [o.outputs[0].text for o in outs],
             "prompt_lens": [len(o.prompt_token_ids) for o in outs],
+            "sampled_logprobs": [lp[t].logprob for t, lp in
+                                 zip(outs[0].outputs[0].token_ids, outs[0].outputs[0].logprobs)],
             "processors": llm.llm_engine.vllm_config.model_config.logits_processors,
         }), flush=True)
     """
@@ -125,6 +127,13 @@ def test_offline_chat_required_calls_a_tool_auto_does_not(model_dir):
     )
     assert "".join(OPENING) in result["texts"][0]
     assert auto.tool_calls == () and auto.content == "Sure"
+    # Logprobs are the model's, from before the mask: a forced id that the script did not
+    # want has a low logprob (after the mask it would be 0), every other id a high one.
+    logprobs = result["sampled_logprobs"]
+    unwanted = [i for i, piece in enumerate(OPENING, start=4) if SCRIPT[i] != piece]
+    assert len(unwanted) == 5
+    for i, logprob in enumerate(logprobs):
+        assert (logprob < -1.0) if i in unwanted else (logprob > -0.5), (i, logprobs)
     assert result["texts"][1] == "Sure<|close|>response<|sep|><|close|>message<|sep|>"
 
 
