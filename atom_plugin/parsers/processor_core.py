@@ -103,23 +103,37 @@ class ChannelCore:
 
     # ---- device side -------------------------------------------------------
     def advance(
-        self, token_ids: torch.Tensor, total_len: torch.Tensor, slots_np: np.ndarray
+        self,
+        token_ids: torch.Tensor,
+        total_len: torch.Tensor,
+        slots_np: np.ndarray,
+        slots: torch.Tensor | None = None,
     ) -> None:
-        """Fold committed tokens token_ids[s, scanned[s]:total_len[s]] into each live state."""
+        """Fold committed tokens token_ids[s, scanned[s]:total_len[s]] into each live state.
+
+        `slots` (the step's slots on the device, e.g. MRV2's `idx_mapping`) saves a copy:
+        the Triton kernel leaves slots outside a group as they are (UNCONSTRAINED). The
+        torch reference loops as long as the longest span, so it gets only members.
+        """
         impl = self.impl or ("torch" if self.device.type == "cpu" else "triton")
         step_slots = {int(s) for s in slots_np}
         for group in self._groups.values():
-            slots = sorted(group.members & step_slots)
-            if slots:
-                advance_states(
-                    group.tables,
-                    group.states,
-                    group.scanned,
-                    token_ids,
-                    total_len,
-                    self._h2d(slots, torch.int32),
-                    impl=impl,
-                )
+            members = sorted(group.members & step_slots)
+            if not members:
+                continue
+            if slots is None or impl == "torch":
+                group_slots = self._h2d(members, torch.int32)
+            else:
+                group_slots = slots
+            advance_states(
+                group.tables,
+                group.states,
+                group.scanned,
+                token_ids,
+                total_len,
+                group_slots,
+                impl=impl,
+            )
 
     def apply(
         self,

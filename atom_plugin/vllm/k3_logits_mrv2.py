@@ -62,7 +62,12 @@ class AtomK3LogitsProcessorMRV2(LogitsProcessor):
         slots = ctx.idx_mapping_np
         if not self.core.is_live(slots):
             return logits
-        self.core.advance(self.req_states.all_token_ids.gpu, self.req_states.total_len.gpu, slots)
+        self.core.advance(
+            self.req_states.all_token_ids.gpu,
+            self.req_states.total_len.gpu,
+            slots,
+            ctx.idx_mapping,
+        )
         spec = logits.shape[0] != len(slots)
         self.core.apply(
             logits,
