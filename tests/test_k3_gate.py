@@ -316,3 +316,20 @@ def test_v1_validate_params_names_the_bad_value():
         )
     AtomK3LogitsProcessorV1.validate_params(SamplingParams())
     assert v1_processor().is_argmax_invariant() is False
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tool_choice": NAMED},  # a named call needs the tag
+        {"tool_choice": "required", "response_format": {"type": "json_object"}},
+    ],
+)
+def test_named_choice_and_own_structured_outputs_keep_the_tag(tokenizer, formats, extra):
+    parser_cls = ParserManager.get_parser(tool_parser_name="atom_kimi_k3", enable_auto_tools=True)
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}], model="m", tools=TOOLS, **extra
+    )
+    params = parser_cls(tokenizer, TOOLS).adjust_request(request).to_sampling_params(16, {})
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    assert params.structured_outputs.structural_tag is not None
