@@ -52,21 +52,6 @@ def test_greedy_tokens_equal_vllm_cpu_mla(tiny_deepseek, cpu_mla_tokens):
     assert all(len(t) == GREEDY["max_tokens"] for t in run["tokens"])
 
 
-@pytest.mark.vllm
-def test_speculative_decoding_multi_token_rows(tiny_deepseek, cpu_mla_tokens):
-    """n-gram drafts make decode rows of up to 4 query tokens (causal verification);
-    greedy output must not change."""
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": 3,
-        "prompt_lookup_max": 3,
-        "prompt_lookup_min": 1,
-    }
-    run = generate(_llm(tiny_deepseek, "atom_aiter", speculative_config=spec), PROMPTS, GREEDY)
-    assert "Using ATOM_AITER_MLA backend (atom-plugin)" in run["log"]
-    assert run["tokens"] == cpu_mla_tokens
-
-
 @pytest.mark.parametrize("world,interleave", [(2, 1), (4, 1), (2, 16), (4, 8)])
 def test_dcp_token_kv_lens_match_brute_force(world, interleave):
     from atom_plugin.backends.metadata import PagedAttentionMetadata
