@@ -14,7 +14,6 @@ which also splits off the think channel and never raises on malformed output.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -54,10 +53,15 @@ def keep_structural_tag() -> bool:
     )
 
 
-@functools.lru_cache(maxsize=8)
+_channels: dict[int, tuple[Any, RequiredChannel | None]] = {}
+
+
 def _channel_of(tokenizer: Any) -> RequiredChannel | None:
-    # Derived once per tokenizer object (the server has one).
-    return required_channel_for(tokenizer)
+    """Derived once per tokenizer object (a server has one), which is kept alive here."""
+    hit = _channels.get(id(tokenizer))
+    if hit is None or hit[0] is not tokenizer:
+        hit = _channels[id(tokenizer)] = (tokenizer, required_channel_for(tokenizer))
+    return hit[1]
 
 
 def _tool_call(call: K3ToolCall) -> ToolCall:
@@ -74,6 +78,7 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
 
     def __init__(self, tokenizer: Any, tools: list | None = None):
         super().__init__(tokenizer, tools)
+        keep_structural_tag()  # a bad setting fails when vLLM builds the parser at startup
         self.channel = _channel_of(tokenizer)
         self._stream = K3StreamParser()
         self._sent_calls = 0
