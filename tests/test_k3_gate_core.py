@@ -156,3 +156,21 @@ def test_snapshot_retires_open_slots_but_not_reused_ones(device, impl):
     core.retire_finished()
     assert not core.is_live([0])
     assert core.is_live([1]) and core.states_of([1]) == [START]
+
+
+@pytest.mark.parametrize("device,impl", CASES)
+def test_many_channels_idle_groups_are_dropped_and_rebuilt(device, impl):
+    core = ChannelCore(4, device, impl)
+    channels = [CHANNEL.ending_on([30 + i]) for i in range(20)]
+    for channel in channels:
+        core.assign(0, channel, START)
+        core.flush()
+    assert len(core._groups) <= 17  # idle ones go once there are more than 16
+    core.assign(1, channels[0], START)  # its group may have been dropped: rebuilt
+    core.flush()
+    before = logits_for(4, device)
+    after = before.clone()
+    assert core.apply(after, np.arange(4)) == 2
+    expect(after[0].cpu(), before[0].cpu(), channels[-1], START)
+    expect(after[1].cpu(), before[1].cpu(), channels[0], START)
+    assert after[1, 30 + 19].item() != float("-inf")  # slot 1 does not get slot 0's stop id

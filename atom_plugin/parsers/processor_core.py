@@ -19,7 +19,7 @@ UNCONSTRAINED is absorbing.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,10 +33,10 @@ MAX_IDLE_GROUPS = 16
 
 @dataclass
 class _Group:
+    gid: int  # this group's number in ChannelCore._gid
     tables: ChannelTables
     states: torch.Tensor  # [max_slots] int32; UNCONSTRAINED outside the group
     scanned: torch.Tensor  # [max_slots] int32; output positions folded into states
-    members: set[int] = field(default_factory=set)
     # Asynchronous copy of `states` (MRV2): host buffer, its event, slot epochs then.
     snapshot: torch.Tensor | None = None
     snapshot_event: object | None = None
@@ -54,6 +54,9 @@ class ChannelCore:
         self.impl = impl
         self._groups: dict[RequiredChannel, _Group] = {}
         self._slot_group: list[RequiredChannel | None] = [None] * max_slots
+        # Per slot, the gid of its group or -1: step-wide checks are numpy ops.
+        self._gid = np.full(max_slots, -1, dtype=np.int64)
+        self._next_gid = 0
         self._epoch = np.zeros(max_slots, dtype=np.int64)
         # Staged host writes: (channel, slot, state, scanned), applied by flush().
         self._staged: list[tuple[RequiredChannel, int, int, int]] = []
@@ -67,15 +70,15 @@ class ChannelCore:
         old = self._slot_group[slot]
         self._epoch[slot] += 1
         if old is not None:
-            self._groups[old].members.discard(slot)
             self._staged.append((old, slot, UNCONSTRAINED, 0))
         if channel is None or state == UNCONSTRAINED:
             self._slot_group[slot] = None
+            self._gid[slot] = -1
             return
         if channel not in self._groups:
             self._groups[channel] = self._new_group(channel)
-        self._groups[channel].members.add(slot)
         self._slot_group[slot] = channel
+        self._gid[slot] = self._groups[channel].gid
         self._staged.append((channel, slot, state, scanned))
 
     def channel_of(self, slot: int) -> RequiredChannel | None:
@@ -83,7 +86,7 @@ class ChannelCore:
 
     def is_live(self, slots: Iterable[int] | np.ndarray) -> bool:
         """Whether any of `slots` may still be constrained (host knowledge only)."""
-        return any(self._slot_group[int(s)] is not None for s in slots)
+        return bool((self._gid[np.asarray(slots, dtype=np.int64)] >= 0).any())
 
     def flush(self) -> None:
         """Write the staged assignments to the device (a few small copies, no sync)."""
@@ -116,13 +119,14 @@ class ChannelCore:
         torch reference loops as long as the longest span, so it gets only members.
         """
         impl = self.impl or ("torch" if self.device.type == "cpu" else "triton")
-        step_slots = {int(s) for s in slots_np}
+        step_gids = self._gid[np.asarray(slots_np, dtype=np.int64)]
         for group in self._groups.values():
-            members = sorted(group.members & step_slots)
-            if not members:
+            in_group = step_gids == group.gid
+            if not in_group.any():
                 continue
             if slots is None or impl == "torch":
-                group_slots = self._h2d(members, torch.int32)
+                members = np.asarray(slots_np, dtype=np.int64)[in_group]
+                group_slots = self._h2d(members.tolist(), torch.int32)
             else:
                 group_slots = slots
             advance_states(
@@ -149,9 +153,9 @@ class ChannelCore:
         logits row r belongs to slot r.
         """
         launches = 0
-        step_slots = {int(s) for s in slots_np}
+        step_gids = self._gid[np.asarray(slots_np, dtype=np.int64)]
         for group in self._groups.values():
-            if group.members.isdisjoint(step_slots):
+            if not (step_gids == group.gid).any():
                 continue
             launches += apply_required_channel(
                 logits,
@@ -198,26 +202,31 @@ class ChannelCore:
             event = group.snapshot_event
             if event is not None and not event.query():
                 continue
-            states = group.snapshot.numpy()
-            for slot in list(group.members):
-                same_request = group.snapshot_epochs[slot] == self._epoch[slot]
-                if same_request and states[slot] == UNCONSTRAINED:
-                    group.members.discard(slot)
-                    self._slot_group[slot] = None
+            done = (
+                (self._gid == group.gid)
+                & (group.snapshot.numpy() == UNCONSTRAINED)
+                & (group.snapshot_epochs == self._epoch)  # still the same request
+            )
+            for slot in np.flatnonzero(done):
+                self._slot_group[slot] = None
+            self._gid[done] = -1
             group.snapshot_epochs = None
 
     # ---- helpers -----------------------------------------------------------
     def _new_group(self, channel: RequiredChannel) -> _Group:
         full = torch.full((self.max_slots,), UNCONSTRAINED, dtype=torch.int32, device=self.device)
-        return _Group(compile_channel(channel, self.device), full, torch.zeros_like(full))
+        self._next_gid += 1
+        tables = compile_channel(channel, self.device)
+        return _Group(self._next_gid - 1, tables, full, torch.zeros_like(full))
 
     def _drop_empty_groups(self) -> None:
         # Groups (and their tables) are kept for reuse unless there are many.
         if len(self._groups) <= MAX_IDLE_GROUPS:
             return
+        used = set(self._gid[self._gid >= 0].tolist())
         staged = {channel for channel, *_ in self._staged}
-        for channel in [c for c, g in self._groups.items() if not g.members]:
-            if channel not in staged:
+        for channel, group in list(self._groups.items()):
+            if group.gid not in used and channel not in staged:
                 del self._groups[channel]
 
     def _h2d(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
