@@ -65,7 +65,7 @@ CHAT_TEMPLATE = (
     "{%- for m in messages %}<|open|>message role=\"{{ m['role'] }}\"<|sep|>"
     "<|open|>response<|sep|>{{ m['content'] }}<|close|>response<|sep|>"
     "<|close|>message<|sep|>{%- endfor %}"
-    "{%- if add_generation_prompt %}<|open|>message role=\"assistant\"<|sep|>"
+    '{%- if add_generation_prompt %}<|open|>message role="assistant"<|sep|>'
     "<|open|>response<|sep|>{%- endif %}"
 )
 
