@@ -75,7 +75,7 @@ def model_dir(tmp_path_factory):
 def expect_required(content, tool_calls):
     assert [call["name"] for call in tool_calls] == ["get_weather"]
     assert json.loads(tool_calls[0]["arguments"]) == {"city": "Paris"}
-    assert content in (None, "Sure")
+    assert content == "Sure"
 
 
 OFFLINE = textwrap.dedent(
