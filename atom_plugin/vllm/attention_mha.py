@@ -7,6 +7,7 @@ cache tensors to them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -98,10 +99,17 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
             num_decode_tokens=num_decode_tokens,
             query_start_loc=cam.query_start_loc[: num_reqs + 1],
             seq_lens=cam.seq_lens[:num_reqs],
-            block_table=cam.block_table_tensor[:num_reqs],
+            # All rows: a graph replay cuts micro-batches at the padded bucket.
+            block_table=cam.block_table_tensor,
             slot_mapping=cam.slot_mapping[: cam.num_actual_tokens],
         )
         return self.last_metadata
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
+        """Capture with the longest context: launch sizes (decode splits) are baked in."""
+        max_len = self.vllm_config.model_config.max_model_len
+        cam = replace(common_attn_metadata, max_seq_len=max_len)
+        return self.build(common_prefix_len=0, common_attn_metadata=cam)
 
     def prepare_ubatch_decode(
         self, split_bs: int

@@ -37,37 +37,42 @@ def register_platform() -> str | None:
     """Platform plugin: register backend names, return the platform subclass path."""
     if plugin_disabled():
         return None
-    specs = register_attention_backends()
+    register_attention_backends()
     name = detect_builtin_platform()
-    path = _PLATFORM_CLASSES.get(name) if name else None
-    _announce(name, path, tuple(spec.name for spec in specs))
-    return path
+    return _PLATFORM_CLASSES.get(name) if name else None
 
 
 def register_general() -> None:
-    """General plugin: backend names (again, harmlessly) and tool parsers."""
+    """General plugin: backend names (again, harmlessly), tool parsers, one log line.
+
+    It runs after vLLM has set up its logging, which the platform plugin does not.
+    """
     if plugin_disabled():
         return
-    register_attention_backends()
+    specs = register_attention_backends()
     register_tool_parsers()
+    _announce(tuple(spec.name for spec in specs))
 
 
 @functools.cache
-def _announce(platform: str | None, path: str | None, backends: tuple[str, ...]) -> None:
+def _announce(backends: tuple[str, ...]) -> None:
     from vllm.logger import init_logger
+    from vllm.platforms import current_platform
 
     logger = init_logger("vllm.atom_plugin")
-    if path is None:
-        logger.warning(
-            "atom-plugin: no supported vLLM platform detected (%s); backends %s are "
-            "registered but vLLM's own platform stays active",
-            platform,
+    platform = type(current_platform)
+    if platform.__module__.startswith("atom_plugin."):
+        logger.info(
+            "atom-plugin: platform %s (%s), attention backends %s",
+            current_platform.device_type,
+            platform.__name__,
             ", ".join(backends),
         )
     else:
-        logger.info(
-            "atom-plugin: platform %s (%s), attention backends %s",
-            platform,
-            path,
+        logger.warning(
+            "atom-plugin: vLLM's platform %s is not one the plugin extends (cpu, rocm, "
+            "cuda); attention backends %s are registered but --attention-backend "
+            "atom_aiter may not route to them",
+            platform.__name__,
             ", ".join(backends),
         )
