@@ -7,6 +7,7 @@ from vllm.logger import init_logger
 
 from atom_plugin import manager
 from atom_plugin.vllm.registration import backend_for, dotted
+from atom_plugin.vllm.settings import PluginSettings
 
 logger = init_logger("vllm.atom_plugin")
 
@@ -62,13 +63,20 @@ class AtomPlatformMixin:
                 "atom-plugin logits processors (%s runner): %s", runner, ", ".join(missing)
             )
 
-    @staticmethod
-    def _logits_processor_refusal(vllm_config, runner: str) -> str | None:
-        """Why vLLM would refuse to start with custom logits processors, if it would."""
+    @classmethod
+    def _logits_processor_refusal(cls, vllm_config, runner: str) -> str | None:
+        """Why the plugin's processors stay off, if they do."""
         if vllm_config.model_config.runner_type == "pooling":
             return "pooling models take no logits processors"
         if runner == "v1" and vllm_config.speculative_config is not None:
             return "the V1 model runner refuses them with speculative decoding; use MRV2"
+        if runner == "v1" and not cls.is_cpu():
+            if not PluginSettings.from_vllm_config(vllm_config).v1_logits_processors:
+                return (
+                    "on a GPU the V1 model runner makes every request pay for custom "
+                    "processors; use Model Runner V2, or opt in with --additional-config "
+                    '\'{"atom_plugin": {"v1_logits_processors": true}}\''
+                )
         return None
 
     @classmethod
