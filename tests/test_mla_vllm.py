@@ -93,6 +93,7 @@ def _builder_without_vllm_config():
 
     b = AtomAiterMLAMetadataBuilder.__new__(AtomAiterMLAMetadataBuilder)
     b.kernel_impl, b.dcp_world_size, b.dcp_rank, b.cp_kv_cache_interleave_size = "torch", 1, 0, 1
+    b._block_table = None
     return b
 
 
@@ -112,9 +113,10 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
         num_decode_tokens=n,
         query_start_loc=torch.arange(n + 1, dtype=torch.int32),
         seq_lens=torch.tensor([3, 17, 40, 1, 9], dtype=torch.int32),
-        block_table=torch.arange(rows * 3, dtype=torch.int32).view(rows, 3),
+        block_table=torch.arange(n * 3, dtype=torch.int32).view(n, 3),  # vLLM slices to decodes
         slot_mapping=torch.tensor([2, 16, 39, 0, 8], dtype=torch.int64),
     )
+    builder._block_table = torch.arange(rows * 3, dtype=torch.int32).view(rows, 3)  # padded
     builder.last_metadata = MLACommonMetadata(
         num_reqs=n,
         max_query_len=1,
@@ -133,7 +135,7 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
     assert second.decode.seq_lens.tolist() == [9, 0, 0, 0]  # rows past the 5 requests: inert
     assert second.slot_mapping.tolist() == [8, -1, -1, -1]
     assert second.query_start_loc.tolist() == [0, 1, 2, 3, 4]
-    assert torch.equal(second.decode.block_table, paged.block_table[4:8])
+    assert torch.equal(second.decode.block_table, builder._block_table[4:8])
     req, kv_len = second.decode.token_plan
     assert req.tolist() == [0, 1, 2, 3] and kv_len.tolist() == [9, 0, 0, 0]
     with pytest.raises(ValueError, match="split_bs=9 exceeds"):

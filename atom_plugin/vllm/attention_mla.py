@@ -81,10 +81,12 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             current_platform.fp8_dtype() if cache_dtype.startswith("fp8") else kv_cache_spec.dtype
         )
         self._slot_mapping: torch.Tensor | None = None
+        self._block_table: torch.Tensor | None = None  # all rows, graph padding included
         self.last_metadata: MLACommonMetadata | None = None
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         self._slot_mapping = common_attn_metadata.slot_mapping
+        self._block_table = common_attn_metadata.block_table_tensor
         self.last_metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
         return self.last_metadata
 
@@ -162,29 +164,33 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 f"prepare_ubatch_decode needs a pure-decode batch; got "
                 f"num_decodes={m.num_decodes}, num_prefills={m.num_prefills}"
             )
-        halves = prepare_ubatch_decode(m.decode.paged, split_bs)
+        paged = m.decode.paged
+        if self._block_table is not None and self._block_table.shape[0] > paged.num_reqs:
+            # A graph bucket may exceed the scheduled requests: its rows are inert.
+            paged = replace(paged, block_table=self._block_table.to(torch.int32))
+        halves = prepare_ubatch_decode(paged, split_bs)
         tot = m.decode.dcp_tot_seq_lens
         out = []
-        for (a, b), paged in zip(decode_ubatch_request_ranges(split_bs), halves, strict=True):
+        for (a, b), half in zip(decode_ubatch_request_ranges(split_bs), halves, strict=True):
             tot_cut = None
             if tot is not None:
                 tot_cut = torch.zeros(b - a, dtype=tot.dtype, device=tot.device)
                 real = max(0, min(b, m.num_decodes) - a)
                 tot_cut[:real] = tot[a : a + real]
-            n = paged.num_reqs
+            n = half.num_reqs
             out.append(
                 replace(
                     m,
                     num_reqs=n,
-                    max_query_len=paged.max_query_len,
+                    max_query_len=half.max_query_len,
                     num_actual_tokens=n,
-                    query_start_loc=paged.query_start_loc,
-                    slot_mapping=paged.slot_mapping,
+                    query_start_loc=half.query_start_loc,
+                    slot_mapping=half.slot_mapping,
                     num_decodes=n,
                     num_decode_tokens=n,
                     num_prefills=0,
                     prefill=None,
-                    decode=self._decode_metadata(paged, tot_cut),
+                    decode=self._decode_metadata(half, tot_cut),
                 )
             )
         return out[0], out[1]
