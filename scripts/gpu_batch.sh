@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The H200 batch behind docs/benchmarks.md and the `gpu` tests: run from the repo
+# root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
+#   bash scripts/gpu_batch.sh tests k3 tbo attention     (any subset, in order)
+# Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+XGR_WHEEL=$(ls .whl/xgrammar-*.whl 2>/dev/null | head -1)
+status=0
+stage() { printf '\n===== %s: %s (%s)\n' "$1" "$2" "$(date -u +%H:%M:%S)"; }
+
+for what in "$@"; do
+  case "$what" in
+    tests)
+      stage tests "kernels and graphs compiled on the GPU"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_attention_triton.py tests/test_mla_kernels.py \
+        tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
+        tests/test_k3_gate_core.py tests/test_tbo_gpu.py tests/test_tbo_model_dp.py \
+        2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
+    k3)
+      stage k3 "required-channel logits kernel vs xgrammar bitmask"
+      timeout 240 python3 benchmarks/k3_logits.py --out "$OUT/k3_logits.md" \
+        ${XGR_WHEEL:+--xgrammar-wheel "$XGR_WHEEL"} 2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
+    tbo)
+      stage tbo "decode step: split replay vs unsplit graph vs eager split"
+      timeout 360 python3 -m benchmarks.tbo --out "$OUT/tbo.md" --json "$OUT/tbo.json" \
+        2>&1 | tee "$OUT/tbo.log" || status=1 ;;
+    attention)
+      stage attention "MHA/MLA decode and prefill vs copy bandwidth and matmul rate"
+      timeout 400 python3 -m benchmarks.attention --out "$OUT/attention.md" \
+        --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" || status=1 ;;
+    *) echo "unknown stage '$what'; stages: tests k3 tbo attention" >&2; exit 2 ;;
+  esac
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+exit $status
