@@ -70,7 +70,7 @@ class AtomPlatformMixin:
             return "pooling models take no logits processors"
         if runner == "v1" and vllm_config.speculative_config is not None:
             return "the V1 model runner refuses them with speculative decoding; use MRV2"
-        if runner == "v1" and not cls.is_cpu():
+        if runner == "v1" and cls.device_type != "cpu":
             if not PluginSettings.from_vllm_config(vllm_config).v1_logits_processors:
                 return (
                     "on a GPU the V1 model runner makes every request pay for custom "
