@@ -236,7 +236,15 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"BLOCK_H": 16}, {"BLOCK_H": 32}, {"BLOCK_H": 64, "num_warps": 8}])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"BLOCK_H": 16, "num_warps": 4},
+        {"BLOCK_H": 32, "num_warps": 4},
+        {"BLOCK_H": 64, "num_warps": 8},
+        {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8},  # fastest in the H200 sweep
+    ],
+)
 def test_gpu_triton_decode_configs(cfg):
     b = make_mla_batch(GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda")
     want_out, _ = _run(mla_decode_reference, b, 512)
