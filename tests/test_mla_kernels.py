@@ -74,6 +74,13 @@ SINGLE = [(1, 1), (1, BS - 1), (1, BS), (1, BS + 1), (1, 7 * BS + 5)]
 MULTI = [(1, 9), (3, 40), (4, 4), (2, BS + 1)]  # speculative verification rows
 
 
+# The interpreter tests build their batches on CPU tensors; on a CUDA machine the
+# `gpu` tests below run the same kernels on the device at realistic sizes.
+INTERPRETER_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU tensors for the Triton interpreter; see the gpu tests"
+)
+
+
 @pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
 def test_reference_matches_definition(reqs):
     b = make_mla_batch(reqs, heads=4, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
@@ -92,6 +99,7 @@ def test_token_plan_causal_rows_and_padding():
     assert kv_len.tolist() == [5, 8, 9, 10, 0]
 
 
+@INTERPRETER_ONLY
 @pytest.mark.parametrize(
     "reqs,heads,splits,cfg",
     [
@@ -109,6 +117,7 @@ def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
 
+@INTERPRETER_ONLY
 def test_triton_decode_deepseek_shapes():
     """kv_lora_rank 512 + rope 64 = 576, block sizes 1 and 64, multi-token rows."""
     for bs in (1, 64):
@@ -119,6 +128,7 @@ def test_triton_decode_deepseek_shapes():
         torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
 
+@INTERPRETER_ONLY
 def test_triton_decode_dcp_token_kv_lens():
     """Per-token key counts (decode context parallelism) override the causal counts."""
     b = make_mla_batch([(1, 30), (2, 33)], heads=16, lora=32, rope=16)
@@ -130,6 +140,7 @@ def test_triton_decode_dcp_token_kv_lens():
     assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
 
 
+@INTERPRETER_ONLY
 @settings(max_examples=6, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 3), st.integers(0, 60)), min_size=1, max_size=4),
@@ -155,7 +166,9 @@ def _write_case(cache_dtype, lora=512, rope=64, n=9):
     return kv_c, k_pe, slots, backing
 
 
-@pytest.mark.parametrize("impl", [write_mla_kv_reference, write_mla_kv_triton])
+@pytest.mark.parametrize(
+    "impl", [write_mla_kv_reference, pytest.param(write_mla_kv_triton, marks=INTERPRETER_ONLY)]
+)
 def test_write_mla_kv(impl):
     kv_c, k_pe, slots, backing = _write_case(torch.float32)
     cache = backing[..., 3 : 3 + 576]
@@ -187,6 +200,7 @@ def test_fp8_write_then_decode_reference():
         write_mla_kv_reference(kv_c, k_pe, cache, slots)
 
 
+@INTERPRETER_ONLY
 def test_ops_dispatch(monkeypatch):
     b = make_mla_batch([(1, 20), (2, 9)], heads=16, lora=32, rope=16)
     want, _ = _run(mla_decode_reference, b, 32)
