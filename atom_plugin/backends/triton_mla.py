@@ -263,11 +263,11 @@ def choose_num_splits(
 
 
 def default_config(num_heads: int) -> dict:
-    """Launch parameters. 64 heads per program, 32 keys per step, 8 warps was the
-    fastest of the sweep on the H200 at 128 heads (docs/benchmarks.md)."""
+    """Launch parameters. 64 heads per program, 64 keys per step, 8 warps was the
+    fastest of the H200 sweep at 128 heads on every shape timed (docs/benchmarks.md)."""
     if num_heads <= 16:
         return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
 
 
 def mla_decode_triton(
