@@ -99,7 +99,9 @@ def model_worker(rank, world, port, cases, out_dir, backend="gloo") -> None:
     _init(rank, world, port, backend)
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
-    cfg = ModelConfig(experts=4)
+    # Compiled Triton attention needs head_dim >= 16 (tl.dot's K); test_tbo_gpu's shape.
+    gpu_cfg = dict(hidden=64, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
+    cfg = ModelConfig(experts=4, **(gpu_cfg if backend == "nccl" else {}))
     model = TboTestModel(cfg, device, comm=GroupComm(), seed=0)
     results = []
     on, off = TboConfig(), TboConfig(decode=False, prefill=False)
