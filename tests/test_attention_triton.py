@@ -265,3 +265,32 @@ def test_gpu_fp8_realistic():
     reference.write_kv(b.key, b.value, kc, vc, b.meta.slot_mapping, ks, vs)
     write_kv(b.key, b.value, b.key_cache, b.value_cache, b.meta.slot_mapping, ks, vs)
     assert same_fp8_values(b.raw_cache, raw)
+
+
+@pytest.mark.parametrize("window", [None, 50])
+@pytest.mark.parametrize(
+    "block_size, config",
+    [
+        (16, dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1)),
+        (32, dict(BLOCK_Q=8, BLOCK_N=64, num_warps=4, num_stages=1)),
+    ],
+)
+def test_prefill_tiles_below_the_diagonal(block_size, config, window):
+    """Contexts many key tiles long, so the prefill kernel's unmasked loop (tiles
+    wholly before a block's first query) runs, not only the causal diagonal."""
+    b = make_batch(
+        [(40, 150), (1, 90), (70, 70)], hq=8, hkv=2, d=32, block_size=block_size, device=DEV,
+        seed=3,
+    )  # fmt: skip
+    b.meta.num_decodes = 0
+    b.meta.num_decode_tokens = 0
+    want = torch.zeros_like(b.query)
+    reference.paged_attention(
+        b.query, b.key_cache, b.value_cache, b.meta, output=want, scale=0.2, sliding_window=window
+    )
+    got = torch.zeros_like(b.query)
+    paged_prefill(
+        b.query, b.key_cache, b.value_cache, b.meta, scale=0.2, output=got, first_req=0,
+        sliding_window=window, config=config,
+    )  # fmt: skip
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
