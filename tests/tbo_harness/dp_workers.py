@@ -138,3 +138,73 @@ def model_worker(rank, world, port, cases, out_dir, backend="gloo") -> None:
     finally:
         dist.destroy_process_group()
     _save(out_dir, rank, results)
+
+
+def replay_worker(rank, world, port, cases, buckets, out_dir, backend="gloo") -> None:
+    """Issue 7 on replay: decode steps from request graphs, TBO on vs off, on each rank.
+
+    `cases` are per-rank request counts. Each step's mode is agreed across the
+    ranks (`decide_across_dp` over a gloo group) and the agreed bucket's graph
+    is replayed: real CUDA graphs with the NCCL collectives captured inside
+    them with backend "nccl", `RerunGraphs` (the recorded step re-run on its
+    static buffers) on CPU. Every step starts from the same KV caches.
+    """
+    from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig
+    from atom_plugin.tbo.dp import decide_across_dp
+
+    from .batches import random_decode_batch
+    from .graphed import GraphedDecoder, RerunGraphs
+    from .model import GroupComm, KVCaches, ModelConfig, TboTestModel
+
+    _init(rank, world, port, backend)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+    # Compiled Triton attention needs head_dim >= 16, as in model_worker.
+    gpu_cfg = dict(hidden=64, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
+    cfg = ModelConfig(experts=4, **(gpu_cfg if backend == "nccl" else {}))
+    max_blocks, num_blocks = 6, 600
+    model = TboTestModel(cfg, device, comm=GroupComm(), seed=0)
+    source = KVCaches.random(cfg, num_blocks, device, seed=rank)
+    configs = {"off": TboConfig(decode=False, prefill=False), "on": TboConfig()}
+    results = []
+    try:
+        with MicroBatchRunner(device, timeout_s=GLOO_TIMEOUT_S * 2) as runner:
+            decoders = {
+                name: GraphedDecoder(
+                    model,
+                    source.clone(),
+                    runner,
+                    buckets,
+                    config,
+                    max_blocks,
+                    graphs=RerunGraphs() if backend != "nccl" else None,
+                )
+                for name, config in configs.items()
+            }
+            for case_id, sizes in enumerate(cases):
+                batch = random_decode_batch(
+                    cfg, sizes[rank], max_blocks, num_blocks, device, 100 * case_id + rank
+                )
+                shape = BatchShape.from_query_lens(batch.query_lens)
+                seen = {}
+                for name, dec in decoders.items():
+                    mode = decide_across_dp(shape, configs[name], list(dec.plan), group=cpu_group)
+                    for raw, src in zip(dec.caches.raw, source.raw, strict=True):
+                        raw.copy_(src)
+                    seen[name] = (dec.step(batch, mode).clone(), dec.caches, mode)
+                (ref, ref_c, mode_off), (out, out_c, mode_on) = seen["off"], seen["on"]
+                results.append(
+                    dict(
+                        mode_on=mode_on,
+                        mode_off=mode_off,
+                        out_diff=float((out - ref).abs().max()) if out.numel() else 0.0,
+                        cache_diff=max(
+                            float((a - b).abs().max())
+                            for a, b in zip(out_c.raw, ref_c.raw, strict=True)
+                        ),
+                        scale=float(ref.abs().max()) if ref.numel() else 0.0,
+                    )
+                )
+    finally:
+        dist.destroy_process_group()
+    _save(out_dir, rank, results)

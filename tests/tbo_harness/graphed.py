@@ -9,6 +9,8 @@ bucket - and replays.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from atom_plugin.tbo import (
@@ -23,6 +25,20 @@ from atom_plugin.tbo.graphs import DecodeGraphBuffers, RequestGraphs
 
 from .batches import Batch
 from .model import KVCaches, TboTestModel
+
+
+class RerunGraphs:
+    """CUDA graphs' stand-in on CPU: 'replay' re-runs the captured step on its static buffers."""
+
+    def __init__(self):
+        self.steps = {}
+
+    def capture(self, key, step):
+        self.steps[key] = step
+        return step()
+
+    def replay(self, key):
+        return self.steps[key]()
 
 
 class GraphedDecoder:
@@ -68,17 +84,23 @@ class GraphedDecoder:
         shape = BatchShape.from_query_lens(batch.query_lens)
         return ForwardMode.decide([shape], 0, self.config, list(self.plan))
 
-    def step(self, batch: Batch) -> torch.Tensor:
-        """Hidden states of the batch's tokens (a view of the graph's static output)."""
-        mode = self.mode(batch)
+    def step(self, batch: Batch, mode: ForwardMode | None = None) -> torch.Tensor:
+        """Hidden states of the batch's tokens (a view of the graph's static output).
+
+        `mode` is the step's mode agreed across DP ranks (`decide_across_dp`);
+        without it the decoder decides for this rank alone.
+        """
+        mode = mode or self.mode(batch)
         if not mode.replay:
             raise ValueError(f"{batch.meta.num_reqs} requests exceed the largest bucket")
         key = mode.graph_key
         if mode.split != self.plan[key]:
             raise AssertionError(f"graph {key} was recorded split={self.plan[key]}, mode {mode}")
-        n = batch.meta.num_reqs
+        n, meta = batch.meta.num_reqs, batch.meta
+        if n == 0:  # an idle DP rank: every row of the bucket is padding
+            meta = replace(meta, max_query_len=key.query_len)
         ids = self.input_ids[key]
         ids[:n].copy_(batch.input_ids)
         ids[n:].zero_()
-        self.buffers[key].refresh(batch.meta)
+        self.buffers[key].refresh(meta)
         return self.graphs.replay(key)[:n]

@@ -90,6 +90,26 @@ class GroupComm:
         return y[self.rank * rows : (self.rank + 1) * rows]
 
 
+class ShapeOnlyComm:
+    """`GroupComm`'s shapes without the transfer: one rank's compute alone (a benchmark reference).
+
+    Dispatch returns `world` copies of the rank's rows, combine keeps the
+    rank's rows, so the experts see as many tokens as with real collectives.
+    """
+
+    def __init__(self, world: int, rank: int):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in a world of {world}")
+        self.world, self.rank = world, rank
+
+    def dispatch(self, x: torch.Tensor) -> torch.Tensor:
+        return x.repeat(self.world, 1)
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        rows = y.shape[0] // self.world
+        return y[self.rank * rows : (self.rank + 1) * rows]
+
+
 class KVCaches:
     """Per-layer paged KV caches in vLLM's layout: views of [blocks, kv_heads, block, 2*D]."""
 
