@@ -56,7 +56,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tbo_harness.batches import make_batch, run_step  # noqa: E402
-from tbo_harness.dp_workers import NO_MULTICAST_ENV, free_port  # noqa: E402
+from tbo_harness.dp_workers import NO_MULTICAST_ENV, free_port, wait_for_device  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder, RerunGraphs  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
     GroupComm,
@@ -74,7 +74,7 @@ MODELS = {"bench": BENCH_MODEL, "tiny": ModelConfig()}
 EXECUTIONS = ("eager", "replay")
 TBO_ON = TboConfig()
 TBO_OFF = TboConfig(decode=False, prefill=False)
-COLLECTIVE_TIMEOUT_S = 600
+COLLECTIVE_TIMEOUT_S = 180  # a hung rank fails the run after this, not after the 10 min limit
 
 
 class Mismatch(RuntimeError):
@@ -207,9 +207,10 @@ class Rank:
             seed=1000 + self.rank,
         )
         (off, on, compute), mode_on = self.step_fns(execution, batch)
+        what = f"batch {batch_size} per rank, {execution}"
         ref = off().float().clone()
         err = rel_error(on(), ref)
-        what = f"batch {batch_size} per rank, {execution}"
+        wait_for_device(self.device, COLLECTIVE_TIMEOUT_S, f"rank {self.rank}, {what}")
         row = dict(batch=batch_size, execution=execution)
         row["rel_err"] = check_equal(self.gather(err), args["tolerance"], what)
         row["ubatch_num_tokens"] = list(mode_on.ubatch_num_tokens)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -34,6 +36,26 @@ NO_MULTICAST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+
+
+def wait_for_device(device, timeout_s: float, what: str) -> None:
+    """Wait for this rank's queued GPU work, or end the process after `timeout_s`.
+
+    A collective captured in a CUDA graph has no NCCL watchdog, so a replay
+    that never completes would block the next synchronisation for good; exiting
+    lets `spawn` fail the run (and stop the other ranks) instead.
+    """
+    if torch.device(device).type != "cuda":
+        return
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + timeout_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            print(f"{what}: the GPU did not finish within {timeout_s} s", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+        time.sleep(0.001)
 
 
 def _init(rank: int, world: int, port: int, backend: str = "gloo") -> None:
@@ -192,6 +214,7 @@ def replay_worker(rank, world, port, cases, buckets, out_dir, backend="gloo") ->
                     for raw, src in zip(dec.caches.raw, source.raw, strict=True):
                         raw.copy_(src)
                     seen[name] = (dec.step(batch, mode).clone(), dec.caches, mode)
+                    wait_for_device(device, GLOO_TIMEOUT_S, f"rank {rank} case {case_id} {name}")
                 (ref, ref_c, mode_off), (out, out_c, mode_on) = seen["off"], seen["on"]
                 results.append(
                     dict(
