@@ -126,7 +126,12 @@ class DecodeGraphBuffers:
         )
 
     def refresh(self, meta: PagedAttentionMetadata) -> None:
-        """Write this step's batch (at most `bucket` decode requests) into the buffers."""
+        """Write this step's batch (at most `bucket` decode requests) into the buffers.
+
+        An empty batch (an idle DP rank joining the agreed replay) is all padding.
+        """
+        if meta.num_reqs == 0:
+            meta = replace(meta, max_query_len=self.key.query_len)
         if meta.num_reqs > self.key.bucket or meta.max_query_len != self.key.query_len:
             raise ValueError(
                 f"a batch of {meta.num_reqs} requests x {meta.max_query_len} tokens does not "

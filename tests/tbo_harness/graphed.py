@@ -9,8 +9,6 @@ bucket - and replays.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from atom_plugin.tbo import (
@@ -97,8 +95,6 @@ class GraphedDecoder:
         if mode.split != self.plan[key]:
             raise AssertionError(f"graph {key} was recorded split={self.plan[key]}, mode {mode}")
         n, meta = batch.meta.num_reqs, batch.meta
-        if n == 0:  # an idle DP rank: every row of the bucket is padding
-            meta = replace(meta, max_query_len=key.query_len)
         ids = self.input_ids[key]
         ids[:n].copy_(batch.input_ids)
         ids[n:].zero_()
