@@ -8,7 +8,7 @@ the second reference (the query heads of a KV head ride in SDPA's query-length
 dimension, so no KV is repeated). Prefill of 8K tokens (one fresh request, and
 4 chunks of 2K new tokens over 6K cached each) as a fraction of the dense bf16
 matmul rate measured in the same run, with SDPA on the fresh request.
-MLA decode comes from benchmarks/attention_mla.py when that module is present.
+MLA decode comes from benchmarks/attention_mla.py (`--no-mla` leaves it out).
 
 The cache is vLLM's layout ([blocks, Hkv, block_size, 2*D] split into K/V
 views) with shuffled block tables; each call is one CUDA-graph replay timed
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks import attention_mla
 from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, matmul_tflops, time_us
 
 BATCHES = (1, 8, 32, 128, 256)
@@ -295,10 +295,6 @@ def prefill_table(rows) -> str:
 
 
 def _mla_section(copy_gbps) -> str:
-    if importlib.util.find_spec("benchmarks.attention_mla") is None:
-        return "MLA decode: benchmarks/attention_mla.py is not present; not measured.\n"
-    from benchmarks import attention_mla
-
     try:
         rows = attention_mla.run_mla_benchmarks(copy_gbps=copy_gbps)
     except Exception as exc:  # keep the MHA report when the MLA run fails

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
+
+from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, time_us
 
 BATCHES = (1, 32, 128)
 CONTEXTS = (4096, 32768)
@@ -28,63 +29,13 @@ TARGET = 0.75  # the issue's target: MLA decode at >= 75% of copy bandwidth
 
 SWEEP_CONFIGS = [  # alternatives to triton_mla.default_config, timed on SWEEP_SHAPES
     {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},  # the former default
     {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     {"BLOCK_H": 128, "BLOCK_N": 32, "num_warps": 16, "num_stages": 2},
     {"BLOCK_H": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
 ]
 SWEEP_SHAPES = ((1, 32768), (32, 32768), (128, 4096))
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
-
-
-class _Flusher:
-    """Overwrites a buffer larger than L2 so every timed replay reads KV from HBM."""
-
-    def __init__(self, device, nbytes=512 << 20):
-        self.buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def __call__(self):
-        self.buf.fill_(1)
-
-
-def time_us(fn, flush, iters=20, warmup=3, graph=True) -> float:
-    """Median microseconds of one call, CUDA-graph captured when possible."""
-    run = fn
-    if graph:
-        try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            run = g.replay
-        except Exception as exc:  # report eager timing rather than nothing
-            print(f"# graph capture failed ({exc!r}); timing eagerly", file=sys.stderr)
-            run = fn
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(iters):
-        flush()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
-def measure_copy_gbps(device="cuda", nbytes=2 << 30) -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    us = time_us(lambda: dst.copy_(src), lambda: None, iters=10, graph=False)
-    return 2 * nbytes / (us * 1e-6) / 1e9
 
 
 def make_decode_batch(
@@ -126,8 +77,8 @@ def run_mla_benchmarks(
 ) -> list[dict]:
     """One row per (batch, context): Triton MLA decode and torch SDPA timings, KV GB/s
     and the fraction of the copy bandwidth measured in this run."""
-    copy_gbps = copy_gbps or measure_copy_gbps(device)
-    flush = _Flusher(device)
+    copy_gbps = copy_gbps or copy_bandwidth_gbps(device)
+    flush = L2Flusher(device)
     rows = []
     for batch in batches:
         for context in contexts:
@@ -152,7 +103,7 @@ def _bench_shape(batch, context, config, with_sdpa, flush, device) -> dict:
         lambda: mla_decode_triton(
             q, cache, meta, scale=scale, output=out, config=config, token_plan=plan
         ),
-        flush,
+        flush=flush,
     )
     row = {
         "batch": batch,
@@ -181,7 +132,7 @@ def _sdpa_row(meta, q, cache, scale, kv_bytes, flush) -> dict:
     try:
         res = f(qq, k, v, scale=scale)
         err = (res.squeeze(1).float() - _check(q, cache, meta, scale)).abs().max().item()
-        us = time_us(lambda: f(qq, k, v, scale=scale), flush)
+        us = time_us(lambda: f(qq, k, v, scale=scale), flush=flush)
     except Exception as exc:
         return {"sdpa_us": None, "sdpa_error": repr(exc)[:120]}
     return {
@@ -200,8 +151,8 @@ def _check(q, cache, meta, scale):
 
 
 def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="cuda") -> list[dict]:
-    copy = measure_copy_gbps(device)
-    flush = _Flusher(device)
+    copy = copy_bandwidth_gbps(device)
+    flush = L2Flusher(device)
     results = []
     for cfg in configs:
         for batch, context in shapes:

@@ -138,12 +138,13 @@ COLUMNS = [
 ]
 
 
-def markdown(rows, header_lines) -> str:
+def markdown(rows, header_lines, columns=COLUMNS) -> str:
+    """The header lines, then one table row per result; `columns` are (key, title, format)."""
     lines = [*header_lines, ""]
-    lines.append("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
+    lines.append("| " + " | ".join(title for _, title, _ in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
     for r in rows:
-        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in columns) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -69,6 +69,7 @@ from tbo_harness.model import (  # noqa: E402
 from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig  # noqa: E402
 from atom_plugin.tbo.dp import decide_across_dp  # noqa: E402
 from benchmarks.tbo import MODEL as BENCH_MODEL  # noqa: E402
+from benchmarks.tbo import markdown  # noqa: E402
 
 MODELS = {"bench": BENCH_MODEL, "tiny": ModelConfig()}
 EXECUTIONS = ("eager", "replay")
@@ -270,15 +271,6 @@ COLUMNS = [
 ]
 
 
-def markdown(rows: list[dict], header_lines: list[str]) -> str:
-    lines = [*header_lines, ""]
-    lines.append("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
-    for r in rows:
-        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def header(args: argparse.Namespace, devices: list[str], when: datetime.datetime) -> list[str]:
     cfg = MODELS[args.model]
     comm = args.backend
@@ -357,7 +349,7 @@ def main(argv=None) -> int:
         )
         result = json.loads(Path(result_path).read_text())
     now = datetime.datetime.now(datetime.timezone.utc)
-    table = markdown(result["rows"], header(args, result["devices"], now))
+    table = markdown(result["rows"], header(args, result["devices"], now), COLUMNS)
     print(table)
     if args.out:
         Path(args.out).write_text(table)

@@ -58,7 +58,6 @@ def build_tiny_llama(
     seed: int = 0,
 ) -> Path:
     """Write a random-weight Llama (GQA, head size 64 by default) to `out_dir`."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
@@ -80,14 +79,21 @@ def build_tiny_llama(
     )
     if sliding_window is not None:
         config.sliding_window = sliding_window
+    return save_random_model(LlamaForCausalLM, config, out, seed=seed, kind="llama")
+
+
+def save_random_model(model_cls, config, out: Path, *, seed: int, kind: str) -> Path:
+    """`model_cls(config)` with seeded random weights, saved to `out` (beside its tokenizer)."""
+    import torch
+
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_cls(config)
     with torch.no_grad():  # larger weights than the init make greedy outputs varied
         for param in model.parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.08)
     model.save_pretrained(out, safe_serialization=True)
-    (out / "atom_tiny_model.json").write_text(json.dumps({"seed": seed, "kind": "llama"}))
+    (out / "atom_tiny_model.json").write_text(json.dumps({"seed": seed, "kind": kind}))
     return out
 
 

@@ -24,6 +24,7 @@ import pytest
 from models.scripted_gpt2 import build_scripted_dir
 
 from atom_plugin.parsers.k3_tool_parser import parse_k3
+from tests.engine import engine_env as shared_engine_env
 
 pytestmark = pytest.mark.vllm
 
@@ -54,13 +55,9 @@ MAX_MODEL_LEN = 128
 
 
 def engine_env() -> dict[str, str]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    for name in (
-        "ATOM_PLUGIN_DISABLE",
-        "ATOM_K3_STRUCTURAL_TAG",
-        "VLLM_PLUGINS",
-        "TRITON_INTERPRET",
-    ):
+    """The shared engine environment, with the plugin fully on."""
+    env = shared_engine_env()
+    for name in ("ATOM_PLUGIN_DISABLE", "ATOM_K3_STRUCTURAL_TAG", "VLLM_PLUGINS"):
         env.pop(name, None)
     return env
 

@@ -152,24 +152,10 @@ def test_requests_attend_only_to_their_own_kv(model, runner, caches):
         assert not torch.allclose(out[victim], base[victim], atol=1e-3)
 
 
-class RerunGraphs:
-    """CUDA graphs' stand-in on CPU: 'replay' re-runs the captured step on its static buffers."""
-
-    def __init__(self):
-        self.steps = {}
-
-    def capture(self, key, step):
-        self.steps[key] = step
-        return step()
-
-    def replay(self, key):
-        return self.steps[key]()
-
-
 @pytest.mark.parametrize("tbo_decode", [True, False])
 def test_graph_steps_read_only_refreshed_static_buffers(model, runner, caches, tbo_decode):
     """The recorded step reads static buffers only; a refresh in place is all a replay needs."""
-    from tbo_harness.graphed import GraphedDecoder
+    from tbo_harness.graphed import GraphedDecoder, RerunGraphs
 
     graph_caches = caches.clone()
     config = TboConfig(decode=tbo_decode)

@@ -24,6 +24,7 @@ block_size/x, D, x], x = 16 bytes / element size, written by
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import torch
@@ -47,8 +48,15 @@ def kv_cache_dtype_name(cache_dtype: torch.dtype) -> str:
 def _scales(cache_dtype, k_scale, v_scale, device):
     if is_fp8(cache_dtype):
         return k_scale, v_scale
-    one = torch.ones(1, dtype=torch.float32, device=device)
+    one = _unit_scale(device)
     return one, one
+
+
+@functools.cache
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    """The scale AITER's calls take for caches that are not fp8, made once per device
+    rather than on every layer's call."""
+    return torch.ones(1, dtype=torch.float32, device=device)
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:

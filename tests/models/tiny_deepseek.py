@@ -7,7 +7,6 @@ the only shape vLLM's CPU MLA decode kernel compiles for); everything else is sm
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -23,10 +22,9 @@ def build_tiny_deepseek(
     v_dim: int = 32,
     seed: int = 0,
 ) -> Path:
-    import torch
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
-    from scripts.tiny_llama import build_tokenizer
+    from scripts.tiny_llama import build_tokenizer, save_random_model
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,12 +51,4 @@ def build_tiny_deepseek(
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    torch.manual_seed(seed)
-    model = DeepseekV2ForCausalLM(config)
-    with torch.no_grad():  # larger weights than the init make greedy outputs varied
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.08)
-    model.save_pretrained(out, safe_serialization=True)
-    (out / "atom_tiny_model.json").write_text(json.dumps({"seed": seed, "kind": "deepseek_v2"}))
-    return out
+    return save_random_model(DeepseekV2ForCausalLM, config, out, seed=seed, kind="deepseek_v2")
