@@ -32,6 +32,7 @@ and NVSHMEM_DISABLE_NVLS=1 are set in the parent before the ranks are spawned.
 
     python3 -m benchmarks.tbo_dp --out tbo_dp.md --json tbo_dp.json           # 2 GPUs, NCCL
     python3 -m benchmarks.tbo_dp --executions eager                             # no graphs
+    python3 -m benchmarks.tbo_dp --compute-streams 2                             # 1 stream/ubatch
     python3 -m benchmarks.tbo_dp --backend gloo --device cpu --batches 4 8      # CPU smoke run
 """
 
@@ -68,6 +69,7 @@ from tbo_harness.model import (  # noqa: E402
 
 from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig  # noqa: E402
 from atom_plugin.tbo.dp import decide_across_dp  # noqa: E402
+from atom_plugin.tbo.runner import COMPUTE_STREAM_CHOICES  # noqa: E402
 from benchmarks.tbo import MODEL as BENCH_MODEL  # noqa: E402
 from benchmarks.tbo import markdown  # noqa: E402
 
@@ -238,7 +240,9 @@ def _worker(rank: int, world: int, port: int, args: dict, result_path: str) -> N
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     try:
-        with MicroBatchRunner(args["device"], timeout_s=COLLECTIVE_TIMEOUT_S) as runner:
+        with MicroBatchRunner(
+            args["device"], timeout_s=COLLECTIVE_TIMEOUT_S, compute_streams=args["compute_streams"]
+        ) as runner:
             me = Rank(args, rank, world, runner)
             rows = []
             for b in args["batches"]:
@@ -294,6 +298,7 @@ def header(args: argparse.Namespace, devices: list[str], when: datetime.datetime
         f"tokens/request; per layer an all-gather (dispatch) and an all-reduce (combine)",
         f"replay: {replay}; each figure is the slowest rank's median of {args.iters} steps; "
         "comm alone is the step's collectives issued eagerly back to back",
+        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams})",
     ]
 
 
@@ -307,6 +312,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--world", type=int, default=2, help="ranks (one GPU each on cuda)")
     p.add_argument("--context", type=int, help="cached tokens per request (1024; 8 on cpu)")
     p.add_argument("--iters", type=int, help="timed steps per figure (50; 3 on cpu)")
+    p.add_argument(
+        "--compute-streams",
+        type=int,
+        choices=COMPUTE_STREAM_CHOICES,
+        default=1,
+        help="compute streams of the micro-batch runner (2: one per micro-batch)",
+    )
     p.add_argument("--tolerance", type=float, help="max rel err on vs off (5e-2 bf16, 1e-4 fp32)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the rows and the setting as JSON here")

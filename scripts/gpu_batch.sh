@@ -2,6 +2,7 @@
 # The H200 batch behind docs/benchmarks.md and the `gpu` tests: run from the repo
 # root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
 #   bash scripts/gpu_batch.sh tests k3 tbo attention     (any subset, in order)
+#   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -26,13 +27,26 @@ for what in "$@"; do
         ${XGR_WHEEL:+--xgrammar-wheel "$XGR_WHEEL"} 2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
     tbo)
       stage tbo "decode step: split replay vs unsplit graph vs eager split"
-      timeout 360 python3 -m benchmarks.tbo --out "$OUT/tbo.md" --json "$OUT/tbo.json" \
-        2>&1 | tee "$OUT/tbo.log" || status=1 ;;
+      for ctx in 1024 8192; do
+        timeout 300 python3 -m benchmarks.tbo --context $ctx --out "$OUT/tbo_ctx$ctx.md" \
+          --json "$OUT/tbo_ctx$ctx.json" 2>&1 | tee "$OUT/tbo_ctx$ctx.log" || status=1
+      done ;;
+    dp)
+      stage dp "two GPUs over NCCL: TBO on == off (eager and replay), step time on vs off"
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k gpus \
+        tests/test_tbo_dp_bench.py tests/test_tbo_model_dp.py \
+        2>&1 | tee "$OUT/dp_tests.log" || status=1
+      for streams in 1 2; do
+        timeout 200 python3 -m benchmarks.tbo_dp --compute-streams $streams \
+          --out "$OUT/tbo_dp_streams$streams.md" --json "$OUT/tbo_dp_streams$streams.json" \
+          2>&1 | tee "$OUT/tbo_dp_streams$streams.log" || status=1
+      done ;;
     attention)
       stage attention "MHA/MLA decode and prefill vs copy bandwidth and matmul rate"
       timeout 400 python3 -m benchmarks.attention --out "$OUT/attention.md" \
         --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: tests k3 tbo attention" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: tests k3 tbo attention dp" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

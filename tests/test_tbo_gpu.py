@@ -22,13 +22,23 @@ SLEEP_CYCLES_PER_TOKEN = 2000  # stand-in comm: ~1 us per token per call at ~2 G
 TOL = dict(rtol=2e-3, atol=2e-3)
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-compute-stream", "2-compute-streams"])
+def setup(request):
     torch.cuda.set_device(0)
     model = TboTestModel(CFG, "cuda", comm=LocalComm(SLEEP_CYCLES_PER_TOKEN), seed=0)
     base = KVCaches.random(CFG, NUM_BLOCKS, "cuda", seed=1)
-    with MicroBatchRunner("cuda", timeout_s=120) as runner:
+    with MicroBatchRunner("cuda", timeout_s=120, compute_streams=request.param) as runner:
         yield model, base, runner
+
+
+def test_compute_streams_per_micro_batch(setup):
+    """Micro-batch 0 computes on the caller's stream; micro-batch 1 too, or on its own."""
+    _, _, runner = setup
+    caller = torch.cuda.current_stream()
+    seen = runner.run(lambda ctx: (ctx.compute_stream, torch.cuda.current_stream()), [None, None])
+    assert seen[0] == (caller, caller)
+    assert seen[1][0] == seen[1][1]
+    assert (seen[1][0] == caller) == (runner.compute_streams == 1)
 
 
 def _same(out, out_caches, ref, ref_caches):

@@ -154,6 +154,8 @@ def test_misuse_raises(runner):
         MicroBatchRunner("meta")
     with pytest.raises(ValueError, match="timeout_s must be positive"):
         MicroBatchRunner("cpu", timeout_s=0)
+    with pytest.raises(ValueError, match=r"compute_streams=3 is not one of \(1, 2\)"):
+        MicroBatchRunner("cpu", compute_streams=3)
     runner.close()
     with pytest.raises(RuntimeError, match="closed"):
         runner.run(lambda ctx: None, [None, None])

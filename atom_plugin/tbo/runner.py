@@ -8,6 +8,12 @@ stream forked from it; `switch_to_comm` / `switch_to_compute` order the two
 with per-micro-batch events. While micro-batch 0's collective runs on the comm
 stream, micro-batch 1 issues its compute, and the GPU overlaps the two.
 
+With `compute_streams=2` micro-batch 1 computes on a stream of its own, also
+forked from the caller's: the two micro-batches' kernels then depend on each
+other only through the shared comm stream, so short, latency-bound kernels of
+one run beside the other's instead of after them. The collectives stay on the
+one comm stream, in the same order on every rank.
+
 Model code calls the module-level functions (`yield_to_other`,
 `switch_to_comm`, ...); outside a runner they do nothing, so the same model
 runs unsplit. Micro-batch 0 always starts first and the two alternate, so
@@ -31,6 +37,7 @@ import torch
 
 NUM_UBATCHES = 2
 COMPUTE, COMM = "compute", "comm"
+COMPUTE_STREAM_CHOICES = (1, 2)
 
 _current = threading.local()
 
@@ -209,18 +216,32 @@ class MicroBatchRunner:
     back into it before `run` returns.
     """
 
-    def __init__(self, device: torch.device | str = "cpu", *, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        timeout_s: float = 600.0,
+        compute_streams: int = 1,
+    ):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device {self.device} is not supported; choose cpu or cuda")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        if compute_streams not in COMPUTE_STREAM_CHOICES:
+            raise ValueError(
+                f"compute_streams={compute_streams!r} is not one of {COMPUTE_STREAM_CHOICES}"
+            )
         self.timeout_s = float(timeout_s)
+        self.compute_streams = compute_streams
         self._cuda = self.device.type == "cuda"
+        self._ubatch1_stream = None  # micro-batch 1's own compute stream (compute_streams=2)
         if self._cuda:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             self.comm_stream = torch.cuda.Stream(self.device)
+            if compute_streams == 2:
+                self._ubatch1_stream = torch.cuda.Stream(self.device)
             self._events = [
                 {COMPUTE: torch.cuda.Event(), COMM: torch.cuda.Event()} for _ in range(NUM_UBATCHES)
             ]
@@ -297,12 +318,14 @@ class MicroBatchRunner:
             )
         step = _Step()
         compute = torch.cuda.current_stream(self.device) if self._cuda else None
-        if self._cuda:
-            self.comm_stream.wait_stream(compute)  # fork: comm sees everything issued so far
+        forked = [s for s in (self.comm_stream, self._ubatch1_stream) if s is not None]
+        for s in forked:
+            s.wait_stream(compute)  # fork: each sees everything issued so far
+        compute_of = [compute, self._ubatch1_stream or compute]
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         for i in range(NUM_UBATCHES):
             ctx = UBatchContext(
-                i, step, forward_contexts[i], compute, self.comm_stream, self._events[i]
+                i, step, forward_contexts[i], compute_of[i], self.comm_stream, self._events[i]
             )
             self._jobs[i].put((step, fn, ctx, grad, inference))
         step.batons[0].set()
@@ -313,8 +336,8 @@ class MicroBatchRunner:
                 if not all(d.wait(1.0) for d in step.done):
                     self._broken = f"micro-batch {i} hung past {self.timeout_s}s"
                 raise TimeoutError(f"TBO micro-batch {i} did not finish within {self.timeout_s}s")
-        if self._cuda:
-            compute.wait_stream(self.comm_stream)  # join before returning
+        for s in forked:
+            compute.wait_stream(s)  # join before returning
         if step.errors:
             ubatch, error = step.errors[0]
             raise MicroBatchFailed(ubatch, error) from error

@@ -3,10 +3,15 @@
 Each worker writes what it saw to `out_dir/rank{r}.pt`; the test process
 checks the files. Collectives time out after `GLOO_TIMEOUT_S`, so a rank left
 waiting on a collective the others skipped fails the test instead of hanging it.
+A worker still running after `WORKER_DEADLINE_S` prints every thread's stack
+and exits, so a hang anywhere else (a graph capture, a blocked thread) fails
+the test with the place it hung instead of running into the job's limit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import socket
 import sys
@@ -18,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GLOO_TIMEOUT_S = 30
+WORKER_DEADLINE_S = 150
 
 
 def free_port() -> int:
@@ -28,7 +34,12 @@ def free_port() -> int:
 
 def spawn(fn, world: int, *args) -> None:
     """Run `fn(rank, world, port, *args)` in `world` processes; a failing rank raises here."""
-    mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
+    mp.spawn(_run_with_deadline, args=(fn, world, free_port(), *args), nprocs=world, join=True)
+
+
+def _run_with_deadline(rank: int, fn, *args) -> None:
+    with deadline():
+        fn(rank, *args)
 
 
 NO_MULTICAST_ENV = {
@@ -56,6 +67,16 @@ def wait_for_device(device, timeout_s: float, what: str) -> None:
             sys.stderr.flush()
             os._exit(1)
         time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float = WORKER_DEADLINE_S):
+    """Dump all threads' stacks to stderr and exit the process if the block outlasts `seconds`."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _init(rank: int, world: int, port: int, backend: str = "gloo") -> None:
