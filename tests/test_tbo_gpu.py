@@ -85,7 +85,7 @@ def test_replay_equals_unsplit(setup, tbo_decode):
     static = [
         getattr(m, f).data_ptr()
         for b in dec.buffers.values()
-        for m in [b.full.meta] + [u.meta for u in b.ubatches or ()]
+        for m in [b.full.meta] + list(b.ubatches or ())
         for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
     ]
     for n in (25, 3, 32, 17, 64, 5, 1, 2, 60):
@@ -102,7 +102,7 @@ def test_replay_equals_unsplit(setup, tbo_decode):
     assert static == [
         getattr(m, f).data_ptr()
         for b in dec.buffers.values()
-        for m in [b.full.meta] + [u.meta for u in b.ubatches or ()]
+        for m in [b.full.meta] + list(b.ubatches or ())
         for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
     ]
 

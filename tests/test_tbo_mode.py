@@ -140,7 +140,7 @@ def test_static_buffers_refresh_in_place():
     """Invariant 7 (CPU part): replay buffers are the captured tensors, rewritten in place."""
     key = GraphKey(32, 1)
     bufs = DecodeGraphBuffers(key, True, 2, CFG.block_size, "cpu")
-    tensors = [bufs.full.meta] + [u.meta for u in bufs.ubatches]
+    tensors = [bufs.full.meta, *bufs.ubatches]
     names = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
     ptrs = [getattr(m, f).data_ptr() for m in tensors for f in names]
     for n in (25, 3, 32):
@@ -150,7 +150,7 @@ def test_static_buffers_refresh_in_place():
         expected = prepare_ubatch_decode(pad_decode_rows(meta, 32), 32)
         for static, want in zip(bufs.ubatches, expected, strict=True):
             for f in names:
-                assert torch.equal(getattr(static.meta, f), getattr(want, f))
+                assert torch.equal(getattr(static, f), getattr(want, f))
     with pytest.raises(ValueError, match="does not fit graph"):
         bufs.refresh(decode_meta(33))
     with pytest.raises(ValueError, match="max_seq_len=9 exceeds the graph's bound 8"):

@@ -60,38 +60,46 @@ def pad_decode_rows(
 
 
 class StaticMetadata:
-    """Metadata whose tensors never move: captured once, refreshed in place before each replay."""
+    """A decode bucket's metadata whose tensors never move: captured once, rewritten in place."""
 
     def __init__(self, template: PagedAttentionMetadata):
         self.meta = replace(template, **{n: getattr(template, n).clone() for n in _TENSORS})
 
-    def refresh(self, src: PagedAttentionMetadata) -> None:
+    def write_padded(self, src: PagedAttentionMetadata) -> None:
+        """Write a uniform decode batch of at most `rows` requests; the rows after it become inert.
+
+        Writes straight into the captured tensors (no temporaries): the real
+        rows' seq_lens, block-table rows and slots, then seq_len 0, table row
+        0 and slot -1 for the padding. query_start_loc is fixed by the bucket.
+        """
         m = self.meta
-        for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens"):
-            if getattr(src, name) != getattr(m, name):
-                raise ValueError(
-                    f"{name}={getattr(src, name)} differs from the captured {getattr(m, name)}"
-                )
-        if src.max_seq_len > m.max_seq_len or src.max_query_len > m.max_query_len:
+        n, q = src.num_reqs, m.max_query_len
+        if src.num_decodes != n or src.num_actual_tokens != n * q:
             raise ValueError(
-                f"max_seq_len={src.max_seq_len}/max_query_len={src.max_query_len} exceed the "
-                f"captured bounds {m.max_seq_len}/{m.max_query_len}"
+                f"graph buffers take a uniform decode batch of query length {q}; got "
+                f"num_reqs={n}, num_decodes={src.num_decodes}, tokens={src.num_actual_tokens}"
             )
-        for name in _TENSORS:
-            dst, new = getattr(m, name), getattr(src, name)
-            if new.shape != dst.shape:
-                raise ValueError(
-                    f"{name} shape {tuple(new.shape)} differs from the captured {tuple(dst.shape)}"
-                )
-            dst.copy_(new, non_blocking=True)
+        if src.block_table.shape[1] != m.block_table.shape[1]:
+            raise ValueError(
+                f"block_table has {src.block_table.shape[1]} columns, the captured one "
+                f"{m.block_table.shape[1]}"
+            )
+        m.seq_lens[:n].copy_(src.seq_lens[:n], non_blocking=True)
+        m.seq_lens[n:].zero_()
+        m.block_table[:n].copy_(src.block_table[:n], non_blocking=True)
+        m.block_table[n:].zero_()
+        m.slot_mapping[: n * q].copy_(src.slot_mapping[: n * q], non_blocking=True)
+        m.slot_mapping[n * q :].fill_(-1)
 
 
 class DecodeGraphBuffers:
     """The attention metadata buffers of one decode request graph.
 
     `full` is the whole bucket (the unsplit graph reads it); on a split
-    bucket `ubatches` are the two micro-batches, cut at the bucket with
-    `prepare_ubatch_decode` - the same cut on capture and on every replay.
+    bucket `ubatches` are the two micro-batches' metadata, cut at the bucket
+    with `prepare_ubatch_decode` - the same cut on capture and on every
+    replay. Their tensors are views of `full`'s, so writing the bucket
+    refreshes both micro-batches too.
     """
 
     def __init__(
@@ -117,13 +125,8 @@ class DecodeGraphBuffers:
             block_table=torch.zeros((0, max_blocks_per_req), dtype=torch.int32, device=device),
             slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
         )
-        template = pad_decode_rows(inert, key.bucket)
-        self.full = StaticMetadata(template)
-        self.ubatches = (
-            tuple(StaticMetadata(m) for m in prepare_ubatch_decode(template, key.bucket))
-            if split
-            else None
-        )
+        self.full = StaticMetadata(pad_decode_rows(inert, key.bucket))
+        self.ubatches = prepare_ubatch_decode(self.full.meta, key.bucket) if split else None
 
     def refresh(self, meta: PagedAttentionMetadata) -> None:
         """Write this step's batch (at most `bucket` decode requests) into the buffers.
@@ -141,13 +144,7 @@ class DecodeGraphBuffers:
             raise ValueError(
                 f"max_seq_len={meta.max_seq_len} exceeds the graph's bound {self.max_seq_len}"
             )
-        padded = pad_decode_rows(meta, self.key.bucket, self.max_seq_len)
-        self.full.refresh(padded)
-        if self.ubatches is not None:
-            for static, m in zip(
-                self.ubatches, prepare_ubatch_decode(padded, self.key.bucket), strict=True
-            ):
-                static.refresh(m)
+        self.full.write_padded(meta)
 
 
 class RequestGraphs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import os
 import socket
 import sys
@@ -249,6 +250,10 @@ def replay_worker(rank, world, port, cases, buckets, out_dir, backend="gloo") ->
                         scale=float(ref.abs().max()) if ref.numel() else 0.0,
                     )
                 )
+            # Graphs holding NCCL collectives must go before the process group:
+            # destroying the group under live graphs hung both ranks on the H200s.
+            del decoders, dec  # `dec` still names the last decoder after the loop
+            gc.collect()
+        _save(out_dir, rank, results)
     finally:
         dist.destroy_process_group()
-    _save(out_dir, rank, results)

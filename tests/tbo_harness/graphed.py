@@ -71,7 +71,7 @@ class GraphedDecoder:
         if not split:
             return lambda: model.forward(ids, bufs.full.meta, caches)
         views = [ids[a:b] for a, b in decode_ubatch_ranges(key.bucket).tokens]
-        metas = [u.meta for u in bufs.ubatches]
+        metas = list(bufs.ubatches)
 
         def ubatch(ctx):
             return model.forward(views[ctx.id], ctx.forward_context, caches)
