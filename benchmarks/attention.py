@@ -50,15 +50,18 @@ SWEEP_DECODE = [
     {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
     {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3},
 ]
-SWEEP_PREFILL = [  # BLOCK_Q counts tokens; a program's rows are BLOCK_Q x 4 query heads
-    {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_Q": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_Q": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+# BLOCK_Q counts tokens; a program's rows are BLOCK_Q x 4 query heads. K/V addresses come
+# from a block-table load, so Triton prefetches K/V (num_stages - 1) // 2 tiles ahead:
+# 3 and 4 stages compile the same, 5 and 7 reach 2 and 3 tiles.
+SWEEP_PREFILL = [
     {"BLOCK_Q": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_Q": 8, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_Q": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_Q": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5},
+    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 5},
+    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 7},
+    {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5},
+    {"BLOCK_Q": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 5},
+    {"BLOCK_Q": 64, "BLOCK_N": 64, "num_warps": 16, "num_stages": 5},
 ]
 
 

@@ -267,6 +267,7 @@ def test_gpu_fp8_realistic():
     assert same_fp8_values(b.raw_cache, raw)
 
 
+@pytest.mark.parametrize("d", [32, 40])  # 40: head size below the power-of-two tile width
 @pytest.mark.parametrize("window", [None, 50])
 @pytest.mark.parametrize(
     "block_size, config",
@@ -275,13 +276,20 @@ def test_gpu_fp8_realistic():
         (32, dict(BLOCK_Q=8, BLOCK_N=64, num_warps=4, num_stages=1)),
     ],
 )
-def test_prefill_tiles_below_the_diagonal(block_size, config, window):
+def test_prefill_tiles_below_the_diagonal(block_size, config, window, d):
     """Contexts many key tiles long, so the prefill kernel's unmasked loop (tiles
     wholly before a block's first query) runs, not only the causal diagonal."""
     b = make_batch(
-        [(40, 150), (1, 90), (70, 70)], hq=8, hkv=2, d=32, block_size=block_size, device=DEV,
+        [(40, 150), (1, 90), (70, 70)], hq=8, hkv=2, d=d, block_size=block_size, device=DEV,
         seed=3,
     )  # fmt: skip
+    # K and V in NaN-filled power-of-two-wide slots: the columns past d must stay masked
+    w = 1 << (d - 1).bit_length()
+    shape = (*b.raw_cache.shape[:3], 2 * w)
+    slots = torch.full(shape, float("nan"), dtype=b.raw_cache.dtype, device=DEV).transpose(1, 2)
+    slots[..., :d] = b.key_cache
+    slots[..., w : w + d] = b.value_cache
+    b.key_cache, b.value_cache = slots[..., :d], slots[..., w : w + d]
     b.meta.num_decodes = 0
     b.meta.num_decode_tokens = 0
     want = torch.zeros_like(b.query)
@@ -294,3 +302,10 @@ def test_prefill_tiles_below_the_diagonal(block_size, config, window):
         sliding_window=window, config=config,
     )  # fmt: skip
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.2])
+def test_prefill_rejects_a_scale_not_above_zero(scale):
+    b = make_batch([(3, 3)], hq=2, hkv=1, d=16, block_size=16, device=DEV)
+    with pytest.raises(ValueError, match=repr(scale)):
+        paged_prefill(b.query, b.key_cache, b.value_cache, b.meta, scale=scale, output=b.query)

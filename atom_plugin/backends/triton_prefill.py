@@ -25,6 +25,21 @@ LOG2E = math.log2(math.e)
 
 
 @triton.jit
+def _load_kv(ptr, pmask, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A K or V tile; rows past seq_len (MASKED) and columns past head_size (not EVEN_D) read 0."""
+    if MASKED:
+        if EVEN_D:
+            x = tl.load(ptr, mask=pmask[:, None], other=0.0)
+        else:
+            x = tl.load(ptr, mask=pmask[:, None] & dmask[None, :], other=0.0)
+    elif EVEN_D:
+        x = tl.load(ptr)
+    else:
+        x = tl.load(ptr, mask=dmask[None, :], other=0.0)
+    return x
+
+
+@triton.jit
 def _tile(
     q,
     K,
@@ -51,37 +66,33 @@ def _tile(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    EVEN_D: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pos = n + tl.arange(0, BLOCK_N)
+    pmask = pos < seq_len  # only MASKED tiles reach past seq_len
     if MASKED:
-        pmask = pos < seq_len
         blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
     else:
         blk = tl.load(table + pos // KV_BLOCK).to(tl.int64)
     off = pos % KV_BLOCK
     kptr = K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :]
     vptr = V + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :]
-    if MASKED:
-        k = tl.load(kptr, mask=pmask[:, None] & dmask[None, :], other=0.0)
-    else:
-        k = tl.load(kptr, mask=dmask[None, :], other=0.0)
-    qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION) * scale
+    k = _load_kv(kptr, pmask, dmask, MASKED, EVEN_D)
+    # qk stays unscaled: scale > 0 commutes with the row max, and qk * scale - m becomes one FMA
+    qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION)
     if MASKED:
         visible = pos[None, :] <= qpos[:, None]
         if HAS_WINDOW:
             visible = visible & (pos[None, :] > qpos[:, None] - window)
         qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m, tl.max(qk, 1))
+    m_new = tl.maximum(m, tl.max(qk, 1) * scale)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_safe)
-    p = tl.exp2(qk - m_safe[:, None])
+    p = tl.exp2(qk * scale - m_safe[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(vptr, mask=pmask[:, None] & dmask[None, :], other=0.0)
-    else:
-        v = tl.load(vptr, mask=dmask[None, :], other=0.0)
+    v = _load_kv(vptr, pmask, dmask, MASKED, EVEN_D)
     acc = mm_acc(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], UPCAST, PRECISION)
     return m_new, l_sum, acc
 
@@ -122,6 +133,7 @@ def _prefill_kernel(
     IS_FP8: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    EVEN_D: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -142,7 +154,10 @@ def _prefill_kernel(
     rmask = (qi < q_len) & (g < GROUP)
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_size
-    io_mask = rmask[:, None] & dmask[None, :]
+    if EVEN_D:
+        io_mask = rmask[:, None]
+    else:
+        io_mask = rmask[:, None] & dmask[None, :]
     tok = (t0 + qi).to(tl.int64)
     if seq_len == 0:
         zeros = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
@@ -180,13 +195,13 @@ def _prefill_kernel(
         m, l_sum, acc = _tile(
             q, K, V, table, n, kvh, d, dmask, qpos, seq_len, window, scale, m, l_sum, acc,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            KV_BLOCK, BLOCK_N, False, HAS_WINDOW, UPCAST, PRECISION,
+            KV_BLOCK, BLOCK_N, False, HAS_WINDOW, EVEN_D, UPCAST, PRECISION,
         )  # fmt: skip
     for n in range(unmasked_end, hi, BLOCK_N):
         m, l_sum, acc = _tile(
             q, K, V, table, n, kvh, d, dmask, qpos, seq_len, window, scale, m, l_sum, acc,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            KV_BLOCK, BLOCK_N, True, HAS_WINDOW, UPCAST, PRECISION,
+            KV_BLOCK, BLOCK_N, True, HAS_WINDOW, EVEN_D, UPCAST, PRECISION,
         )  # fmt: skip
 
     if HAS_SINKS:
@@ -207,7 +222,7 @@ def _prefill_kernel(
 
 
 def _configs(head_size: int, block_g: int) -> list[dict]:
-    """Candidates, fastest first (H200 sweep, docs/benchmarks.md); the first needs ~224 KB
+    """Candidates, fastest first (H200 sweep, docs/benchmarks.md); the first needs ~161 KB
     of shared memory at head size 128, so GPUs with less fall back to the second."""
     small = dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=32, num_warps=4, num_stages=2)
     if head_size > 128:
@@ -236,7 +251,13 @@ def paged_prefill(
     first_req: int | None = None,
     config: dict | None = None,
 ) -> torch.Tensor:
-    """Attention for rows [first_req, num_reqs) (default: after the decodes), any query length."""
+    """Attention for rows [first_req, num_reqs) (default: after the decodes), any query length.
+
+    scale (and an fp8 cache's k_scale) must be > 0: the kernel scales each row's max of
+    the raw scores, not every score.
+    """
+    if not scale > 0:
+        raise ValueError(f"paged_prefill needs scale > 0, got {scale!r}")
     first = meta.num_decodes if first_req is None else first_req
     num = meta.num_reqs - first
     if num <= 0 or meta.max_query_len == 0:
@@ -272,6 +293,7 @@ def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, 
     # tl.dot needs at least 16 rows
     cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], triton.cdiv(16, block_g))
     fp8 = is_fp8(key_cache.dtype)
+    block_d = triton.next_power_of_2(d)
     grid = (num, triton.cdiv(meta.max_query_len, cfg["BLOCK_Q"]), hkv)
     _prefill_kernel[grid](
         query,
@@ -302,12 +324,13 @@ def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, 
         GROUP=group,
         BLOCK_G=block_g,
         BLOCK_Q=cfg["BLOCK_Q"],
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_D=block_d,
         KV_BLOCK=kv_block,
         BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=fp8,
         HAS_WINDOW=sliding_window is not None,
         HAS_SINKS=sinks is not None,
+        EVEN_D=d == block_d,
         **dot_flags(query),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
