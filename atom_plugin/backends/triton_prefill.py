@@ -222,12 +222,16 @@ def _prefill_kernel(
 
 
 def _configs(head_size: int, block_g: int) -> list[dict]:
-    """Candidates, fastest first (H200 sweep, docs/benchmarks.md); the first needs ~161 KB
-    of shared memory at head size 128, so GPUs with less fall back to the second."""
+    """Candidates, fastest first (H200 sweep, docs/benchmarks.md).
+
+    The first (256 rows, 16 warps, 5 stages: K/V prefetched two tiles ahead)
+    needs ~161 KB of shared memory at head size 128, so GPUs with less fall
+    back to the second.
+    """
     small = dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=32, num_warps=4, num_stages=2)
     if head_size > 128:
         return [small]
-    big = dict(BLOCK_Q=max(1, 128 // block_g), BLOCK_N=128, num_warps=8, num_stages=3)
+    big = dict(BLOCK_Q=max(1, 256 // block_g), BLOCK_N=64, num_warps=16, num_stages=5)
     return [big, dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=64, num_warps=4, num_stages=2), small]
 
 
