@@ -153,6 +153,8 @@ def test_static_buffers_refresh_in_place():
                 assert torch.equal(getattr(static, f), getattr(want, f))
     with pytest.raises(ValueError, match="does not fit graph"):
         bufs.refresh(decode_meta(33))
+    with pytest.raises(ValueError, match="33 requests do not fit the captured 32 rows"):
+        bufs.full.write_padded(decode_meta(33))
     with pytest.raises(ValueError, match="max_seq_len=9 exceeds the graph's bound 8"):
         bufs.refresh(dataclasses.replace(decode_meta(4), max_seq_len=9))
 

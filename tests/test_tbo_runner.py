@@ -156,6 +156,8 @@ def test_misuse_raises(runner):
         MicroBatchRunner("cpu", timeout_s=0)
     with pytest.raises(ValueError, match=r"compute_streams=3 is not one of \(1, 2\)"):
         MicroBatchRunner("cpu", compute_streams=3)
+    with pytest.raises(ValueError, match="compute_streams=True is not one of"):
+        MicroBatchRunner("cpu", compute_streams=True)
     runner.close()
     with pytest.raises(RuntimeError, match="closed"):
         runner.run(lambda ctx: None, [None, None])

@@ -66,7 +66,7 @@ class StaticMetadata:
         self.meta = replace(template, **{n: getattr(template, n).clone() for n in _TENSORS})
 
     def write_padded(self, src: PagedAttentionMetadata) -> None:
-        """Write a uniform decode batch of at most `rows` requests; the rows after it become inert.
+        """Write a uniform decode batch of at most `num_reqs` rows; the rows after it become inert.
 
         Writes straight into the captured tensors (no temporaries): the real
         rows' seq_lens, block-table rows and slots, then seq_len 0, table row
@@ -74,6 +74,8 @@ class StaticMetadata:
         """
         m = self.meta
         n, q = src.num_reqs, m.max_query_len
+        if n > m.num_reqs:
+            raise ValueError(f"{n} requests do not fit the captured {m.num_reqs} rows")
         if src.num_decodes != n or src.num_actual_tokens != n * q:
             raise ValueError(
                 f"graph buffers take a uniform decode batch of query length {q}; got "

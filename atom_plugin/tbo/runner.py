@@ -228,7 +228,7 @@ class MicroBatchRunner:
             raise ValueError(f"device {self.device} is not supported; choose cpu or cuda")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
-        if compute_streams not in COMPUTE_STREAM_CHOICES:
+        if type(compute_streams) is not int or compute_streams not in COMPUTE_STREAM_CHOICES:
             raise ValueError(
                 f"compute_streams={compute_streams!r} is not one of {COMPUTE_STREAM_CHOICES}"
             )
