@@ -109,6 +109,10 @@ def parse_streamed(tokenizer, text, cuts, tool_choice):
         content += delta.content or ""
         for call in delta.tool_calls or []:
             calls.append((call.function.name, json.loads(call.function.arguments)))
+    # vLLM's non-streaming Parser.parse drops whitespace-only content beside tool calls;
+    # a streaming client has received the same deltas, so compare what is left of them.
+    if calls and not content.strip():
+        content = ""
     return content or None, calls
 
 
