@@ -100,7 +100,7 @@ class KVPool:
         qsl = [0]
         for q, _ in reqs:
             qsl.append(qsl[-1] + q)
-        decodes = sum(1 for q, _ in reqs if q == 1) if all(q == 1 for q, _ in reqs) else 0
+        decodes = len(reqs) if all(q == 1 for q, _ in reqs) else 0
         return PagedAttentionMetadata(
             num_reqs=len(reqs),
             num_actual_tokens=qsl[-1],
@@ -297,9 +297,9 @@ def prefill_table(rows) -> str:
     return "\n".join(lines)
 
 
-def _mla_section(copy_gbps) -> str:
+def _mla_section(copy_gbps, flush) -> str:
     try:
-        rows = attention_mla.run_mla_benchmarks(copy_gbps=copy_gbps)
+        rows = attention_mla.run_mla_benchmarks(copy_gbps=copy_gbps, flush=flush)
     except Exception as exc:  # keep the MHA report when the MLA run fails
         return f"MLA decode: benchmarks/attention_mla.py failed: {exc!r:.200}\n"
     return (
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
     report["decode"], report["prefill"] = decode_rows, prefill_rows
     del pool
     torch.cuda.empty_cache()
-    mla = "" if args.no_mla else _mla_section(copy_gbps)
+    mla = "" if args.no_mla else _mla_section(copy_gbps, flush)
     text = (
         f"Device: {device}; {when}; torch {torch.__version__}; KV block size {args.block_size}\n"
         f"Copy bandwidth (device-to-device, read+write): {copy_gbps:.0f} GB/s; "

@@ -74,14 +74,16 @@ def run_mla_benchmarks(
     contexts=CONTEXTS,
     *,
     copy_gbps: float | None = None,
+    flush: L2Flusher | None = None,
     config: dict | None = None,
     with_sdpa: bool = True,
     device="cuda",
 ) -> list[dict]:
     """One row per (batch, context): Triton MLA decode and torch SDPA timings, KV GB/s
-    and the fraction of the copy bandwidth measured in this run."""
+    and the fraction of the copy bandwidth measured in this run (measured here unless
+    the caller measured it already)."""
     copy_gbps = copy_gbps or copy_bandwidth_gbps(device)
-    flush = L2Flusher(device)
+    flush = flush or L2Flusher(device)
     rows = []
     for batch in batches:
         for context in contexts:
@@ -118,12 +120,13 @@ def _bench_shape(batch, context, config, with_sdpa, flush, device) -> dict:
         "tflops": batch * HEADS * context * FLOPS_PER_KEY_HEAD / (us * 1e-6) / 1e12,
     }
     if with_sdpa:
-        row.update(_sdpa_row(meta, q, cache, scale, kv_bytes, flush))
+        row.update(_sdpa_row(meta, q, cache, scale, kv_bytes, flush, out))
     return row
 
 
-def _sdpa_row(meta, q, cache, scale, kv_bytes, flush) -> dict:
-    """torch SDPA over the same rows gathered contiguously (gather not timed)."""
+def _sdpa_row(meta, q, cache, scale, kv_bytes, flush, triton_out) -> dict:
+    """torch SDPA over the same rows gathered contiguously (gather not timed), checked
+    against the Triton kernel's output `triton_out` of the same inputs."""
     b, ctx = q.shape[0], meta.max_seq_len
     rows = cache[meta.block_table.long()].reshape(b, -1, LORA + ROPE)[:, :ctx]
     # All heads share the latent rows, so the heads ride as a length-H query over one
@@ -134,7 +137,7 @@ def _sdpa_row(meta, q, cache, scale, kv_bytes, flush) -> dict:
     f = torch.nn.functional.scaled_dot_product_attention
     try:
         res = f(qq, k, v, scale=scale)
-        err = (res.squeeze(1).float() - _check(q, cache, meta, scale)).abs().max().item()
+        err = (res.squeeze(1).float() - triton_out.float()).abs().max().item()
         us = time_us(lambda: f(qq, k, v, scale=scale), flush=flush)
     except Exception as exc:
         return {"sdpa_us": None, "sdpa_error": repr(exc)[:120]}
@@ -145,17 +148,7 @@ def _sdpa_row(meta, q, cache, scale, kv_bytes, flush) -> dict:
     }
 
 
-def _check(q, cache, meta, scale):
-    from atom_plugin.backends.triton_mla import mla_decode_triton
-
-    out = torch.empty(q.shape[0], q.shape[1], LORA, dtype=q.dtype, device=q.device)
-    mla_decode_triton(q, cache, meta, scale=scale, output=out)
-    return out.float()
-
-
-def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="cuda") -> list[dict]:
-    copy = copy_bandwidth_gbps(device)
-    flush = L2Flusher(device)
+def sweep(copy_gbps, flush, shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="cuda") -> list:
     results = []
     for cfg in configs:
         for batch, context in shapes:
@@ -164,7 +157,7 @@ def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="cuda") -> list[dic
             except Exception as exc:
                 results.append({"config": cfg, "error": repr(exc)[:200]})
                 break
-            row["frac_copy"] = row["kv_gbps"] / copy
+            row["frac_copy"] = row["kv_gbps"] / copy_gbps
             results.append(row)
             torch.cuda.empty_cache()
     return results
@@ -198,8 +191,9 @@ def main(argv=None) -> int:
         return 2
     device_name = torch.cuda.get_device_name()
     result = {"device": device_name}
+    copy_gbps, flush = copy_bandwidth_gbps(), L2Flusher()
     if args.sweep:
-        result["sweep"] = sweep()
+        result["sweep"] = sweep(copy_gbps, flush)
         for r in result["sweep"]:
             if "error" in r:
                 print(f"{r['config']}: {r['error']}")
@@ -208,7 +202,7 @@ def main(argv=None) -> int:
                     f"{r['config']} B={r['batch']} ctx={r['context']}: {r['us']:.1f} us "
                     f"{r['kv_gbps']:.0f} GB/s {100 * r['frac_copy']:.1f}% {r['tflops']:.0f} TFLOP/s"
                 )
-    rows = run_mla_benchmarks()
+    rows = run_mla_benchmarks(copy_gbps=copy_gbps, flush=flush)
     result["rows"] = rows
     table = format_table(rows)
     print(f"device: {device_name}; copy bandwidth {rows[0]['copy_gbps']:.0f} GB/s (read+write)")

@@ -84,6 +84,7 @@ from atom_plugin.parsers.channel_kernel import (  # noqa: E402
     apply_channel_triton,
     apply_required_channel,
 )
+from benchmarks._timing import graphed, time_us  # noqa: E402
 
 
 @triton.jit
@@ -162,27 +163,14 @@ def _int32(word: int) -> int:
 
 def device_time_us(fn: Callable[[], object], args: argparse.Namespace) -> float:
     """Device microseconds per call: a CUDA graph of back-to-back calls, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(args.graph_calls):
-            fn()
-    graph.replay()
-    trials = []
-    for _ in range(args.trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    replay = graphed(lambda: [fn() for _ in range(args.graph_calls)])
+
+    def replays() -> None:
         for _ in range(args.replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        trials.append(start.elapsed_time(end) * 1000 / (args.replays * args.graph_calls))
-    return statistics.median(trials)
+            replay()
+
+    us = time_us(replays, iters=args.trials, warmup=1, graph=False)
+    return us / (args.replays * args.graph_calls)
 
 
 def eager_time_us(fn: Callable[[], object], args: argparse.Namespace, device) -> float:

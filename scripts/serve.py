@@ -19,6 +19,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def vllm_env(**extra: str | None) -> dict[str, str]:
+    """This process's environment for a vLLM process: a small CPU KV cache and no
+    TRITON_INTERPRET (a test-only switch; vLLM must see the machine as it is), then
+    `extra` (None removes a variable)."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
 def vllm_command() -> list[str]:
     """vLLM's command line (`vllm`), through `scripts.vllm_cli` for the CPU build."""
     return [sys.executable, "-m", "scripts.vllm_cli"]
@@ -40,8 +50,7 @@ class VllmServer:
             str(self.port),
             *args,
         ]
-        self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
-        self.env.pop("TRITON_INTERPRET", None)  # a test-only switch; vLLM sees the machine
+        self.env = vllm_env(**(env or {}))
         self.proc: subprocess.Popen | None = None
 
     @property

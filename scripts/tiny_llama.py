@@ -60,11 +60,13 @@ def build_tiny_llama(
     """Write a random-weight Llama (GQA, head size 64 by default) to `out_dir`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out, vocab_size=512)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    window = {} if sliding_window is None else {"sliding_window": sliding_window}
+    return save_random_model(
+        LlamaForCausalLM,
+        LlamaConfig,
+        out_dir,
+        seed=seed,
+        kind="llama",
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
@@ -72,20 +74,28 @@ def build_tiny_llama(
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=max_positions,
+        **window,
+    )
+
+
+def save_random_model(
+    model_cls, config_cls, out_dir: str | Path, *, seed: int, kind: str, **config
+) -> Path:
+    """`model_cls(config_cls(**config))` with seeded random weights, saved to `out_dir`
+    beside the local tokenizer, whose vocabulary and special tokens the config takes."""
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out, vocab_size=512)
+    config = config_cls(
+        vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         torch_dtype="float32",
+        **config,
     )
-    if sliding_window is not None:
-        config.sliding_window = sliding_window
-    return save_random_model(LlamaForCausalLM, config, out, seed=seed, kind="llama")
-
-
-def save_random_model(model_cls, config, out: Path, *, seed: int, kind: str) -> Path:
-    """`model_cls(config)` with seeded random weights, saved to `out` (beside its tokenizer)."""
-    import torch
-
     torch.manual_seed(seed)
     model = model_cls(config)
     with torch.no_grad():  # larger weights than the init make greedy outputs varied

@@ -6,7 +6,37 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
+
+
+def paged_layout(reqs, block_size, gen, *, extra_blocks=3, pad_rows=0):
+    """Block tables, query starts and slots for reqs [(query_len, seq_len)].
+
+    Blocks are a shuffled permutation of a pool of `extra_blocks` more than needed, so
+    tables are neither contiguous nor ordered; entries past a context point at a junk
+    block that must never be read. `pad_rows` rows follow the requests, with no queries
+    and another junk block. Returns (num_blocks, table, qsl, slots).
+    """
+    blocks_per_req = [max(1, -(-s // block_size)) for _, s in reqs]
+    max_blocks = max(blocks_per_req, default=1)
+    num_blocks = sum(blocks_per_req) + extra_blocks
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(reqs) + pad_rows, max_blocks, dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_req):
+        table[i, :nb] = perm[used : used + nb].to(torch.int32)
+        table[i, nb:] = int(perm[-1])
+        used += nb
+    if pad_rows:
+        table[len(reqs) :] = int(perm[-2])
+    qsl, slots = [0], []
+    for i, (q, s) in enumerate(reqs):
+        qsl.append(qsl[-1] + q)
+        for p in range(s - q, s):
+            slots.append(int(table[i, p // block_size]) * block_size + p % block_size)
+    qsl += [qsl[-1]] * pad_rows
+    return num_blocks, table, qsl, slots
 
 
 def vllm_kv_cache(num_blocks, block_size, hkv, d, dtype, device="cpu", gen=None):
@@ -14,7 +44,7 @@ def vllm_kv_cache(num_blocks, block_size, hkv, d, dtype, device="cpu", gen=None)
 
     Returns (raw, key_cache, value_cache); the views are [nb, bs, Hkv, D] and strided.
     """
-    if dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+    if is_fp8(dtype):
         raw = torch.randn(num_blocks, hkv, block_size, 2 * d, generator=gen).clamp(-8, 8)
         raw = raw.to(dtype).to(device)
     else:
@@ -51,28 +81,12 @@ def make_batch(
 ) -> Batch:
     """reqs: [(query_len, seq_len)], decodes (query_len 1) first.
 
-    Blocks are a shuffled permutation of the pool, so tables are neither
-    contiguous nor ordered; `pad_tokens` adds query rows past num_actual_tokens;
-    `drop_slots` marks those token indices' slots negative.
+    The paged layout is `paged_layout`'s; `pad_tokens` adds query rows past
+    num_actual_tokens; `drop_slots` marks those token indices' slots negative.
     """
     gen = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
-    blocks_per_req = [max(1, -(-s // block_size)) for _, s in reqs]
-    max_blocks = max(blocks_per_req, default=1)
-    num_blocks = sum(blocks_per_req) + extra_blocks
-    perm = torch.randperm(num_blocks, generator=gen)
-    table = torch.zeros(len(reqs), max_blocks, dtype=torch.int32)
-    used = 0
-    for i, nb in enumerate(blocks_per_req):
-        table[i, :nb] = perm[used : used + nb].to(torch.int32)
-        table[i, nb:] = perm[-1].item()  # junk beyond the context must never be read
-        used += nb
-    qsl = [0]
-    slots = []
-    for i, (q, s) in enumerate(reqs):
-        qsl.append(qsl[-1] + q)
-        for p in range(s - q, s):
-            slots.append(int(table[i, p // block_size]) * block_size + p % block_size)
+    num_blocks, table, qsl, slots = paged_layout(reqs, block_size, gen, extra_blocks=extra_blocks)
     t = qsl[-1]
     for j in drop_slots:
         slots[j] = -1
@@ -103,7 +117,7 @@ def make_batch(
 
 
 def tolerance(dtype, cache_dtype=None):
-    if cache_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+    if cache_dtype is not None and is_fp8(cache_dtype):
         return dict(atol=3e-2, rtol=3e-2)
     if dtype == torch.float32:
         return dict(atol=2e-4, rtol=2e-4)

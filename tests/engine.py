@@ -7,10 +7,11 @@ VLLM_PLUGINS) and vLLM's process-wide state apart between runs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
+
+from scripts.serve import vllm_env
 
 GENERATE = textwrap.dedent(
     """
@@ -32,13 +33,9 @@ GENERATE = textwrap.dedent(
 )
 
 
-def engine_env(**extra: str) -> dict[str, str]:
-    """The test process's environment for a vLLM process, less the test-only Triton
-    interpreter switch (vLLM must see the machine as it is)."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("TRITON_INTERPRET", None)
-    env.update(extra)
-    return {k: v for k, v in env.items() if v is not None}
+def engine_env(**extra: str | None) -> dict[str, str]:
+    """The test process's environment for a vLLM process (`scripts.serve.vllm_env`)."""
+    return vllm_env(**{"TOKENIZERS_PARALLELISM": "false", **extra})
 
 
 def generate(

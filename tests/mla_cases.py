@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from attention_cases import paged_layout
 
+from atom_plugin.backends.checks import FP8_DTYPES as FP8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
-
-FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
 @dataclass
@@ -33,30 +33,14 @@ def make_mla_batch(
     pad_tokens=0,
     pad_rows=0,
 ) -> MLABatch:
-    """reqs: [(query_len, seq_len)]. Blocks are a shuffled permutation of a pool with
-    junk blocks past each context; the cache is a strided view (each row padded by 8
-    columns) so kernels must honour strides. `pad_rows` adds inert rows (seq_len 0,
-    no queries); `pad_tokens` adds query rows past the requests (must stay untouched)."""
+    """reqs: [(query_len, seq_len)], laid out by `attention_cases.paged_layout`; the
+    cache is a strided view (each row padded by 8 columns) so kernels must honour
+    strides. `pad_rows` adds inert rows (seq_len 0, no queries); `pad_tokens` adds query
+    rows past the requests (must stay untouched)."""
     gen = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
     width = lora + rope
-    blocks_per_req = [max(1, -(-s // block_size)) for _, s in reqs]
-    max_blocks = max(blocks_per_req, default=1)
-    num_blocks = sum(blocks_per_req) + 3
-    perm = torch.randperm(num_blocks, generator=gen)
-    table = torch.zeros(len(reqs) + pad_rows, max_blocks, dtype=torch.int32)
-    used = 0
-    for i, nb in enumerate(blocks_per_req):
-        table[i, :nb] = perm[used : used + nb].to(torch.int32)
-        table[i, nb:] = int(perm[-1])  # junk beyond the context must never be read
-        used += nb
-    table[len(reqs) :] = int(perm[-2])
-    qsl, slots = [0], []
-    for i, (q, s) in enumerate(reqs):
-        qsl.append(qsl[-1] + q)
-        for p in range(s - q, s):
-            slots.append(int(table[i, p // block_size]) * block_size + p % block_size)
-    qsl += [qsl[-1]] * pad_rows
+    num_blocks, table, qsl, slots = paged_layout(reqs, block_size, gen, pad_rows=pad_rows)
     backing = torch.randn(num_blocks, block_size, width + 8, generator=gen)
     kv_scale = None
     if cache_dtype in FP8:

@@ -27,25 +27,21 @@ def test_builtin_parts_are_hook_implementations():
     assert {"rocm", "amd", "nvidia"} <= {spec.smi for spec in manager.health_probes(pm)}
 
 
-def test_an_extra_implementation_is_collected():
-    plugin = types.SimpleNamespace(
-        atom_attention_backends=hookimpl(
-            lambda: [AttentionBackendSpec("EXTRA_ATTN", "pkg.mod:Extra", "mha")]
-        )
-    )
+def with_extra_backend(spec: AttentionBackendSpec) -> pluggy.PluginManager:
+    """The built-in parts plus one more plugin that offers `spec`."""
+    plugin = types.SimpleNamespace(atom_attention_backends=hookimpl(lambda: [spec]))
     pm = manager.new_plugin_manager(load_entry_points=False)
     pm.register(plugin, name="extra")
+    return pm
+
+
+def test_an_extra_implementation_is_collected():
+    pm = with_extra_backend(AttentionBackendSpec("EXTRA_ATTN", "pkg.mod:Extra", "mha"))
     assert "EXTRA_ATTN" in {spec.name for spec in manager.attention_backends(pm)}
 
 
 def test_two_backends_with_one_name_are_refused():
-    plugin = types.SimpleNamespace(
-        atom_attention_backends=hookimpl(
-            lambda: [AttentionBackendSpec("ATOM_AITER", "other.mod:Other", "mha")]
-        )
-    )
-    pm = manager.new_plugin_manager(load_entry_points=False)
-    pm.register(plugin, name="clash")
+    pm = with_extra_backend(AttentionBackendSpec("ATOM_AITER", "other.mod:Other", "mha"))
     with pytest.raises(ValueError, match="two attention backends are named 'ATOM_AITER'"):
         manager.attention_backends(pm)
 

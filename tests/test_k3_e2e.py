@@ -56,10 +56,9 @@ MAX_MODEL_LEN = 128
 
 def engine_env() -> dict[str, str]:
     """The shared engine environment, with the plugin fully on."""
-    env = shared_engine_env()
-    for name in ("ATOM_PLUGIN_DISABLE", "ATOM_K3_STRUCTURAL_TAG", "VLLM_PLUGINS"):
-        env.pop(name, None)
-    return env
+    return shared_engine_env(
+        ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None, VLLM_PLUGINS=None
+    )
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ wrong numbers. Run on the H200: `pytest -m gpu tests/test_tbo_gpu.py`.
 import pytest
 import torch
 from tbo_harness.batches import make_batch, random_decode_batch, run_step, run_unsplit
-from tbo_harness.model import KVCaches, LocalComm, ModelConfig, TboTestModel
+from tbo_harness.model import GPU_CONFIG, KVCaches, LocalComm, TboTestModel
 
 import atom_plugin.tbo as tbo
 from atom_plugin.tbo import BatchShape, ForwardMode, MicroBatchFailed, MicroBatchRunner, TboConfig
 
 pytestmark = pytest.mark.gpu
 
-CFG = ModelConfig(hidden=64, layers=2, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
+CFG = GPU_CONFIG
 NUM_BLOCKS, MAX_BLOCKS = 2048, 8
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]
 SLEEP_CYCLES_PER_TOKEN = 2000  # stand-in comm: ~1 us per token per call at ~2 GHz

@@ -48,14 +48,14 @@ def kv_cache_dtype_name(cache_dtype: torch.dtype) -> str:
 def _scales(cache_dtype, k_scale, v_scale, device):
     if is_fp8(cache_dtype):
         return k_scale, v_scale
-    one = _unit_scale(device)
+    one = unit_scale(device)
     return one, one
 
 
 @functools.cache
-def _unit_scale(device: torch.device) -> torch.Tensor:
-    """The scale AITER's calls take for caches that are not fp8, made once per device
-    rather than on every layer's call."""
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """The scale AITER's calls (MHA and MLA) take for caches that are not fp8, made once
+    per device rather than on every layer's call."""
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
@@ -96,7 +96,7 @@ def paged_attention(
             _decode(
                 query, key_cache, value_cache, meta, scale, output, sliding_window, k_scale, v_scale
             )
-    if meta.num_reqs > meta.num_decodes:
+    if meta.num_prefills:
         _prefill(query, key_cache, value_cache, meta, scale, output, **kw)
     return output
 
@@ -144,17 +144,20 @@ def _decode(query, key_cache, value_cache, meta, scale, output, window, k_scale,
     out.masked_fill_((meta.seq_lens[:n] == 0).view(n, 1, 1), 0.0)
 
 
-def gather_context(cache, block_table, seq_lens, total: int, dtype, scale=None):
-    """Rows' contexts packed contiguously: [total, Hkv, D] in `dtype` (fp8 dequantized)."""
-    block_size = cache.shape[1]
-    device = cache.device
+def context_slots(block_table, seq_lens, total: int, block_size: int):
+    """(block, offset) of every context token of the rows, packed row after row [total]."""
+    device = block_table.device
+    lens = seq_lens.long()
     rows = torch.repeat_interleave(
-        torch.arange(seq_lens.shape[0], device=device), seq_lens.long(), output_size=total
+        torch.arange(lens.shape[0], device=device), lens, output_size=total
     )
-    starts = torch.cumsum(seq_lens.long(), 0) - seq_lens.long()
-    pos = torch.arange(total, device=device) - starts[rows]
-    blocks = block_table[rows, pos // block_size].long()
-    out = cache[blocks, pos % block_size]
+    pos = torch.arange(total, device=device) - (torch.cumsum(lens, 0) - lens)[rows]
+    return block_table[rows, pos // block_size].long(), pos % block_size
+
+
+def gather_context(cache, slots, dtype, scale=None):
+    """The cache entries at `context_slots` as [total, Hkv, D] in `dtype` (fp8 dequantized)."""
+    out = cache[slots]
     if is_fp8(cache.dtype):
         return (out.float() * scale).to(dtype)
     return out.to(dtype)
@@ -169,9 +172,10 @@ def _prefill(
     cu_k = torch.zeros(last - first + 1, dtype=torch.int32, device=query.device)
     torch.cumsum(seq_lens, 0, out=cu_k[1:])
     total = int(cu_k[-1])  # host read: sizes the gathered context (prefills are not graphed)
-    table = meta.block_table[first:last]
-    k = gather_context(key_cache, table, seq_lens, total, query.dtype, k_scale)
-    v = gather_context(value_cache, table, seq_lens, total, query.dtype, v_scale)
+    # one index computation serves K and V
+    slots = context_slots(meta.block_table[first:last], seq_lens, total, key_cache.shape[1])
+    k = gather_context(key_cache, slots, query.dtype, k_scale)
+    v = gather_context(value_cache, slots, query.dtype, v_scale)
     cu_q = meta.query_start_loc[first : last + 1] - meta.query_start_loc[first]
     _aiter().flash_attn_varlen_func(
         q=query[t0:t1],

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_plugin.backends.mla_reference import check_mla_shapes, is_fp8
+from atom_plugin.backends.aiter_mha import kv_cache_dtype_name, unit_scale
+from atom_plugin.backends.checks import is_fp8
+from atom_plugin.backends.mla_reference import check_mla_shapes
 
 
 @dataclass
@@ -141,12 +143,11 @@ def mla_decode_aiter(
 def write_mla_kv_aiter(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
     import aiter
 
-    fp8 = is_fp8(kv_cache.dtype)
-    if fp8 and scale is None:
-        raise ValueError("an fp8 MLA cache needs a scale")
     if scale is None:
-        scale = torch.ones(1, dtype=torch.float32, device=kv_c.device)
+        if is_fp8(kv_cache.dtype):
+            raise ValueError("an fp8 MLA cache needs a scale")
+        scale = unit_scale(kv_c.device)
     n = slot_mapping.shape[0]
     aiter.concat_and_cache_mla(
-        kv_c[:n], k_pe[:n], kv_cache, slot_mapping, "fp8" if fp8 else "auto", scale
+        kv_c[:n], k_pe[:n], kv_cache, slot_mapping, kv_cache_dtype_name(kv_cache.dtype), scale
     )

@@ -37,10 +37,15 @@ class PagedAttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [num_actual_tokens]; negative = skip
 
     def __post_init__(self) -> None:
-        for name in ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_len"):
+        for name in (
+            "num_reqs",
+            "num_actual_tokens",
+            "max_query_len",
+            "max_seq_len",
+            "num_decodes",
+            "num_decode_tokens",
+        ):
             _check_count(name, getattr(self, name))
-        _check_count("num_decodes", self.num_decodes)
-        _check_count("num_decode_tokens", self.num_decode_tokens)
         if self.num_decodes > self.num_reqs:
             raise ValueError(f"num_decodes={self.num_decodes} exceeds num_reqs={self.num_reqs}")
         if self.num_decode_tokens > self.num_actual_tokens:
@@ -68,10 +73,6 @@ class PagedAttentionMetadata:
     def num_prefills(self) -> int:
         """Requests after the decodes (prefills and chunked-prefill extends)."""
         return self.num_reqs - self.num_decodes
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return self.num_actual_tokens - self.num_decode_tokens
 
 
 def _check_count(name: str, value: object) -> None:
@@ -127,7 +128,7 @@ def prepare_ubatch_decode(
             meta,
             num_reqs=n,
             num_actual_tokens=n,
-            max_query_len=1 if n else 0,
+            max_query_len=1,  # both halves hold >= 1 row (decode_ubatch_request_ranges)
             num_decodes=n,
             num_decode_tokens=n,
             query_start_loc=torch.arange(n + 1, dtype=torch.int32, device=device),

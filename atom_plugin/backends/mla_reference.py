@@ -13,13 +13,7 @@ from __future__ import annotations
 
 import torch
 
-FP8_DTYPES = tuple(
-    d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e4m3fnuz", None)) if d
-)
-
-
-def is_fp8(dtype: torch.dtype) -> bool:
-    return dtype in FP8_DTYPES
+from atom_plugin.backends.checks import is_fp8
 
 
 def mla_token_plan(

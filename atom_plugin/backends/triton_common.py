@@ -1,12 +1,41 @@
-"""Pieces shared by the Triton MHA kernels."""
+"""Pieces shared by the Triton kernels (MHA and MLA)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+LOG2E = math.log2(math.e)
+MAX_SPLITS = 64
+MIN_TOKENS_PER_SPLIT = 256  # below this, partial-result traffic costs more than the split wins
+WAVES = 2
+
+
+def choose_num_splits(num_rows: int, num_head_groups: int, max_seq_len: int, num_sms: int) -> int:
+    """KV splits per row so that rows x head groups x splits >= WAVES * num_sms programs,
+    each split >= MIN_TOKENS_PER_SPLIT keys, at most MAX_SPLITS."""
+    programs = max(1, num_rows * num_head_groups)
+    want = -(-WAVES * num_sms // programs)
+    cap = max(1, -(-max_seq_len // MIN_TOKENS_PER_SPLIT))
+    return max(1, min(want, cap, MAX_SPLITS))
+
+
+def device_sm_count(device: torch.device) -> int:
+    """Multiprocessor count of a GPU; a small fixed count elsewhere (interpreter runs)."""
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_sm_count(index)
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    """Read once per device: the decode wrappers ask on every layer's call."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit

@@ -10,28 +10,21 @@ count is correct for any context (a CUDA graph may bake the count in).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.triton_common import dot_flags, mm
+from atom_plugin.backends.triton_common import (
+    LOG2E,
+    choose_num_splits,
+    device_sm_count,
+    dot_flags,
+    mm,
+)
 
-LOG2E = math.log2(math.e)
-MAX_SPLITS = 64
-MIN_TOKENS_PER_SPLIT = 256
-WAVES = 2
-
-
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Splits per request so that programs >= WAVES * num_sms, each split >= 256 tokens."""
-    programs = max(1, num_seqs * num_kv_heads)
-    want = -(-WAVES * num_sms // programs)
-    cap = max(1, -(-max_seq_len // MIN_TOKENS_PER_SPLIT))
-    return max(1, min(want, cap, MAX_SPLITS))
+__all__ = ["choose_num_splits", "device_sm_count", "paged_decode"]
 
 
 @triton.jit
@@ -317,10 +310,3 @@ def paged_decode(
         num_warps=4,
     )
     return output
-
-
-def device_sm_count(device: torch.device) -> int:
-    """Multiprocessor count of a GPU; a small fixed count elsewhere (interpreter runs)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4

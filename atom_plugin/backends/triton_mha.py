@@ -33,6 +33,6 @@ def paged_attention(
     )
     if meta.num_decodes:
         paged_decode(query, key_cache, value_cache, meta, **kw)
-    if meta.num_reqs > meta.num_decodes:
+    if meta.num_prefills:
         paged_prefill(query, key_cache, value_cache, meta, **kw)
     return output

@@ -11,17 +11,13 @@ chosen per call from batch, heads and context to fill the GPU.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from atom_plugin.backends.mla_reference import check_mla_shapes, is_fp8, mla_token_plan
-
-# Work below this many keys per split costs more in partial-result traffic than it wins.
-MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 64
+from atom_plugin.backends.checks import is_fp8
+from atom_plugin.backends.mla_reference import check_mla_shapes, mla_token_plan
+from atom_plugin.backends.triton_common import choose_num_splits, device_sm_count
 
 
 @triton.jit
@@ -245,23 +241,6 @@ def _mla_decode_stage2(
     )
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def choose_num_splits(
-    num_tokens: int, head_groups: int, max_seq_len: int, device: torch.device
-) -> int:
-    """Enough splits that small batches still put ~2 programs on every SM, but never
-    splits shorter than MIN_KEYS_PER_SPLIT keys."""
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
-    programs = max(num_tokens * head_groups, 1)
-    want = triton.cdiv(2 * sms, programs)
-    by_len = max(triton.cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT), 1)
-    return int(max(1, min(want, by_len, MAX_SPLITS)))
-
-
 def default_config(num_heads: int) -> dict:
     """Launch parameters. 64 heads per program, 64 keys per step, 8 warps was the
     fastest of the H200 sweep at 128 heads on every shape timed (docs/benchmarks.md)."""
@@ -304,7 +283,7 @@ def mla_decode_triton(
     block_h = max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(H)))
     head_groups = triton.cdiv(H, block_h)
     if num_splits is None:
-        num_splits = choose_num_splits(T, head_groups, int(meta.max_seq_len), q.device)
+        num_splits = choose_num_splits(T, head_groups, meta.max_seq_len, device_sm_count(q.device))
     rope = width - kv_lora_rank
     mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
     mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)

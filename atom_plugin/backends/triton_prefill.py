@@ -10,8 +10,6 @@ block's first query position need no causal mask and take a cheaper loop.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -19,9 +17,7 @@ from triton.runtime.errors import OutOfResources
 
 from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.triton_common import dot_flags, mm, mm_acc
-
-LOG2E = math.log2(math.e)
+from atom_plugin.backends.triton_common import LOG2E, dot_flags, mm, mm_acc
 
 
 @triton.jit
@@ -235,9 +231,8 @@ def _configs(head_size: int, block_g: int) -> list[dict]:
     return [big, dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=64, num_warps=4, num_stages=2), small]
 
 
-_FITTING: dict[
-    tuple, int
-] = {}  # (device, head_size, block_g) -> index of the first config that fit
+# (device, head_size, block_g) -> index of the first config that fit
+_FITTING: dict[tuple, int] = {}
 
 
 def paged_prefill(

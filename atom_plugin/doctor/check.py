@@ -109,11 +109,12 @@ def check_saved(text: str, smi: str = AUTO, pm: pluggy.PluginManager | None = No
     """Judge a saved table; with `auto`, the first probe that recognises it reads it."""
     probes = _select(smi, pm)
     if smi == AUTO:
-        probes = {name: probe for name, probe in probes.items() if probe.recognises(text)}
-        if not probes:
-            known = ", ".join(_select(AUTO, pm))
+        recognised = {name: probe for name, probe in probes.items() if probe.recognises(text)}
+        if not recognised:
+            known = ", ".join(probes)
             reason = f"no GPU rows: the saved output is not a table from any of {known}"
             return Verdict(False, reason)
+        probes = recognised
     name, probe = next(iter(probes.items()))
     return _judge_text(text, name, probe)
 

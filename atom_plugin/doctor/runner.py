@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ToolRun:
-    argv: list[str]
     returncode: int | None  # None when it was killed for running past the deadline
     stdout: str
     stderr: str
@@ -45,7 +44,7 @@ def run_tool(argv: list[str], timeout: float) -> ToolRun:
         _kill_group(proc)
         proc.wait()
         raise
-    return ToolRun(argv, returncode, _text(out), _text(err))
+    return ToolRun(returncode, _text(out), _text(err))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from atom_plugin.parsers.k3_grammar import CLOSE, END_OF_MSG, OPEN, SEP
+from atom_plugin.parsers.k3_grammar import CLOSE, CONTROL_TOKENS, END_OF_MSG, OPEN, SEP
 from atom_plugin.parsers.required_channel import RequiredChannel
 
 logger = logging.getLogger("atom_plugin.parsers")
@@ -29,7 +29,6 @@ EXTRA_ARGS_KEY = "atom_required_channel"
 AFTER_PIECES: tuple[str, ...] = (CLOSE, "response", SEP)
 HEAD_PIECES: tuple[str, ...] = (OPEN, "tools", SEP)
 OPENING_PIECES: tuple[str, ...] = (*HEAD_PIECES, OPEN, 'call tool="')
-CONTROL_TOKENS: tuple[str, ...] = (OPEN, CLOSE, SEP, END_OF_MSG)
 
 _warned: set[str] = set()
 
@@ -57,8 +56,12 @@ def required_channel_for(tokenizer: Any) -> RequiredChannel | None:
             _warn_once(f"control token {token!r} encodes to {len(ids)} ids {ids}, not one")
             return None
         control[token] = ids[0]
-    for name, pieces in (("after", AFTER_PIECES), ("the opening's head", HEAD_PIECES)):
-        separate = _encode_pieces(tokenizer, pieces)
+    after = _encode_pieces(tokenizer, AFTER_PIECES)
+    head = _encode_pieces(tokenizer, HEAD_PIECES)
+    for name, pieces, separate in (
+        ("after", AFTER_PIECES, after),
+        ("the opening's head", HEAD_PIECES, head),
+    ):
         whole = _encode(tokenizer, "".join(pieces))
         if separate != whole:
             _warn_once(
@@ -72,9 +75,9 @@ def required_channel_for(tokenizer: Any) -> RequiredChannel | None:
         end_ids.add(eos)
     try:
         return RequiredChannel(
-            after=_encode_pieces(tokenizer, AFTER_PIECES),
+            after=after,
             opening=_encode_pieces(tokenizer, OPENING_PIECES),
-            opens_at=len(_encode_pieces(tokenizer, HEAD_PIECES)),
+            opens_at=len(head),
             end_ids=end_ids,
         )
     except ValueError as err:
@@ -113,3 +116,11 @@ def channel_from_extra_args(extra_args: Mapping[str, Any] | None) -> RequiredCha
         raise ValueError(
             f"extra_args[{EXTRA_ARGS_KEY!r}]={raw!r} is not a required channel: {err}"
         ) from err
+
+
+def request_channel(params: Any) -> RequiredChannel | None:
+    """A request's channel (from its `SamplingParams`) with the engine's stop ids banned too."""
+    channel = channel_from_extra_args(params.extra_args)
+    if channel is None:
+        return None
+    return channel.ending_on(params.all_stop_token_ids)

@@ -83,8 +83,6 @@ def _or_minus_one(token: int | None) -> int:
 def next_states(tables: ChannelTables, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Every state stepped by its token, elementwise, as torch ops without a host sync."""
     hits = (tokens.unsqueeze(-1) == tables.channel_ids).to(torch.int32)
-    column = torch.where(
-        hits.any(-1), hits.argmax(-1), torch.full_like(tokens, tables.num_channel_ids)
-    )
-    stepped = tables.next_state[states.clamp(min=0).long(), column.long()]
+    column = torch.where(hits.any(-1), hits.argmax(-1), tables.num_channel_ids)
+    stepped = tables.next_state[states.clamp(min=0).long(), column]
     return torch.where(states == UNCONSTRAINED, states, stepped)

@@ -37,10 +37,7 @@ class _Group:
     tables: ChannelTables
     states: torch.Tensor  # [max_slots] int32; UNCONSTRAINED outside the group
     scanned: torch.Tensor  # [max_slots] int32; output positions folded into states
-    # Asynchronous copy of `states` (MRV2): host buffer, its event, slot epochs then.
-    snapshot: torch.Tensor | None = None
-    snapshot_event: object | None = None
-    snapshot_epochs: np.ndarray | None = None
+    snapshot: torch.Tensor | None = None  # host buffer of the asynchronous copy (MRV2)
 
 
 class ChannelCore:
@@ -53,11 +50,14 @@ class ChannelCore:
         self.device = torch.device(device)
         self.impl = impl
         self._groups: dict[RequiredChannel, _Group] = {}
-        self._slot_group: list[RequiredChannel | None] = [None] * max_slots
+        self._by_gid: dict[int, _Group] = {}
         # Per slot, the gid of its group or -1: step-wide checks are numpy ops.
         self._gid = np.full(max_slots, -1, dtype=np.int64)
         self._next_gid = 0
         self._epoch = np.zeros(max_slots, dtype=np.int64)
+        # The last snapshot's completion event (reused) and the slot epochs it saw.
+        self._snapshot_event = torch.cuda.Event() if self.device.type == "cuda" else None
+        self._snapshot_epochs: np.ndarray | None = None
         # Staged host writes: (channel, slot, state, scanned), applied by flush().
         self._staged: list[tuple[RequiredChannel, int, int, int]] = []
 
@@ -67,22 +67,21 @@ class ChannelCore:
     ) -> None:
         """Give `slot` a channel in `state` (or none); takes effect at `flush()`."""
         self._check_slot(slot)
-        old = self._slot_group[slot]
+        old = self.channel_of(slot)
         self._epoch[slot] += 1
         if old is not None:
             self._staged.append((old, slot, UNCONSTRAINED, 0))
         if channel is None or state == UNCONSTRAINED:
-            self._slot_group[slot] = None
             self._gid[slot] = -1
             return
         if channel not in self._groups:
-            self._groups[channel] = self._new_group(channel)
-        self._slot_group[slot] = channel
+            self._new_group(channel)
         self._gid[slot] = self._groups[channel].gid
         self._staged.append((channel, slot, state, scanned))
 
     def channel_of(self, slot: int) -> RequiredChannel | None:
-        return self._slot_group[slot]
+        gid = int(self._gid[slot])
+        return None if gid < 0 else self._by_gid[gid].tables.channel
 
     def is_live(self, slots: Iterable[int] | np.ndarray) -> bool:
         """Whether any of `slots` may still be constrained (host knowledge only)."""
@@ -173,9 +172,8 @@ class ChannelCore:
         """The device states of `slots` (syncs; for tests and debugging)."""
         out = []
         for slot in slots:
-            channel = self._slot_group[slot]
-            group = self._groups.get(channel) if channel is not None else None
-            out.append(UNCONSTRAINED if group is None else int(group.states[slot]))
+            gid = int(self._gid[slot])
+            out.append(UNCONSTRAINED if gid < 0 else int(self._by_gid[gid].states[slot]))
         return out
 
     # ---- learning of UNCONSTRAINED slots without a sync (MRV2) -------------
@@ -186,38 +184,34 @@ class ChannelCore:
                 pin = self.device.type == "cuda"
                 group.snapshot = torch.empty(self.max_slots, dtype=torch.int32, pin_memory=pin)
             group.snapshot.copy_(group.states, non_blocking=True)
-            group.snapshot_epochs = self._epoch.copy()
-            if self.device.type == "cuda":
-                event = torch.cuda.Event()
-                event.record()
-                group.snapshot_event = event
-            else:
-                group.snapshot_event = None
+        self._snapshot_epochs = self._epoch.copy()
+        if self._snapshot_event is not None:
+            self._snapshot_event.record()
 
     def retire_finished(self) -> None:
         """Forget slots that a completed snapshot shows UNCONSTRAINED (no waiting)."""
+        if self._snapshot_epochs is None:
+            return
+        if self._snapshot_event is not None and not self._snapshot_event.query():
+            return
+        same_request = self._snapshot_epochs == self._epoch
         for group in self._groups.values():
-            if group.snapshot_epochs is None:
-                continue
-            event = group.snapshot_event
-            if event is not None and not event.query():
+            if group.snapshot is None:  # made after the snapshot
                 continue
             done = (
-                (self._gid == group.gid)
-                & (group.snapshot.numpy() == UNCONSTRAINED)
-                & (group.snapshot_epochs == self._epoch)  # still the same request
+                (self._gid == group.gid) & (group.snapshot.numpy() == UNCONSTRAINED) & same_request
             )
-            for slot in np.flatnonzero(done):
-                self._slot_group[slot] = None
             self._gid[done] = -1
-            group.snapshot_epochs = None
+        self._snapshot_epochs = None
 
     # ---- helpers -----------------------------------------------------------
-    def _new_group(self, channel: RequiredChannel) -> _Group:
+    def _new_group(self, channel: RequiredChannel) -> None:
         full = torch.full((self.max_slots,), UNCONSTRAINED, dtype=torch.int32, device=self.device)
+        group = _Group(
+            self._next_gid, compile_channel(channel, self.device), full, torch.zeros_like(full)
+        )
         self._next_gid += 1
-        tables = compile_channel(channel, self.device)
-        return _Group(self._next_gid - 1, tables, full, torch.zeros_like(full))
+        self._groups[channel] = self._by_gid[group.gid] = group
 
     def _drop_empty_groups(self) -> None:
         # Groups (and their tables) are kept for reuse unless there are many.
@@ -227,7 +221,7 @@ class ChannelCore:
         staged = {channel for channel, *_ in self._staged}
         for channel, group in list(self._groups.items()):
             if group.gid not in used and channel not in staged:
-                del self._groups[channel]
+                del self._groups[channel], self._by_gid[group.gid]
 
     def _h2d(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         host = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")

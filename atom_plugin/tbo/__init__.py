@@ -32,6 +32,7 @@ from atom_plugin.tbo.split import (
     decode_ubatch_ranges,
     decode_ubatch_request_ranges,
     prefill_ubatch_ranges,
+    prefill_ubatch_token_ranges,
 )
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "maybe_create_ubatch_slices",
     "plan_request_graphs",
     "prefill_ubatch_ranges",
+    "prefill_ubatch_token_ranges",
     "record_stream_use",
     "replay_splits",
     "switch_to_comm",

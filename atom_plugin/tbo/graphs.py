@@ -28,24 +28,13 @@ def pad_decode_rows(
     """A uniform decode batch padded to `rows` requests; padding rows are inert.
 
     Padding rows get seq_len 0, block-table row 0 and slot -1 for each of their
-    query tokens. `max_seq_len` (an upper bound) replaces the batch's when given.
+    query tokens (`_write_padded_rows`). `max_seq_len` (an upper bound) replaces the
+    batch's when given.
     """
-    n, q = meta.num_reqs, meta.max_query_len
-    if meta.num_decodes != n or meta.num_actual_tokens != n * q:
-        raise ValueError(
-            f"pad_decode_rows needs a uniform decode batch; got num_reqs={n}, "
-            f"num_decodes={meta.num_decodes}, tokens={meta.num_actual_tokens}, max_query_len={q}"
-        )
-    if rows < n:
-        raise ValueError(f"cannot pad {n} requests to {rows} rows")
-    dev = meta.seq_lens.device
-    seq_lens = torch.zeros(rows, dtype=torch.int32, device=dev)
-    seq_lens[:n] = meta.seq_lens[:n]
-    table = torch.zeros((rows, meta.block_table.shape[1]), dtype=torch.int32, device=dev)
-    table[:n] = meta.block_table[:n]
-    slots = torch.full((rows * q,), -1, dtype=torch.int64, device=dev)
-    slots[: n * q] = meta.slot_mapping[: n * q]
-    return replace(
+    if rows < meta.num_reqs:
+        raise ValueError(f"cannot pad {meta.num_reqs} requests to {rows} rows")
+    q, dev = meta.max_query_len, meta.seq_lens.device
+    padded = replace(
         meta,
         num_reqs=rows,
         num_actual_tokens=rows * q,
@@ -53,10 +42,40 @@ def pad_decode_rows(
         num_decode_tokens=rows * q,
         max_seq_len=meta.max_seq_len if max_seq_len is None else max_seq_len,
         query_start_loc=torch.arange(rows + 1, dtype=torch.int32, device=dev) * q,
-        seq_lens=seq_lens,
-        block_table=table,
-        slot_mapping=slots,
+        seq_lens=torch.empty(rows, dtype=torch.int32, device=dev),
+        block_table=torch.empty((rows, meta.block_table.shape[1]), dtype=torch.int32, device=dev),
+        slot_mapping=torch.empty(rows * q, dtype=torch.int64, device=dev),
     )
+    _write_padded_rows(padded, meta)
+    return padded
+
+
+def _write_padded_rows(dst: PagedAttentionMetadata, src: PagedAttentionMetadata) -> None:
+    """Write a uniform decode batch into `dst`'s rows; the rows after it become inert.
+
+    Writes straight into `dst`'s tensors (no temporaries): the real rows'
+    seq_lens, block-table rows and slots, then seq_len 0, table row 0 and
+    slot -1 for the padding. `dst`'s query_start_loc is fixed by its rows.
+    """
+    n, q = src.num_reqs, dst.max_query_len
+    if n > dst.num_reqs:
+        raise ValueError(f"{n} requests do not fit the captured {dst.num_reqs} rows")
+    if src.num_decodes != n or src.num_actual_tokens != n * q:
+        raise ValueError(
+            f"padded decode rows take a uniform decode batch of query length {q}; got "
+            f"num_reqs={n}, num_decodes={src.num_decodes}, tokens={src.num_actual_tokens}"
+        )
+    if src.block_table.shape[1] != dst.block_table.shape[1]:
+        raise ValueError(
+            f"block_table has {src.block_table.shape[1]} columns, the captured one "
+            f"{dst.block_table.shape[1]}"
+        )
+    dst.seq_lens[:n].copy_(src.seq_lens[:n], non_blocking=True)
+    dst.seq_lens[n:].zero_()
+    dst.block_table[:n].copy_(src.block_table[:n], non_blocking=True)
+    dst.block_table[n:].zero_()
+    dst.slot_mapping[: n * q].copy_(src.slot_mapping[: n * q], non_blocking=True)
+    dst.slot_mapping[n * q :].fill_(-1)
 
 
 class StaticMetadata:
@@ -66,32 +85,8 @@ class StaticMetadata:
         self.meta = replace(template, **{n: getattr(template, n).clone() for n in _TENSORS})
 
     def write_padded(self, src: PagedAttentionMetadata) -> None:
-        """Write a uniform decode batch of at most `num_reqs` rows; the rows after it become inert.
-
-        Writes straight into the captured tensors (no temporaries): the real
-        rows' seq_lens, block-table rows and slots, then seq_len 0, table row
-        0 and slot -1 for the padding. query_start_loc is fixed by the bucket.
-        """
-        m = self.meta
-        n, q = src.num_reqs, m.max_query_len
-        if n > m.num_reqs:
-            raise ValueError(f"{n} requests do not fit the captured {m.num_reqs} rows")
-        if src.num_decodes != n or src.num_actual_tokens != n * q:
-            raise ValueError(
-                f"graph buffers take a uniform decode batch of query length {q}; got "
-                f"num_reqs={n}, num_decodes={src.num_decodes}, tokens={src.num_actual_tokens}"
-            )
-        if src.block_table.shape[1] != m.block_table.shape[1]:
-            raise ValueError(
-                f"block_table has {src.block_table.shape[1]} columns, the captured one "
-                f"{m.block_table.shape[1]}"
-            )
-        m.seq_lens[:n].copy_(src.seq_lens[:n], non_blocking=True)
-        m.seq_lens[n:].zero_()
-        m.block_table[:n].copy_(src.block_table[:n], non_blocking=True)
-        m.block_table[n:].zero_()
-        m.slot_mapping[: n * q].copy_(src.slot_mapping[: n * q], non_blocking=True)
-        m.slot_mapping[n * q :].fill_(-1)
+        """Write a uniform decode batch of at most `num_reqs` rows in place; the rest go inert."""
+        _write_padded_rows(self.meta, src)
 
 
 class DecodeGraphBuffers:
@@ -135,9 +130,8 @@ class DecodeGraphBuffers:
 
         An empty batch (an idle DP rank joining the agreed replay) is all padding.
         """
-        if meta.num_reqs == 0:
-            meta = replace(meta, max_query_len=self.key.query_len)
-        if meta.num_reqs > self.key.bucket or meta.max_query_len != self.key.query_len:
+        other_query_len = meta.num_reqs > 0 and meta.max_query_len != self.key.query_len
+        if meta.num_reqs > self.key.bucket or other_query_len:
             raise ValueError(
                 f"a batch of {meta.num_reqs} requests x {meta.max_query_len} tokens does not "
                 f"fit graph {self.key}"

@@ -8,10 +8,16 @@ its micro-batches to the same token counts.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from atom_plugin.tbo.split import MIN_SPLIT_TOKENS, decode_bucket_splits
+from atom_plugin.tbo.split import (
+    MIN_SPLIT_TOKENS,
+    Range,
+    decode_bucket_splits,
+    decode_ubatch_ranges,
+    prefill_ubatch_token_ranges,
+)
 
 IDLE, DECODE, PREFILL = "idle", "decode", "prefill"
 MIXED = "mixed"  # ranks disagree on the kind of step: nobody splits, nobody replays
@@ -146,18 +152,16 @@ class ForwardMode:
         if not 0 <= rank < len(shapes):
             raise ValueError(f"rank {rank} is not in [0, {len(shapes)})")
         kind, qlen = _global_kind(shapes)
-        mine = shapes[rank]
-        max_tokens = max(s.num_tokens for s in shapes)
         if kind == DECODE:
-            return cls._decide_decode(shapes, mine, qlen, config, graph_keys)
+            return cls._decide_decode(shapes, shapes[rank], qlen, config, graph_keys)
         if (
             kind == PREFILL
             and config.prefill
             and all(s.num_tokens >= config.prefill_min_tokens for s in shapes)
         ):
-            halves = [(s.num_tokens // 2, s.num_tokens - s.num_tokens // 2) for s in shapes]
-            counts = (max(h[0] for h in halves), max(h[1] for h in halves))
+            counts = _agreed_counts(prefill_ubatch_token_ranges(s.num_tokens) for s in shapes)
             return cls(PREFILL, False, True, None, None, None, counts, sum(counts))
+        max_tokens = max(s.num_tokens for s in shapes)
         return cls(kind, False, False, None, None, None, None, max_tokens)
 
     @classmethod
@@ -167,19 +171,21 @@ class ForwardMode:
         bucket = next((b for b in buckets if b >= max_reqs), None)
         if bucket is not None:
             if replay_splits(GraphKey(bucket, qlen), config):
-                h = bucket // 2
-                counts = (h * qlen, (bucket - h) * qlen)
+                counts = _agreed_counts([decode_ubatch_ranges(bucket, qlen).tokens])
                 return cls(DECODE, True, True, bucket, qlen, bucket, counts, bucket * qlen)
             return cls(DECODE, True, False, bucket, qlen, None, None, bucket * qlen)
         if _decode_may_split(qlen, config) and all(
             decode_bucket_splits(s.num_reqs) for s in shapes
         ):
-            counts = (
-                max(s.num_reqs // 2 for s in shapes) * qlen,
-                max(s.num_reqs - s.num_reqs // 2 for s in shapes) * qlen,
-            )
+            counts = _agreed_counts(decode_ubatch_ranges(s.num_reqs, qlen).tokens for s in shapes)
             return cls(DECODE, False, True, None, qlen, mine.num_reqs, counts, sum(counts))
         return cls(DECODE, False, False, None, qlen, None, None, max_reqs * qlen)
+
+
+def _agreed_counts(token_ranges: Iterable[tuple[Range, Range]]) -> tuple[int, int]:
+    """Each micro-batch's largest token count over the ranks' own splits: all ranks pad to it."""
+    first, second = (max(b - a for a, b in ubatch) for ubatch in zip(*token_ranges, strict=True))
+    return first, second
 
 
 def _decode_may_split(query_len: int, config: TboConfig) -> bool:

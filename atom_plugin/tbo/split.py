@@ -6,7 +6,8 @@ once computed the cut in several places with different formulas and micro-batch
 1 silently attended with other requests' context.
 
 Decode batches are cut by requests (`decode_ubatch_request_ranges`); prefill
-and mixed batches at the token midpoint (`prefill_ubatch_ranges`).
+and mixed batches at the token midpoint (`prefill_ubatch_token_ranges`, with
+the requests on each side from `prefill_ubatch_ranges`).
 """
 
 from __future__ import annotations
@@ -71,8 +72,19 @@ def decode_ubatch_ranges(split_bs: int, query_len: int = 1) -> UBatchRanges:
     )
 
 
+def prefill_ubatch_token_ranges(num_tokens: int) -> tuple[Range, Range]:
+    """Prefill micro-batches' token ranges: ((0, t), (t, num_tokens)), t = num_tokens // 2."""
+    if num_tokens < MIN_SPLIT_TOKENS:
+        raise ValueError(
+            f"cannot split a batch of {num_tokens} token(s) into two micro-batches: "
+            f"need at least {MIN_SPLIT_TOKENS}"
+        )
+    cut = num_tokens // 2
+    return (0, cut), (cut, num_tokens)
+
+
 def prefill_ubatch_ranges(query_lens: Sequence[int]) -> UBatchRanges:
-    """Cut a prefill (or mixed) batch at its token midpoint t = total // 2.
+    """Cut a prefill (or mixed) batch at its token midpoint (`prefill_ubatch_token_ranges`).
 
     Micro-batch 0 takes tokens [0, t), micro-batch 1 tokens [t, total). A
     request whose new tokens cross t belongs to both request ranges.
@@ -81,17 +93,12 @@ def prefill_ubatch_ranges(query_lens: Sequence[int]) -> UBatchRanges:
     for i, q in enumerate(lens):
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise ValueError(f"query_lens[{i}] = {q!r}: every scheduled request needs >= 1 token")
-    total = sum(lens)
-    if total < MIN_SPLIT_TOKENS:
-        raise ValueError(
-            f"cannot split a batch of {total} token(s) into two micro-batches: "
-            f"need at least {MIN_SPLIT_TOKENS}"
-        )
-    cut = total // 2
+    tokens = prefill_ubatch_token_ranges(sum(lens))
+    cut = tokens[0][1]
     k, start = 0, 0
     while start + lens[k] <= cut:
         start += lens[k]
         k += 1
     # Request k holds token `cut`; it is in micro-batch 0 too when it began before the cut.
     end0 = k + 1 if start < cut else k
-    return UBatchRanges(requests=((0, end0), (k, len(lens))), tokens=((0, cut), (cut, total)))
+    return UBatchRanges(requests=((0, end0), (k, len(lens))), tokens=tokens)

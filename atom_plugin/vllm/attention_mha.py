@@ -24,22 +24,20 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from atom_plugin.backends import ops
+from atom_plugin.backends.checks import ACTIVATION_DTYPES
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
 
 HEAD_SIZES = [64, 128, 256]
 BLOCK_SIZE_BASE = 16
+# What every kernel path takes, for both backends (MHA and MLA).
+SUPPORTED_DTYPES: list[torch.dtype] = list(ACTIVATION_DTYPES)
+SUPPORTED_KV_CACHE_DTYPES: list[str] = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"]
 
 
 class AtomAiterBackend(AttentionBackend):
     forward_includes_kv_cache_update = False
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = [
-        "auto",
-        "float16",
-        "bfloat16",
-        "fp8",
-        "fp8_e4m3",
-    ]
+    supported_dtypes: ClassVar[list[torch.dtype]] = SUPPORTED_DTYPES
+    supported_kv_cache_dtypes: ClassVar[list[str]] = SUPPORTED_KV_CACHE_DTYPES
 
     @staticmethod
     def get_name() -> str:
@@ -154,6 +152,7 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
         self.num_kv_heads = num_kv_heads or num_heads
         self.sliding_window = sliding_window
         self.kv_cache_dtype = kv_cache_dtype
+        self._quantized_cache = is_quantized_kv_cache(kv_cache_dtype)  # read on every layer call
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
         if sinks is not None and sinks.shape[0] != num_heads:
@@ -161,13 +160,13 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
 
     def _caches(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[blocks, kv_heads, block, 2*D] -> two [blocks, block, kv_heads, D] views."""
-        if is_quantized_kv_cache(self.kv_cache_dtype):
+        if self._quantized_cache:
             kv_cache = kv_cache.view(torch.float8_e4m3fn)
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         return key_cache, value_cache
 
     def _scales(self, layer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not is_quantized_kv_cache(self.kv_cache_dtype):
+        if not self._quantized_cache:
             return None, None
         return layer._k_scale, layer._v_scale
 

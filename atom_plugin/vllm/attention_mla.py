@@ -37,13 +37,15 @@ from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch
 from atom_plugin.backends.mla_reference import mla_token_plan
 from atom_plugin.backends.select import select_kernel_impl
 from atom_plugin.tbo.split import decode_ubatch_request_ranges
+from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
 
 
 @dataclass
 class AtomMLADecodeMetadata(MLACommonDecodeMetadata):
     paged: PagedAttentionMetadata | None = None  # the decode rows in the plugin's form
     token_kv_lens: torch.Tensor | None = None  # per-token visible local rows (DCP, multi-token)
-    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None  # mla_token_plan, once a step
+    # mla_token_plan, once a step; None when the AITER kernels run (they take aiter_plan)
+    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None
     aiter_plan: object | None = None  # AiterMLAPlan when the AITER kernels run
 
 
@@ -103,9 +105,6 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     ) -> AtomMLADecodeMetadata:
         num_rows = seq_lens_device.shape[0]
         single = max_query_len <= 1
-        slots = self._slot_mapping
-        if slots is None or slots.shape[0] < num_decode_tokens:
-            slots = torch.full((num_decode_tokens,), -1, dtype=torch.int64, device=self.device)
         paged = PagedAttentionMetadata(
             num_reqs=num_rows,
             num_actual_tokens=num_decode_tokens,
@@ -116,7 +115,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             query_start_loc=query_start_loc_device.to(torch.int32),
             seq_lens=seq_lens_device.to(torch.int32),
             block_table=block_table_tensor.to(torch.int32),
-            slot_mapping=slots[:num_decode_tokens].to(torch.int64),
+            slot_mapping=self._slot_mapping[:num_decode_tokens].to(torch.int64),
         )
         return self._decode_metadata(paged, dcp_tot_seq_lens_device)
 
@@ -131,7 +130,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 self.dcp_rank,
                 self.cp_kv_cache_interleave_size,
             )
-        aiter_plan = None
+        aiter_plan = token_plan = None
         if self.kernel_impl == "aiter" and token_kv_lens is None:
             from atom_plugin.backends.aiter_mla import build_aiter_mla_plan
 
@@ -142,13 +141,15 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 kv_dtype=self._kv_dtype,
                 page_size=self.page_size,
             )
+        else:
+            token_plan = mla_token_plan(paged, paged.num_actual_tokens, token_kv_lens)
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,
             seq_lens=paged.seq_lens,
             dcp_tot_seq_lens=dcp_tot_seq_lens,
             paged=paged,
             token_kv_lens=token_kv_lens,
-            token_plan=mla_token_plan(paged, paged.num_actual_tokens, token_kv_lens),
+            token_plan=token_plan,
             aiter_plan=aiter_plan,
         )
 
@@ -290,14 +291,8 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
 
 
 class AtomAiterMLABackend(MLACommonBackend):
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = [
-        "auto",
-        "float16",
-        "bfloat16",
-        "fp8",
-        "fp8_e4m3",
-    ]
+    supported_dtypes: ClassVar[list[torch.dtype]] = SUPPORTED_DTYPES
+    supported_kv_cache_dtypes: ClassVar[list[str]] = SUPPORTED_KV_CACHE_DTYPES
 
     @staticmethod
     def get_name() -> str:

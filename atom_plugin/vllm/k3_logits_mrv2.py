@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
-from atom_plugin.parsers.channel_for import channel_from_extra_args
+from atom_plugin.parsers.channel_for import channel_from_extra_args, request_channel
+from atom_plugin.parsers.required_channel import START
 
 if TYPE_CHECKING:
     import torch
@@ -41,15 +42,11 @@ class AtomK3LogitsProcessorMRV2(LogitsProcessor):
         channel_from_extra_args(sampling_params.extra_args)
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
-        channel = channel_from_extra_args(sampling_params.extra_args)
-        if channel is not None:
-            channel = channel.ending_on(sampling_params.all_stop_token_ids)
+        channel = request_channel(sampling_params)
         self._added[req_idx] = channel
         return channel is not None
 
     def apply_staged_writes(self) -> None:
-        from atom_plugin.parsers.required_channel import START
-
         prompt_len = self.req_states.prompt_len.np
         for slot, channel in self._added.items():
             # Scanning starts at the output: the prompt holds earlier turns' triggers.

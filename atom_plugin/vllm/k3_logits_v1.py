@@ -17,17 +17,9 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from atom_plugin.parsers.channel_for import channel_from_extra_args
+from atom_plugin.parsers.channel_for import channel_from_extra_args, request_channel
 from atom_plugin.parsers.processor_core import ChannelCore
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
-
-
-def request_channel(params: SamplingParams) -> RequiredChannel | None:
-    """The request's channel with the engine's stop ids banned too, or None."""
-    channel = channel_from_extra_args(params.extra_args)
-    if channel is None:
-        return None
-    return channel.ending_on(params.all_stop_token_ids)
 
 
 @dataclass
@@ -82,9 +74,13 @@ class AtomK3LogitsProcessorV1(LogitsProcessor):
         self._catch_up(index, row, force=True)
 
     def _catch_up(self, index: int, row: _Row, force: bool = False) -> None:
-        """Step the row through its newly committed ids (up to any async placeholder)."""
-        start = row.seen
-        for token in row.output[start:]:
+        """Step the row through its newly committed ids (up to any async placeholder).
+
+        The device state is written only when it changed (or the row is new to
+        `index`): most ids leave a waiting state where it was, so most steps copy nothing.
+        """
+        old = row.state
+        for token in row.output[row.seen :]:
             if token < 0:
                 break
             row.state = row.channel.step(row.state, token)
@@ -92,5 +88,5 @@ class AtomK3LogitsProcessorV1(LogitsProcessor):
         if row.state == UNCONSTRAINED:
             self._rows.pop(index, None)
             self.core.assign(index, None)
-        elif force or row.seen != start:
+        elif force or row.state != old:
             self.core.assign(index, row.channel, row.state)

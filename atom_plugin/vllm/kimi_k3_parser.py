@@ -14,7 +14,6 @@ which also splits off the think channel and never raises on malformed output.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,22 +34,15 @@ from atom_plugin.parsers.channel_for import (
 )
 from atom_plugin.parsers.k3_tool_parser import K3Delta, K3StreamParser, K3ToolCall, parse_k3
 from atom_plugin.parsers.required_channel import RequiredChannel
+from atom_plugin.vllm.registration import env_flag
 
 NAME = "atom_kimi_k3"
 KEEP_STRUCTURAL_TAG_ENV = "ATOM_K3_STRUCTURAL_TAG"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def keep_structural_tag() -> bool:
     """`ATOM_K3_STRUCTURAL_TAG`: 1 keeps vLLM's structural tag for required requests."""
-    value = os.environ.get(KEEP_STRUCTURAL_TAG_ENV, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f"{KEEP_STRUCTURAL_TAG_ENV}={value!r} is not one of {', '.join(_TRUE + _FALSE[1:])}"
-    )
+    return env_flag(KEEP_STRUCTURAL_TAG_ENV)
 
 
 _channels: dict[int, tuple[Any, RequiredChannel | None]] = {}
@@ -135,14 +127,15 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
             return None
         calls = []
         for call in delta.tool_calls:
-            tool_call = _tool_call(call)
+            tool_call = _tool_call(call)  # its id, and the arguments encoded once
+            function = tool_call.function
             calls.append(
                 DeltaToolCall(
                     index=self._sent_calls,
                     id=tool_call.id,
                     type="function",
                     function=DeltaFunctionCall(
-                        name=call.name, arguments=call.arguments_json
+                        name=function.name, arguments=function.arguments
                     ).model_dump(exclude_none=True),
                 )
             )

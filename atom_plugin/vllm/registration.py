@@ -12,16 +12,21 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def plugin_disabled() -> bool:
-    """True when ATOM_PLUGIN_DISABLE asks vLLM to run as if the plugin were absent."""
-    value = os.environ.get(DISABLE_ENV, "").strip().lower()
+def env_flag(name: str) -> bool:
+    """An on/off environment switch: unset, empty, 0, false, no or off is off."""
+    value = os.environ.get(name, "").strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
     raise ValueError(
-        f"{DISABLE_ENV}={value!r} is not understood; use one of {', '.join(_TRUE + _FALSE[1:])}"
+        f"{name}={value!r} is not understood; use one of {', '.join(_TRUE + _FALSE[1:])}"
     )
+
+
+def plugin_disabled() -> bool:
+    """True when ATOM_PLUGIN_DISABLE asks vLLM to run as if the plugin were absent."""
+    return env_flag(DISABLE_ENV)
 
 
 def dotted(class_path: str) -> str:

@@ -24,13 +24,14 @@ def build_tiny_deepseek(
 ) -> Path:
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
-    from scripts.tiny_llama import build_tokenizer, save_random_model
+    from scripts.tiny_llama import save_random_model
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out, vocab_size=512)
-    config = DeepseekV2Config(
-        vocab_size=len(tokenizer),
+    return save_random_model(
+        DeepseekV2ForCausalLM,
+        DeepseekV2Config,
+        out_dir,
+        seed=seed,
+        kind="deepseek_v2",
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         moe_intermediate_size=hidden_size,
@@ -46,9 +47,4 @@ def build_tiny_deepseek(
         head_dim=rope_dim,
         max_position_embeddings=1024,
         rope_scaling=None,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
     )
-    return save_random_model(DeepseekV2ForCausalLM, config, out, seed=seed, kind="deepseek_v2")

@@ -14,7 +14,6 @@ import contextlib
 import faulthandler
 import gc
 import os
-import socket
 import sys
 import time
 from datetime import timedelta
@@ -23,14 +22,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from scripts.serve import free_port
+
 GLOO_TIMEOUT_S = 30
 WORKER_DEADLINE_S = 150
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(fn, world: int, *args) -> None:
@@ -94,6 +89,30 @@ def _init(rank: int, world: int, port: int, backend: str = "gloo") -> None:
     )
 
 
+def _setup(rank: int, world: int, port: int, backend: str):
+    """Join the group; this rank's device, CPU agreement group (None: the default) and config."""
+    from .model import GPU_CONFIG, ModelConfig
+
+    _init(rank, world, port, backend)
+    if backend == "nccl":
+        return f"cuda:{rank}", dist.new_group(backend="gloo"), GPU_CONFIG
+    return "cpu", None, ModelConfig()
+
+
+def _on_vs_off(off, on) -> dict:
+    """One case's record from the (output, caches, mode) of TBO off and on."""
+    (ref, ref_c, mode_off), (out, out_c, mode_on) = off, on
+    return dict(
+        mode_on=mode_on,
+        mode_off=mode_off,
+        out_diff=float((out - ref).abs().max()) if out.numel() else 0.0,
+        cache_diff=max(
+            float((a - b).abs().max()) for a, b in zip(out_c.raw, ref_c.raw, strict=True)
+        ),
+        scale=float(ref.abs().max()) if ref.numel() else 0.0,
+    )
+
+
 def _save(out_dir: str, rank: int, obj) -> None:
     torch.save(obj, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -138,14 +157,9 @@ def model_worker(rank, world, port, cases, out_dir, backend="gloo") -> None:
     from atom_plugin.tbo.dp import decide_across_dp
 
     from .batches import make_batch, random_decode_batch, run_step
-    from .model import GroupComm, KVCaches, ModelConfig, TboTestModel
+    from .model import GroupComm, KVCaches, TboTestModel
 
-    _init(rank, world, port, backend)
-    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
-    cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
-    # Compiled Triton attention needs head_dim >= 16 (tl.dot's K); test_tbo_gpu's shape.
-    gpu_cfg = dict(hidden=64, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
-    cfg = ModelConfig(experts=4, **(gpu_cfg if backend == "nccl" else {}))
+    device, cpu_group, cfg = _setup(rank, world, port, backend)
     model = TboTestModel(cfg, device, comm=GroupComm(), seed=0)
     results = []
     on, off = TboConfig(), TboConfig(decode=False, prefill=False)
@@ -166,19 +180,7 @@ def model_worker(rank, world, port, cases, out_dir, backend="gloo") -> None:
                     mode = decide_across_dp(shape, config, keys, group=cpu_group)
                     c = caches.clone()
                     outs[name] = (run_step(model, runner, batch, c, mode), c, mode)
-                (ref, ref_c, mode_off), (out, out_c, mode_on) = outs["off"], outs["on"]
-                results.append(
-                    dict(
-                        mode_on=mode_on,
-                        mode_off=mode_off,
-                        out_diff=float((out - ref).abs().max()),
-                        cache_diff=max(
-                            float((a - b).abs().max())
-                            for a, b in zip(out_c.raw, ref_c.raw, strict=True)
-                        ),
-                        scale=float(ref.abs().max()),
-                    )
-                )
+                results.append(_on_vs_off(outs["off"], outs["on"]))
     finally:
         dist.destroy_process_group()
     _save(out_dir, rank, results)
@@ -198,14 +200,9 @@ def replay_worker(rank, world, port, cases, buckets, out_dir, backend="gloo") ->
 
     from .batches import random_decode_batch
     from .graphed import GraphedDecoder, RerunGraphs
-    from .model import GroupComm, KVCaches, ModelConfig, TboTestModel
+    from .model import GroupComm, KVCaches, TboTestModel
 
-    _init(rank, world, port, backend)
-    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
-    cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
-    # Compiled Triton attention needs head_dim >= 16, as in model_worker.
-    gpu_cfg = dict(hidden=64, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
-    cfg = ModelConfig(experts=4, **(gpu_cfg if backend == "nccl" else {}))
+    device, cpu_group, cfg = _setup(rank, world, port, backend)
     max_blocks, num_blocks = 6, 600
     model = TboTestModel(cfg, device, comm=GroupComm(), seed=0)
     source = KVCaches.random(cfg, num_blocks, device, seed=rank)
@@ -237,19 +234,7 @@ def replay_worker(rank, world, port, cases, buckets, out_dir, backend="gloo") ->
                         raw.copy_(src)
                     seen[name] = (dec.step(batch, mode).clone(), dec.caches, mode)
                     wait_for_device(device, GLOO_TIMEOUT_S, f"rank {rank} case {case_id} {name}")
-                (ref, ref_c, mode_off), (out, out_c, mode_on) = seen["off"], seen["on"]
-                results.append(
-                    dict(
-                        mode_on=mode_on,
-                        mode_off=mode_off,
-                        out_diff=float((out - ref).abs().max()) if out.numel() else 0.0,
-                        cache_diff=max(
-                            float((a - b).abs().max())
-                            for a, b in zip(out_c.raw, ref_c.raw, strict=True)
-                        ),
-                        scale=float(ref.abs().max()) if ref.numel() else 0.0,
-                    )
-                )
+                results.append(_on_vs_off(seen["off"], seen["on"]))
             # Graphs holding NCCL collectives must go before the process group:
             # destroying the group under live graphs hung both ranks on the H200s.
             del decoders, dec  # `dec` still names the last decoder after the loop

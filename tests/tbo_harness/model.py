@@ -40,6 +40,10 @@ class ModelConfig:
     dtype: torch.dtype = torch.float32
 
 
+# The GPU tests' shape: compiled Triton attention needs head_dim >= 16 (tl.dot's K).
+GPU_CONFIG = ModelConfig(hidden=64, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
+
+
 class LocalComm:
     """One rank: dispatch and combine are identities plus an optional stand-in kernel.
 
