@@ -4,6 +4,7 @@ The fake asserts AITER's documented shapes and layouts and computes in torch;
 results must equal the reference. No ROCm run happens here.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from attention_cases import make_batch, tolerance
 
 from atom_plugin.backends import aiter_mha, ops, reference
+from atom_plugin.backends.aiter_mha import context_slots
 
 FAKE = Path(__file__).parent / "fake_aiter"
 FP8 = torch.float8_e4m3fn
@@ -57,12 +59,32 @@ def test_mixed_batch_matches_reference(fake_aiter, group, window):
     assert fake_aiter.CALLS == ["paged_attention_v1", "flash_attn_varlen_func"]
 
 
-def test_sinks_decode_falls_back_to_triton(fake_aiter, monkeypatch):
+def test_prefill_context_built_once_per_step(fake_aiter, monkeypatch):
+    b = make_batch(MIXED, hq=4, hkv=2, d=16, block_size=16, seed=6)
+    builds = []
+
+    def counted(*args):
+        builds.append(args)
+        return context_slots(*args)
+
+    monkeypatch.setattr(aiter_mha, "context_slots", counted)
+    want = expected(b, scale=0.25)
+    t = b.meta.num_actual_tokens
+    for _ in range(2):  # two layers' calls with the step's one metadata
+        got = through_ops(b, scale=0.25)
+        torch.testing.assert_close(got[:t], want[:t], **tolerance(torch.float32))
+    assert len(builds) == 1
+    assert list(b.meta.per_step) == [("aiter_prefill_context", 16)]
+    assert dataclasses.replace(b.meta, max_seq_len=b.meta.max_seq_len + 1).per_step == {}
+
+
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])
+def test_sinks_decode_falls_back_to_triton(fake_aiter, monkeypatch, sink_dtype):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if torch.cuda.is_available():
         pytest.skip("the interpreter fallback is for CPU runs")
     b = make_batch(MIXED, hq=4, hkv=2, d=16, block_size=16, seed=3)
-    sinks = torch.randn(4)
+    sinks = torch.randn(4).to(sink_dtype)  # the fake takes sink_ptr in float32 only
     got = through_ops(b, scale=0.25, sinks=sinks)
     torch.testing.assert_close(
         got, expected(b, scale=0.25, sinks=sinks), **tolerance(torch.float32)

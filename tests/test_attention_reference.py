@@ -150,6 +150,12 @@ def test_bad_arguments_are_named():
             output=out,
             sinks=torch.zeros(3),
         )
+    for bad in (torch.float64, torch.int32):
+        with pytest.raises(ValueError, match=f"sinks dtype {bad} is not one of"):
+            ops.paged_attention(
+                b.query, b.key_cache, b.value_cache, b.meta, scale=1.0, output=out,
+                sinks=torch.zeros(4, dtype=bad),
+            )  # fmt: skip
     with pytest.raises(ValueError, match="multiple of kv heads"):
         ops.paged_attention(
             b.query[:, :3], b.key_cache, b.value_cache, b.meta, scale=1.0, output=out[:, :3]

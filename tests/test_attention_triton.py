@@ -93,6 +93,21 @@ def test_sinks_with_window():
         check(b, num_splits=splits, sinks=sinks, sliding_window=4)
 
 
+@pytest.mark.parametrize("sink_dtype", [torch.bfloat16, torch.float16])
+def test_half_sinks_read_as_float32(sink_dtype):
+    reqs = [(1, 18), (1, 1), (5, 21)]
+    b = make_batch(reqs, hq=8, hkv=2, d=16, block_size=16, device=DEV, seed=12)
+    sinks = (torch.randn(8, device=DEV) * 2).to(sink_dtype)
+    for splits in (1, 2):
+        check(b, num_splits=splits, sinks=sinks)  # the reference reads sinks.float()
+        torch.testing.assert_close(
+            actual(b, num_splits=splits, sinks=sinks),
+            actual(b, num_splits=splits, sinks=sinks.float()),
+            rtol=0,
+            atol=0,
+        )
+
+
 @pytest.mark.parametrize(
     "dtype,d", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 256)]
 )

@@ -163,17 +163,28 @@ def gather_context(cache, slots, dtype, scale=None):
     return out.to(dtype)
 
 
+def prefill_context(meta: PagedAttentionMetadata, block_size: int):
+    """(cu_k, slots) of the prefill rows' contexts: their cumulated seq_lens [n + 1] and
+    `context_slots`. Built on the first layer's call of a step, then read from `meta.per_step`."""
+    key = ("aiter_prefill_context", block_size)
+    if key not in meta.per_step:
+        first, last = meta.num_decodes, meta.num_reqs
+        seq_lens = meta.seq_lens[first:last]
+        cu_k = torch.zeros(last - first + 1, dtype=torch.int32, device=seq_lens.device)
+        torch.cumsum(seq_lens, 0, out=cu_k[1:])
+        total = int(cu_k[-1])  # host read: sizes the gathered context (prefills are not graphed)
+        slots = context_slots(meta.block_table[first:last], seq_lens, total, block_size)
+        meta.per_step[key] = cu_k, slots
+    return meta.per_step[key]
+
+
 def _prefill(
     query, key_cache, value_cache, meta, scale, output, *, sliding_window, sinks, k_scale, v_scale
 ):
     first, last = meta.num_decodes, meta.num_reqs
     t0, t1 = meta.num_decode_tokens, meta.num_actual_tokens
-    seq_lens = meta.seq_lens[first:last]
-    cu_k = torch.zeros(last - first + 1, dtype=torch.int32, device=query.device)
-    torch.cumsum(seq_lens, 0, out=cu_k[1:])
-    total = int(cu_k[-1])  # host read: sizes the gathered context (prefills are not graphed)
     # one index computation serves K and V
-    slots = context_slots(meta.block_table[first:last], seq_lens, total, key_cache.shape[1])
+    cu_k, slots = prefill_context(meta, key_cache.shape[1])
     k = gather_context(key_cache, slots, query.dtype, k_scale)
     v = gather_context(value_cache, slots, query.dtype, v_scale)
     cu_q = meta.query_start_loc[first : last + 1] - meta.query_start_loc[first]
@@ -193,7 +204,7 @@ def _prefill(
         alibi_slopes=None,
         return_lse=False,
         out=output[t0:t1],
-        sink_ptr=sinks,
+        sink_ptr=None if sinks is None else sinks.float(),  # AITER reads float32 (no copy if so)
     )
 
 

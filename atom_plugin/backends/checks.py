@@ -9,6 +9,7 @@ from atom_plugin.backends.metadata import PagedAttentionMetadata
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 CACHE_DTYPES = ACTIVATION_DTYPES + FP8_DTYPES
+SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernels read them as float32
 
 
 def _names(dtypes) -> str:
@@ -113,10 +114,10 @@ def check_attention(
             f"sliding_window must be None or a positive int (keys visible, itself included), "
             f"got {sliding_window!r}"
         )
-    if sinks is not None and (
-        sinks.dim() != 1 or sinks.shape[0] != hq or sinks.dtype != torch.float32
-    ):
-        raise ValueError(
-            f"sinks must be a float32 tensor [{hq}] (one per query head), got "
-            f"{sinks.dtype} {tuple(sinks.shape)}"
-        )
+    if sinks is not None:
+        if sinks.dim() != 1 or sinks.shape[0] != hq:
+            raise ValueError(
+                f"sinks must be a tensor [{hq}] (one per query head), got {tuple(sinks.shape)}"
+            )
+        if sinks.dtype not in SINK_DTYPES:
+            raise ValueError(f"sinks dtype {sinks.dtype} is not one of {_names(SINK_DTYPES)}")

@@ -8,7 +8,7 @@ host-side integers (`num_reqs`, `max_seq_len`, ...) carry what launches need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -35,6 +35,9 @@ class PagedAttentionMetadata:
     seq_lens: torch.Tensor  # int32 [num_reqs]
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
     slot_mapping: torch.Tensor  # int64 [num_actual_tokens]; negative = skip
+    # Values a kernel path derives from this batch once and shares across layers.
+    # init=False: `dataclasses.replace` gives each copy a fresh, empty one.
+    per_step: dict = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (

@@ -133,7 +133,8 @@ def _decode_split_kernel(
         acc = acc * tl.load(v_scale)
     if DIRECT:  # one split: finish here, no partials and no reduction launch
         if HAS_SINKS:
-            sink = tl.load(sinks + heads, mask=gmask, other=float("-inf")) * 1.4426950408889634
+            sink = tl.load(sinks + heads, mask=gmask, other=float("-inf")).to(tl.float32)
+            sink = sink * 1.4426950408889634
             m_fin = tl.maximum(m, sink)
             m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
             alpha = tl.exp2(m - m_fin)

@@ -201,7 +201,8 @@ def _prefill_kernel(
         )  # fmt: skip
 
     if HAS_SINKS:
-        sink = tl.load(sinks + head, mask=g < GROUP, other=float("-inf")) * 1.4426950408889634
+        sink = tl.load(sinks + head, mask=g < GROUP, other=float("-inf")).to(tl.float32)
+        sink = sink * 1.4426950408889634
         m_fin = tl.maximum(m, sink)
         m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
         alpha = tl.exp2(m - m_fin)

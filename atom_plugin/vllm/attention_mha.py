@@ -196,7 +196,6 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(kv_cache)
         k_scale, v_scale = self._scales(layer)
-        sinks = None if self.sinks is None else self.sinks.to(torch.float32)
         ops.paged_attention(
             query[:n].view(n, self.num_heads, self.head_size),
             key_cache,
@@ -205,7 +204,7 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
             scale=self.scale,
             output=output[:n].view(n, self.num_heads, self.head_size),
             sliding_window=self.sliding_window,
-            sinks=sinks,
+            sinks=self.sinks,
             k_scale=k_scale,
             v_scale=v_scale,
         )

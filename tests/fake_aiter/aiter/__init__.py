@@ -202,7 +202,10 @@ def flash_attn_varlen_func(
     _expect(cu_seqlens_q.shape == cu_seqlens_k.shape, "one cu entry per sequence each")
     _expect(dropout_p == 0.0 and block_table is None and bias is None, "inference call")
     _expect(len(window_size) == 2, "window_size (left, right)")
-    _expect(sink_ptr is None or sink_ptr.shape == (q.shape[1],), "sink_ptr [Hq]")
+    _expect(
+        sink_ptr is None or (sink_ptr.dtype == torch.float32 and sink_ptr.shape == (q.shape[1],)),
+        "sink_ptr float32 [Hq]",
+    )
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     _expect(cq[-1] <= q.shape[0] and ck[-1] <= k.shape[0], "cu_seqlens within tensors")
     _expect(
