@@ -27,15 +27,15 @@ HEADS = 128
 LORA, ROPE = 512, 64
 TARGET = 0.75  # the issue's target: MLA decode at >= 75% of copy bandwidth
 
-# Latent rows come from block-table addresses, so Triton prefetches them (num_stages - 1) // 2
-# tiles ahead (the prefill kernel's finding): 2 stages prefetch nothing, 5 stages two tiles.
-SWEEP_CONFIGS = [  # alternatives to triton_mla.default_config, timed on SWEEP_SHAPES
-    {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 5},
-    {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_H": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 5},
-    {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 5},
-    {"BLOCK_H": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+# Alternatives to triton_mla.default_config (merged over it), timed on SWEEP_SHAPES. The
+# default loads whole tiles through TMA on this cache; {"tma": False} is the pointer-load
+# kernel it replaced. Earlier sweeps and their findings are in docs/benchmarks.md.
+SWEEP_CONFIGS = [
+    {"tma": False},
+    {"num_warps": 16},
+    {"num_stages": 3},
+    {"BLOCK_H": 32, "num_warps": 4},
+    {"BLOCK_H": 128, "BLOCK_N": 32, "num_warps": 16},
 ]
 SWEEP_SHAPES = ((1, 32768), (32, 32768), (128, 4096))
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
@@ -115,6 +115,7 @@ def _bench_shape(batch, context, config, with_sdpa, flush, device) -> dict:
         "context": context,
         "heads": HEADS,
         "config": config,
+        "maxdiff_vs_default": _diff_vs_default(out, q, cache, meta, scale, plan) if config else 0.0,
         "us": us,
         "kv_gbps": kv_bytes / (us * 1e-6) / 1e9,
         "tflops": batch * HEADS * context * FLOPS_PER_KEY_HEAD / (us * 1e-6) / 1e12,
@@ -122,6 +123,15 @@ def _bench_shape(batch, context, config, with_sdpa, flush, device) -> dict:
     if with_sdpa:
         row.update(_sdpa_row(meta, q, cache, scale, kv_bytes, flush, out))
     return row
+
+
+def _diff_vs_default(out, q, cache, meta, scale, plan) -> float:
+    """Max abs difference between `out` (a swept configuration's) and the default's."""
+    from atom_plugin.backends.triton_mla import mla_decode_triton
+
+    ref = torch.empty_like(out)
+    mla_decode_triton(q, cache, meta, scale=scale, output=ref, token_plan=plan)
+    return (out.float() - ref.float()).abs().max().item()
 
 
 def _sdpa_row(meta, q, cache, scale, kv_bytes, flush, triton_out) -> dict:
@@ -201,6 +211,7 @@ def main(argv=None) -> int:
                 print(
                     f"{r['config']} B={r['batch']} ctx={r['context']}: {r['us']:.1f} us "
                     f"{r['kv_gbps']:.0f} GB/s {100 * r['frac_copy']:.1f}% {r['tflops']:.0f} TFLOP/s"
+                    f" (max diff vs default {r['maxdiff_vs_default']:.1e})"
                 )
     rows = run_mla_benchmarks(copy_gbps=copy_gbps, flush=flush)
     result["rows"] = rows

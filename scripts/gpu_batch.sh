@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 batch behind docs/benchmarks.md and the `gpu` tests: run from the repo
 # root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
-#   bash scripts/gpu_batch.sh tests k3 tbo attention     (any subset, in order)
+#   bash scripts/gpu_batch.sh tests k3 tbo attention mla (any subset, in order)
 #   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
 set -uo pipefail
@@ -46,7 +46,11 @@ for what in "$@"; do
       stage attention "MHA/MLA decode and prefill vs copy bandwidth and matmul rate"
       timeout 400 python3 -m benchmarks.attention --out "$OUT/attention.md" \
         --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: tests k3 tbo attention dp" >&2; exit 2 ;;
+    mla)
+      stage mla "MLA decode launch configurations (TMA, warp specialization) and the default"
+      timeout 400 python3 -m benchmarks.attention_mla --sweep --json "$OUT/mla.json" \
+        --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
+    *) echo "unknown stage '$what'; stages: tests k3 tbo attention mla dp" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

@@ -32,22 +32,24 @@ def make_mla_batch(
     seed=0,
     pad_tokens=0,
     pad_rows=0,
+    col_offset=8,
 ) -> MLABatch:
     """reqs: [(query_len, seq_len)], laid out by `attention_cases.paged_layout`; the
-    cache is a strided view (each row padded by 8 columns) so kernels must honour
-    strides. `pad_rows` adds inert rows (seq_len 0, no queries); `pad_tokens` adds query
-    rows past the requests (must stay untouched)."""
+    cache is a strided view (each row padded by 16 columns, the view starting
+    `col_offset` columns in) so kernels must honour strides; 8 keeps 16-bit rows
+    16-byte aligned, as TMA needs. `pad_rows` adds inert rows (seq_len 0, no queries);
+    `pad_tokens` adds query rows past the requests (must stay untouched)."""
     gen = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
     width = lora + rope
     num_blocks, table, qsl, slots = paged_layout(reqs, block_size, gen, pad_rows=pad_rows)
-    backing = torch.randn(num_blocks, block_size, width + 8, generator=gen)
+    backing = torch.randn(num_blocks, block_size, width + 16, generator=gen)
     kv_scale = None
     if cache_dtype in FP8:
         kv_scale = torch.tensor([0.5])
         backing = (backing / kv_scale).clamp(-200, 200)
     backing = backing.to(cache_dtype).to(device)
-    kv_cache = backing[..., 4 : 4 + width]
+    kv_cache = backing[..., col_offset : col_offset + width]
     t = qsl[-1]
     meta = PagedAttentionMetadata(
         num_reqs=len(reqs) + pad_rows,

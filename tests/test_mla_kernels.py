@@ -13,7 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from mla_cases import FP8, make_mla_batch, tolerance  # noqa: E402
 
-from atom_plugin.backends import mla_ops  # noqa: E402
+from atom_plugin.backends import mla_ops, triton_mla  # noqa: E402
 from atom_plugin.backends.mla_reference import (  # noqa: E402
     mla_decode_reference,
     mla_token_plan,
@@ -107,6 +107,9 @@ def test_token_plan_causal_rows_and_padding():
         (SINGLE, 20, 3, None),  # heads not a multiple of BLOCK_H
         (MULTI, 16, 1, None),
         (MULTI, 32, 5, {"BLOCK_H": 32, "BLOCK_N": 16}),
+        # whole tiles through TMA descriptors, the partial last tile of a split masked
+        (SINGLE, 16, 3, {"tma": True, "BLOCK_N": 16}),
+        (MULTI, 20, 1, {"tma": True, "BLOCK_N": 16}),
     ],
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
@@ -257,6 +260,9 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
         {"BLOCK_H": 32, "num_warps": 4},
         {"BLOCK_H": 64, "num_warps": 8},
         {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8},  # fastest in the H200 sweep
+        {"tma": True},
+        {"tma": True, "BLOCK_N": 32, "num_stages": 3},
+        {"tma": False},
     ],
 )
 def test_gpu_triton_decode_configs(cfg):
@@ -287,3 +293,40 @@ def test_gpu_triton_fp8_cache_and_write():
     write_mla_kv_reference(*args, ref[..., :576], slots.cuda(), scale)
     write_mla_kv_triton(*args, tri[..., :576], slots.cuda(), scale)
     torch.testing.assert_close(tri.float(), ref.float(), atol=0, rtol=0.07)
+
+
+@pytest.mark.parametrize(
+    "cfg,cache_dtype,col_offset,match",
+    [
+        ({"tma": True, "BLOCK_N": 16}, FP8[0], 8, "cache dtype"),
+        ({"tma": True, "BLOCK_N": 32}, torch.float32, 8, "BLOCK_N=32 does not divide"),
+        ({"tma": True, "BLOCK_N": 16}, torch.bfloat16, 4, "16-byte aligned"),
+        ({"tma": "yes"}, torch.float32, 8, "tma must be None, True or False, got 'yes'"),
+        ({"BLOCK_M": 16}, torch.float32, 8, r"unknown MLA decode config keys \['BLOCK_M'\]"),
+    ],
+)
+def test_triton_decode_config_errors(cfg, cache_dtype, col_offset, match):
+    b = make_mla_batch(
+        [(1, 5)], heads=16, lora=64, rope=16, cache_dtype=cache_dtype, col_offset=col_offset
+    )
+    with pytest.raises(ValueError, match=match):
+        _run(mla_decode_triton, b, 64, config=cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_tma_chosen_where_the_cache_allows():
+    """The default reads whole tiles through TMA on a block-64, aligned cache, and falls
+    back to pointer loads, with the same results, where the cache rules TMA out."""
+    for col_offset, block_size, want_tma in ((8, 64, True), (4, 64, False), (8, 16, False)):
+        b = make_mla_batch(
+            GPU_REQS,
+            heads=128,
+            block_size=block_size,
+            dtype=torch.bfloat16,
+            device="cuda",
+            col_offset=col_offset,
+        )
+        assert triton_mla._use_tma(None, b.kv_cache, 512, 64, 64) is want_tma
+        want_out, _ = _run(mla_decode_reference, b, 512)
+        out, _ = _run(mla_decode_triton, b, 512)
+        torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))

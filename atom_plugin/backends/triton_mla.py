@@ -7,6 +7,11 @@ P @ kv_c. Head groups are the fastest-varying grid axis, so the groups that read
 same rows run next to each other and mostly hit L2. Stage 2 merges the splits with
 their log-sum-exps. Correctness does not depend on the number of splits, so it is
 chosen per call from batch, heads and context to fill the GPU.
+
+Where the cache allows it (a CUDA GPU with TMA, 16-bit or fp32 rows, BLOCK_N dividing
+the block size, 16-byte alignment) whole tiles load through TMA tensor descriptors: a
+tile never crosses a page, so it is one box of the cache viewed as rows. The last,
+partial tile of each split, and every tile otherwise, go through masked pointer loads.
 """
 
 from __future__ import annotations
@@ -90,9 +95,25 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
 
 
 @triton.jit
+def _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
+    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows."""
+    s = tl.dot(q_c, tl.trans(kv_c), input_precision=PRECISION)
+    s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _mla_decode_stage1(
     Q,
     KV,
+    KV_C_DESC,
+    K_PE_DESC,
     BLOCK_TABLE,
     TOK_REQ,
     TOK_KV_LEN,
@@ -121,6 +142,7 @@ def _mla_decode_stage1(
     BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
@@ -152,7 +174,22 @@ def _mla_decode_stage1(
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
     bt_row = BLOCK_TABLE + req.to(tl.int64) * stride_bt
-    for n in range(start, end, BLOCK_N):
+    tail = start
+    if TMA:
+        # Whole tiles through TMA: a tile never crosses a page (BLOCK_N divides PAGE,
+        # tiles start at multiples of BLOCK_N), so its rows are one box of the cache
+        # viewed as [blocks * PAGE, LORA + ROPE]. Only the last, partial tile needs masks.
+        tail = start + (end - start) // BLOCK_N * BLOCK_N
+        every = tl.full([BLOCK_N], 1, tl.int1)
+        for n in range(start, tail, BLOCK_N):
+            page = tl.load(bt_row + n // PAGE)
+            row0 = page * PAGE + n % PAGE
+            kv_c = KV_C_DESC.load([row0, 0])
+            k_pe = K_PE_DESC.load([row0, 0])
+            m_i, l_i, acc = _mla_tile(
+                q_c, q_pe, kv_c, k_pe, every, m_i, l_i, acc, qk_scale, PRECISION
+            )
+    for n in range(tail, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
         mask_n = pos < end
         page = tl.load(bt_row + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
@@ -168,15 +205,7 @@ def _mla_decode_stage1(
         if IS_FP8:
             kv_c = (kv_c.to(tl.float32) * kv_scale).to(q_c.dtype)
             k_pe = (k_pe.to(tl.float32) * kv_scale).to(q_c.dtype)
-        s = tl.dot(q_c, tl.trans(kv_c), input_precision=PRECISION)
-        s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
-        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION)
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -243,10 +272,75 @@ def _mla_decode_stage2(
 
 def default_config(num_heads: int) -> dict:
     """Launch parameters. 64 heads per program, 64 keys per step, 8 warps was the
-    fastest of the H200 sweep at 128 heads on every shape timed (docs/benchmarks.md)."""
+    fastest of the H200 sweeps at 128 heads on every shape timed (docs/benchmarks.md).
+    `tma`: load whole tiles through TMA tensor descriptors - True requires it, False
+    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA."""
     if num_heads <= 16:
-        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "tma": None}
+    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "tma": None}
+
+
+def _config(num_heads: int, config: dict | None) -> dict:
+    cfg = default_config(num_heads)
+    unknown = sorted(set(config or {}) - set(cfg))
+    if unknown:
+        raise ValueError(f"unknown MLA decode config keys {unknown}; valid keys: {sorted(cfg)}")
+    cfg.update(config or {})
+    if cfg["tma"] not in (None, True, False):
+        raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
+    return cfg
+
+
+TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp8 rows need a dequantize
+
+
+def _tma_problems(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int) -> list[str]:
+    """Why TMA descriptors cannot read the cache as [blocks * page, lora + rope] rows
+    in tiles of `block_n`; empty when they can."""
+    page = kv_cache.shape[1]
+    size = kv_cache.element_size()
+    problems = []
+    if kv_cache.dtype not in TMA_DTYPES:
+        problems.append(f"cache dtype {kv_cache.dtype} (tma takes {TMA_DTYPES})")
+    if page % block_n:
+        problems.append(f"BLOCK_N={block_n} does not divide the block size {page}")
+    if kv_cache.stride(2) != 1 or kv_cache.stride(0) != page * kv_cache.stride(1):
+        problems.append(f"cache strides {kv_cache.stride()} are not rows of one 2-d view")
+    if (kv_cache.stride(1) * size) % 16:
+        problems.append(f"cache rows ({kv_cache.stride(1)} elements apart) are not 16-byte aligned")
+    if kv_cache.data_ptr() % 16 or (kv_cache.data_ptr() + lora * size) % 16:
+        problems.append("the latent or rope columns do not start 16-byte aligned")
+    for name, n in (("kv_lora_rank", lora), ("rope", rope)):
+        if n < 16 or n & (n - 1):
+            problems.append(f"{name}={n} is not a power of two >= 16")
+    if kv_cache.is_cuda and (
+        torch.version.hip or torch.cuda.get_device_capability(kv_cache.device)[0] < 9
+    ):
+        problems.append("the GPU has no TMA (needs CUDA compute capability 9.0 or newer)")
+    return problems
+
+
+def _use_tma(want, kv_cache, lora, rope, block_n) -> bool:
+    if want is False:
+        return False
+    problems = _tma_problems(kv_cache, lora, rope, block_n)
+    if want and problems:
+        raise ValueError("tma=True cannot read this cache: " + "; ".join(problems))
+    # auto: on CUDA only (the CPU interpreter takes tma=True for tests)
+    return not problems and (want or kv_cache.is_cuda)
+
+
+def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int):
+    """Descriptors of the latent and rope columns of the cache viewed as rows."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    blocks, page, width = kv_cache.shape
+    n, stride = blocks * page, kv_cache.stride(1)
+    rows = kv_cache.as_strided((n, width), (stride, 1))
+    return (
+        TensorDescriptor(rows, [n, lora], [stride, 1], [block_n, lora]),
+        TensorDescriptor(rows[:, lora:], [n, rope], [stride, 1], [block_n, rope]),
+    )
 
 
 def mla_decode_triton(
@@ -279,7 +373,7 @@ def mla_decode_triton(
         token_plan = mla_token_plan(meta, T, token_kv_lens)
     req, kv_len = token_plan
     T = min(T, req.shape[0])  # tokens past the plan stay untouched
-    cfg = dict(default_config(H), **(config or {}))
+    cfg = _config(H, config)
     block_h = max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(H)))
     head_groups = triton.cdiv(H, block_h)
     if num_splits is None:
@@ -289,9 +383,14 @@ def mla_decode_triton(
     mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
     block_table = meta.block_table
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
+    tma = _use_tma(cfg["tma"], kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
+    descs = (kv_cache, kv_cache)  # unused without tma
+    if tma:
+        descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
     _mla_decode_stage1[(head_groups, num_splits, T)](
         q,
         kv_cache,
+        *descs,
         block_table,
         req,
         kv_len,
@@ -320,6 +419,7 @@ def mla_decode_triton(
         BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=fp8,
         PRECISION=precision,
+        TMA=tma,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

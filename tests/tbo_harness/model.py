@@ -8,6 +8,12 @@ Experts are sharded across the ranks of the comm group; with one rank a
 stand-in kernel of configurable duration on the comm stream takes the place
 of the collectives (`LocalComm`).
 
+The layer launches few, large kernels, as an engine's fused layer does: one QKV
+GEMM, an RMSNorm kernel, and the rank's experts as one up and one down GEMM
+(dense-masked: every token goes through every expert, weighted by gates that are
+zero outside its top-2). A chain of many tiny launches would measure launch
+latency, not the overlap.
+
 Routing is hashed from the token id (top-2 of the experts) with gate weights
 from a learned router, so outputs are continuous in the inputs and TBO-on vs
 TBO-off comparisons need no luck with near ties.
@@ -164,51 +170,60 @@ class TboTestModel:
         per_rank = cfg.experts // self.comm.world
         mine = slice(self.comm.rank * per_rank, (self.comm.rank + 1) * per_rank)
         for _ in range(cfg.layers):
+            wq, wk, wv = w(h, hq * d), w(h, hkv * d), w(h, hkv * d)
             layer = dict(
-                wq=w(h, hq * d),
-                wk=w(h, hkv * d),
-                wv=w(h, hkv * d),
+                wqkv=torch.cat([wq, wk, wv], dim=1),  # one projection GEMM, as engines fuse it
                 wo=w(hq * d, h),
                 router=w(h, cfg.experts),
-                w1=w(cfg.experts, h, cfg.ffn),
-                w2=w(cfg.experts, cfg.ffn, h),
             )
-            layer["experts"] = range(mine.start, mine.stop)
+            w1, w2 = w(cfg.experts, h, cfg.ffn)[mine], w(cfg.experts, cfg.ffn, h)[mine]
+            # This rank's experts side by side: one up and one down GEMM for all of them
+            layer["w_up"] = w1.permute(1, 0, 2).reshape(h, per_rank * cfg.ffn).contiguous()
+            layer["w_down"] = w2.reshape(per_rank * cfg.ffn, h).contiguous()
+            layer["experts"] = mine
             self.layers.append(layer)
         self.scale = d**-0.5
 
     @staticmethod
     def _norm(x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return F.rms_norm(x, x.shape[-1:], eps=1e-6)
 
-    def _gates(self, h: torch.Tensor, ids: torch.Tensor, layer: int, router: torch.Tensor):
+    def _routes(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each token's two experts in every layer, [P, layers, 2], hashed from its id once
+        per forward (a real router picks them per layer with one fused top-k kernel)."""
         e = self.cfg.experts
-        first = (ids * 7 + layer) % e
-        second = (first + 1 + ids % (e - 1)) % e
-        chosen = torch.stack([first, second], dim=-1)
+        first = (ids[:, None] * 7 + torch.arange(self.cfg.layers, device=ids.device)) % e
+        second = (first + 1 + (ids % (e - 1))[:, None]) % e
+        return torch.stack([first, second], dim=-1)
+
+    def _gates(self, h: torch.Tensor, chosen: torch.Tensor, router: torch.Tensor):
         weights = torch.softmax(torch.gather(h @ router, 1, chosen), dim=-1)
-        return torch.zeros(h.shape[0], e, device=h.device, dtype=h.dtype).scatter(
+        return torch.zeros(h.shape[0], self.cfg.experts, device=h.device, dtype=h.dtype).scatter(
             1, chosen, weights
         )
 
     def _experts(self, layer: dict, tokens: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(tokens)
-        for e in layer["experts"]:
-            hidden = F.silu(tokens @ layer["w1"][e]) @ layer["w2"][e]
-            out = out + gates[:, e : e + 1] * hidden
-        return out
+        """sum over this rank's experts e of gate_e * silu(x W1_e) W2_e, computed for every
+        token (dense-masked) as one up and one down GEMM, as a fused-MoE kernel would launch."""
+        p, ffn = tokens.shape[0], self.cfg.ffn
+        up = F.silu(tokens @ layer["w_up"]).view(p, -1, ffn)
+        up = up * gates[:, layer["experts"], None]
+        return up.view(p, -1) @ layer["w_down"]
 
     def forward(
         self, input_ids: torch.Tensor, meta: PagedAttentionMetadata, caches: KVCaches
     ) -> torch.Tensor:
         cfg = self.cfg
         p = input_ids.shape[0]
+        hq_d, hkv_d = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         x = self.embed[input_ids]
+        routes = self._routes(input_ids)
         for i, layer in enumerate(self.layers):
             h = self._norm(x)
-            q = (h @ layer["wq"]).view(p, cfg.heads, cfg.head_dim)
-            k = (h @ layer["wk"]).view(p, cfg.kv_heads, cfg.head_dim)
-            v = (h @ layer["wv"]).view(p, cfg.kv_heads, cfg.head_dim)
+            q, k, v = (h @ layer["wqkv"]).split([hq_d, hkv_d, hkv_d], dim=-1)
+            q = q.view(p, cfg.heads, cfg.head_dim)
+            k = k.view(p, cfg.kv_heads, cfg.head_dim)
+            v = v.view(p, cfg.kv_heads, cfg.head_dim)
             key_cache, value_cache = caches.layers[i]
             write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
             o = torch.zeros_like(q)
@@ -216,7 +231,7 @@ class TboTestModel:
             x = x + o.view(p, -1) @ layer["wo"]
 
             h = self._norm(x)
-            payload = torch.cat([h, self._gates(h, input_ids, i, layer["router"])], dim=-1)
+            payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
             gathered = self._communicate(self.comm.dispatch, payload)
             tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
             y = self._experts(layer, tokens, gates)
