@@ -36,7 +36,9 @@ class PagedAttentionMetadata:
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
     slot_mapping: torch.Tensor  # int64 [num_actual_tokens]; negative = skip
     # Values a kernel path derives from this batch once and shares across layers.
-    # init=False: `dataclasses.replace` gives each copy a fresh, empty one.
+    # init=False: `dataclasses.replace` gives each copy a fresh, empty one. Only the
+    # AITER prefill fills it; metadata rewritten in place across steps (the TBO graph
+    # buffers) holds decode batches only, so it never goes stale.
     per_step: dict = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
