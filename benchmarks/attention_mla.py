@@ -95,7 +95,7 @@ def run_mla_benchmarks(
     return rows
 
 
-def _bench_shape(batch, context, config, with_sdpa, flush, device) -> dict:
+def _bench_shape(batch, context, config, with_sdpa, flush, device, num_splits=None) -> dict:
     from atom_plugin.backends.mla_reference import mla_token_plan
     from atom_plugin.backends.triton_mla import mla_decode_triton
 
@@ -106,16 +106,25 @@ def _bench_shape(batch, context, config, with_sdpa, flush, device) -> dict:
     kv_bytes = batch * context * (LORA + ROPE) * cache.element_size()
     us = time_us(
         lambda: mla_decode_triton(
-            q, cache, meta, scale=scale, output=out, config=config, token_plan=plan
+            q,
+            cache,
+            meta,
+            scale=scale,
+            output=out,
+            config=config,
+            token_plan=plan,
+            num_splits=num_splits,
         ),
         flush=flush,
     )
+    swept = config or num_splits
     row = {
         "batch": batch,
         "context": context,
         "heads": HEADS,
         "config": config,
-        "maxdiff_vs_default": _diff_vs_default(out, q, cache, meta, scale, plan) if config else 0.0,
+        "num_splits": num_splits,
+        "maxdiff_vs_default": _diff_vs_default(out, q, cache, meta, scale, plan) if swept else 0.0,
         "us": us,
         "kv_gbps": kv_bytes / (us * 1e-6) / 1e9,
         "tflops": batch * HEADS * context * FLOPS_PER_KEY_HEAD / (us * 1e-6) / 1e12,
@@ -173,6 +182,23 @@ def sweep(copy_gbps, flush, shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="
     return results
 
 
+SPLITS = (1, 2, 3, 4, 6, 8, 16, 32, 64)  # KV splits per request timed by --split-sweep
+
+
+def split_sweep(copy_gbps, flush, device="cuda") -> list:
+    """Every shape of the main table at each of SPLITS, the default configuration otherwise;
+    the split count the default rule picks is printed beside."""
+    results = []
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            for splits in SPLITS:
+                row = _bench_shape(batch, context, None, False, flush, device, num_splits=splits)
+                row["frac_copy"] = row["kv_gbps"] / copy_gbps
+                results.append(row)
+            torch.cuda.empty_cache()
+    return results
+
+
 def format_table(rows: list[dict]) -> str:
     lines = [
         "| batch | context | Triton MLA us | KV GB/s | of copy BW | target 75% | TFLOP/s "
@@ -195,6 +221,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the table as markdown here")
     p.add_argument("--sweep", action="store_true", help="time every SWEEP_CONFIGS entry too")
+    p.add_argument("--split-sweep", action="store_true", help="time each shape at SPLITS too")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -213,6 +240,17 @@ def main(argv=None) -> int:
                     f"{r['kv_gbps']:.0f} GB/s {100 * r['frac_copy']:.1f}% {r['tflops']:.0f} TFLOP/s"
                     f" (max diff vs default {r['maxdiff_vs_default']:.1e})"
                 )
+    if args.split_sweep:
+        from atom_plugin.backends.triton_mla import decode_num_splits
+
+        result["split_sweep"] = split_sweep(copy_gbps, flush)
+        for r in result["split_sweep"]:
+            default = decode_num_splits(r["batch"], HEADS, r["context"], torch.device("cuda"))
+            print(
+                f"B={r['batch']} ctx={r['context']} splits={r['num_splits']} (rule: {default}): "
+                f"{r['us']:.1f} us {100 * r['frac_copy']:.1f}% "
+                f"(max diff vs default {r['maxdiff_vs_default']:.1e})"
+            )
     rows = run_mla_benchmarks(copy_gbps=copy_gbps, flush=flush)
     result["rows"] = rows
     table = format_table(rows)

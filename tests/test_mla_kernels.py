@@ -330,3 +330,19 @@ def test_gpu_tma_chosen_where_the_cache_allows():
         want_out, _ = _run(mla_decode_reference, b, 512)
         out, _ = _run(mla_decode_triton, b, 512)
         torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "programs,tiles,want",
+    [
+        (64, 64, 2),  # batch 32 x 4K on 132 SMs: one full wave, the sweep's fastest
+        (64, 512, 2),  # batch 32 x 32K
+        (256, 64, 1),  # batch 128 x 4K: two waves already
+        (2, 64, 64),  # batch 1 x 4K: as many splits as fit in one wave
+        (2, 512, 64),  # batch 1 x 32K, capped at MAX_SPLITS
+        (4096, 8, 1),
+        (1, 1, 1),
+    ],
+)
+def test_split_count_fills_whole_waves(programs, tiles, want):
+    assert triton_mla.best_num_splits(programs, tiles, 132) == want

@@ -16,13 +16,15 @@ partial tile of each split, and every tile otherwise, go through masked pointer 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.mla_reference import check_mla_shapes, mla_token_plan
-from atom_plugin.backends.triton_common import choose_num_splits, device_sm_count
+from atom_plugin.backends.triton_common import MAX_SPLITS, device_sm_count
 
 
 @triton.jit
@@ -343,6 +345,38 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
     )
 
 
+def _block_h(num_heads: int, cfg: dict) -> int:
+    return max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(num_heads)))
+
+
+# A program's fixed cost (query load, partial-result store, its share of the merge) in
+# key tiles; fitted to the H200 split sweep in docs/benchmarks.md.
+SPLIT_OVERHEAD_TILES = 3
+
+
+def decode_num_splits(num_tokens, num_heads, max_seq_len, device, config=None) -> int:
+    """The KV splits per query token that `mla_decode_triton` picks when not told."""
+    cfg = _config(num_heads, config)
+    programs = max(1, num_tokens * triton.cdiv(num_heads, _block_h(num_heads, cfg)))
+    tiles = max(1, triton.cdiv(max_seq_len, cfg["BLOCK_N"]))
+    return best_num_splits(programs, tiles, device_sm_count(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def best_num_splits(programs: int, tiles: int, num_sms: int) -> int:
+    """The split count with the least waves x (tiles per split + fixed cost), fewer splits
+    on ties. A 64-head program fills an SM's shared memory, so a wave is `num_sms`
+    programs: a count that leaves the last wave mostly empty loses to one that does not
+    (the MHA rule, which aims at two waves, picked 5 splits at batch 32 where 2 run
+    1.3x faster)."""
+
+    def cost(splits: int) -> int:
+        waves = -(-programs * splits // num_sms)
+        return waves * (-(-tiles // splits) + SPLIT_OVERHEAD_TILES)
+
+    return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
+
+
 def mla_decode_triton(
     q,
     kv_cache,
@@ -374,10 +408,10 @@ def mla_decode_triton(
     req, kv_len = token_plan
     T = min(T, req.shape[0])  # tokens past the plan stay untouched
     cfg = _config(H, config)
-    block_h = max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(H)))
+    block_h = _block_h(H, cfg)
     head_groups = triton.cdiv(H, block_h)
     if num_splits is None:
-        num_splits = choose_num_splits(T, head_groups, meta.max_seq_len, device_sm_count(q.device))
+        num_splits = decode_num_splits(T, H, meta.max_seq_len, q.device, config)
     rope = width - kv_lora_rank
     mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
     mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
