@@ -31,9 +31,11 @@ TARGET = 0.75  # the issue's target: MLA decode at >= 75% of copy bandwidth
 # default loads whole tiles through TMA on this cache; {"tma": False} is the pointer-load
 # kernel it replaced. Earlier sweeps and their findings are in docs/benchmarks.md.
 SWEEP_CONFIGS = [
-    {"lazy_rescale": True},
     {"tma": False},
-    {"tma": False, "lazy_rescale": True},
+    {"num_warps": 16},
+    {"num_stages": 3},
+    {"BLOCK_H": 32, "num_warps": 4},
+    {"BLOCK_H": 128, "BLOCK_N": 32, "num_warps": 16},
 ]
 SWEEP_SHAPES = ((1, 32768), (32, 32768), (128, 4096))
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512

@@ -97,38 +97,12 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
 
 
 @triton.jit
-def _mla_tile(
-    q_c,
-    q_pe,
-    kv_c,
-    k_pe,
-    mask_n,
-    m_i,
-    l_i,
-    acc,
-    qk_scale,
-    PRECISION: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-):
-    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows.
-
-    LAZY_RESCALE keeps the running max (and skips rescaling the accumulator) until some
-    row's max has grown by more than 2^8: l_i and acc share the stale max, so the result
-    is the same, and p stays below 256."""
+def _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
+    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows."""
     s = tl.dot(q_c, tl.trans(kv_c), input_precision=PRECISION)
     s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
     s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    if LAZY_RESCALE:
-        if tl.max(m_new - m_i, 0) > 8.0:
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - m_i[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        acc = tl.dot(p.to(kv_c.dtype), kv_c, acc, input_precision=PRECISION)
-        return m_i, l_i, acc
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -171,7 +145,6 @@ def _mla_decode_stage1(
     IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
@@ -216,7 +189,7 @@ def _mla_decode_stage1(
             kv_c = KV_C_DESC.load([row0, 0])
             k_pe = K_PE_DESC.load([row0, 0])
             m_i, l_i, acc = _mla_tile(
-                q_c, q_pe, kv_c, k_pe, every, m_i, l_i, acc, qk_scale, PRECISION, LAZY_RESCALE
+                q_c, q_pe, kv_c, k_pe, every, m_i, l_i, acc, qk_scale, PRECISION
             )
     for n in range(tail, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
@@ -234,9 +207,7 @@ def _mla_decode_stage1(
         if IS_FP8:
             kv_c = (kv_c.to(tl.float32) * kv_scale).to(q_c.dtype)
             k_pe = (k_pe.to(tl.float32) * kv_scale).to(q_c.dtype)
-        m_i, l_i, acc = _mla_tile(
-            q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION, LAZY_RESCALE
-        )
+        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION)
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -305,12 +276,10 @@ def default_config(num_heads: int) -> dict:
     """Launch parameters. 64 heads per program, 64 keys per step, 8 warps was the
     fastest of the H200 sweeps at 128 heads on every shape timed (docs/benchmarks.md).
     `tma`: load whole tiles through TMA tensor descriptors - True requires it, False
-    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA.
-    `lazy_rescale`: see `_mla_tile`."""
-    rest = {"tma": None, "lazy_rescale": False}
+    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA."""
     if num_heads <= 16:
-        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, **rest}
-    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, **rest}
+        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "tma": None}
+    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "tma": None}
 
 
 def _config(num_heads: int, config: dict | None) -> dict:
@@ -485,7 +454,6 @@ def mla_decode_triton(
         IS_FP8=fp8,
         PRECISION=precision,
         TMA=tma,
-        LAZY_RESCALE=cfg["lazy_rescale"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
