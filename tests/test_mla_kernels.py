@@ -346,3 +346,16 @@ def test_gpu_tma_chosen_where_the_cache_allows():
 )
 def test_split_count_fills_whole_waves(programs, tiles, want):
     assert triton_mla.best_num_splits(programs, tiles, 132) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2])
+def test_gpu_one_split_writes_the_output(splits):
+    """One split: stage 1 stores straight into the bf16 output, no merge kernel."""
+    b = make_mla_batch(
+        GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda", pad_tokens=3
+    )
+    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    out, lse = _run(mla_decode_triton, b, 512, num_splits=splits)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)

@@ -5,8 +5,9 @@ share the latent rows, so a program loads each block of cached rows once and sco
 against BLOCK_H heads with two matmuls (latent part and rope part), then accumulates
 P @ kv_c. Head groups are the fastest-varying grid axis, so the groups that read the
 same rows run next to each other and mostly hit L2. Stage 2 merges the splits with
-their log-sum-exps. Correctness does not depend on the number of splits, so it is
-chosen per call from batch, heads and context to fill the GPU.
+their log-sum-exps; with one split, stage 1 writes the output itself and stage 2 does
+not run. Correctness does not depend on the number of splits, so it is chosen per call
+from batch, heads and context to fill whole waves of the GPU.
 
 Where the cache allows it (a CUDA GPU with TMA, 16-bit or fp32 rows, BLOCK_N dividing
 the block size, 16-byte alignment) whole tiles load through TMA tensor descriptors: a
@@ -213,6 +214,7 @@ def _mla_decode_stage1(
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     mid = MID_O + t.to(tl.int64) * stride_mt + offs_h[:, None] * stride_mh + split * stride_ms
+    out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
     tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
 
@@ -413,8 +415,11 @@ def mla_decode_triton(
     if num_splits is None:
         num_splits = decode_num_splits(T, H, meta.max_seq_len, q.device, config)
     rope = width - kv_lora_rank
-    mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+    if num_splits == 1:  # stage 1 writes the result itself: no partials, no merge
+        mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
+    else:
+        mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
     block_table = meta.block_table
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
     tma = _use_tma(cfg["tma"], kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
@@ -457,6 +462,8 @@ def mla_decode_triton(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if num_splits == 1:
+        return lse
     _mla_decode_stage2[(H, T)](
         mid_o,
         mid_lse,
