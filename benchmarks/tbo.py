@@ -7,9 +7,6 @@ fraction (default 30%) of the unsplit step, it times one decode step as:
   both computing on one stream (`MicroBatchRunner(compute_streams=1)`);
 - split replay, 2 streams: the same with each micro-batch computing on its own
   stream (`compute_streams=2`), so their kernels may run side by side;
-- split replay, 2 streams staggered: that, with micro-batch 1 starting one
-  hand-off late (`stagger=True`), so each micro-batch's dispatch and combine are
-  not queued behind the other's at the same layer;
 - eager split: the two micro-batches run eagerly on the runner's threads;
 - eager unsplit: the plain eager step, for reference.
 A step is "refresh the static buffers in place + replay"; the replay-only
@@ -90,7 +87,7 @@ def step_ms(fn, iters: int) -> float:
 def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ctx_len, iters):
     """One condition's row: comm_ms is the stand-in communication per unsplit step (0 = off).
 
-    `runners` maps "1", "2" (compute streams) and "2x" (two, staggered) to runners.
+    `runners` maps a compute-stream count (1, 2) to its `MicroBatchRunner`.
     """
     max_blocks = -(-(ctx_len + 1) // MODEL.block_size)
     num_blocks = caches.raw[0].shape[0]
@@ -105,15 +102,14 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
     decoders = {
         name: GraphedDecoder(model, caches, runners[streams], [batch_size], config, max_blocks)
         for name, config, streams in (
-            ("unsplit", TboConfig(decode=False), "1"),
-            ("split", TboConfig(), "1"),
-            ("split2s", TboConfig(), "2"),
-            ("split2x", TboConfig(), "2x"),
+            ("unsplit", TboConfig(decode=False), 1),
+            ("split", TboConfig(), 1),
+            ("split2s", TboConfig(), 2),
         )
     }
     out_unsplit = decoders["unsplit"].step(batch).float().clone()
     errs = []
-    for name in ("split", "split2s", "split2x"):
+    for name in ("split", "split2s"):
         out_split = decoders[name].step(batch).float().clone()
         errs.append(float((out_split - out_unsplit).abs().max() / out_unsplit.abs().max()))
     row["split_vs_unsplit_rel_err"] = err = max(errs)
@@ -127,10 +123,10 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
 
     eager_split = ForwardMode.decide([BatchShape(batch_size, batch_size, 1)], 0, TboConfig(), ())
     row["eager_split_ms"] = step_ms(
-        lambda: run_step(model, runners["1"], batch, caches, eager_split), max(3, iters // 5)
+        lambda: run_step(model, runners[1], batch, caches, eager_split), max(3, iters // 5)
     )
     row["eager_unsplit_ms"] = step_ms(lambda: run_unsplit(model, batch, caches), max(3, iters // 5))
-    for name in ("split", "split2s", "split2x"):
+    for name in ("split", "split2s"):
         row[f"unsplit_over_{name}"] = row["unsplit_graph_ms"] / row[f"{name}_graph_ms"]
     del decoders
     gc.collect()
@@ -144,7 +140,6 @@ COLUMNS = [
     ("unsplit_graph_ms", "unsplit graph ms", "{:.3f}"),
     ("split_graph_ms", "split replay ms", "{:.3f}"),
     ("split2s_graph_ms", "split replay 2 streams ms", "{:.3f}"),
-    ("split2x_graph_ms", "split replay 2 streams staggered ms", "{:.3f}"),
     ("eager_split_ms", "eager split ms", "{:.3f}"),
     ("eager_unsplit_ms", "eager unsplit ms", "{:.3f}"),
     ("unsplit_replay_only_ms", "unsplit replay-only ms", "{:.3f}"),
@@ -154,7 +149,6 @@ COLUMNS = [
     ("ideal_overlap_ms", "ideal overlap ms", "{:.3f}"),
     ("unsplit_over_split", "unsplit / split", "{:.2f}x"),
     ("unsplit_over_split2s", "unsplit / split 2 streams", "{:.2f}x"),
-    ("unsplit_over_split2x", "unsplit / split 2 streams staggered", "{:.2f}x"),
     ("split_vs_unsplit_rel_err", "rel err", "{:.1e}"),
 ]
 
@@ -195,9 +189,8 @@ def main(argv=None) -> int:
     with (
         MicroBatchRunner("cuda", timeout_s=300) as one_stream,
         MicroBatchRunner("cuda", timeout_s=300, compute_streams=2) as two_streams,
-        MicroBatchRunner("cuda", timeout_s=300, compute_streams=2, stagger=True) as staggered,
     ):
-        runners = {"1": one_stream, "2": two_streams, "2x": staggered}
+        runners = {1: one_stream, 2: two_streams}
         for b in args.batches:
             common = (cycles_per_ms, model, comm, caches, runners, args.context, args.iters)
             base = measure(b, 0.0, *common)

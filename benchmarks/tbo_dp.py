@@ -33,7 +33,6 @@ and NVSHMEM_DISABLE_NVLS=1 are set in the parent before the ranks are spawned.
     python3 -m benchmarks.tbo_dp --out tbo_dp.md --json tbo_dp.json           # 2 GPUs, NCCL
     python3 -m benchmarks.tbo_dp --executions eager                             # no graphs
     python3 -m benchmarks.tbo_dp --compute-streams 2                             # 1 stream/ubatch
-    python3 -m benchmarks.tbo_dp --compute-streams 2 --stagger                   # ubatch 1 late
     python3 -m benchmarks.tbo_dp --backend gloo --device cpu --batches 4 8      # CPU smoke run
 """
 
@@ -242,10 +241,7 @@ def _worker(rank: int, world: int, port: int, args: dict, result_path: str) -> N
     )
     try:
         with MicroBatchRunner(
-            args["device"],
-            timeout_s=COLLECTIVE_TIMEOUT_S,
-            compute_streams=args["compute_streams"],
-            stagger=args["stagger"],
+            args["device"], timeout_s=COLLECTIVE_TIMEOUT_S, compute_streams=args["compute_streams"]
         ) as runner:
             me = Rank(args, rank, world, runner)
             rows = []
@@ -302,7 +298,7 @@ def header(args: argparse.Namespace, devices: list[str], when: datetime.datetime
         f"tokens/request; per layer an all-gather (dispatch) and an all-reduce (combine)",
         f"replay: {replay}; each figure is the slowest rank's median of {args.iters} steps; "
         "comm alone is the step's collectives issued eagerly back to back",
-        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams}, stagger={args.stagger})",
+        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams})",
     ]
 
 
@@ -323,7 +319,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=1,
         help="compute streams of the micro-batch runner (2: one per micro-batch)",
     )
-    p.add_argument("--stagger", action="store_true", help="micro-batch 1 starts one hand-off late")
     p.add_argument("--tolerance", type=float, help="max rel err on vs off (5e-2 bf16, 1e-4 fp32)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the rows and the setting as JSON here")

@@ -39,9 +39,9 @@ def caches():
     return KVCaches.random(CFG, NUM_BLOCKS, "cpu", seed=1)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["lockstep", "staggered"])
-def runner(request):
-    with MicroBatchRunner("cpu", timeout_s=60, stagger=request.param) as r:
+@pytest.fixture(scope="module")
+def runner():
+    with MicroBatchRunner("cpu", timeout_s=60) as r:
         yield r
 
 

@@ -39,30 +39,6 @@ def test_micro_batches_alternate_at_yield_points(runner):
     assert {name for u, _, name in trace if u == 1} == {"tbo-ubatch-1"}
 
 
-def test_stagger_starts_micro_batch_1_one_hand_off_late():
-    trace = []
-
-    def fn(ctx):
-        for stage in range(3):
-            trace.append((ctx.id, stage))
-            tbo.yield_to_other()
-        return ctx.id
-
-    with MicroBatchRunner("cpu", timeout_s=TIMEOUT, stagger=True) as r:
-        assert r.run(fn, [None, None]) == [0, 1]
-    assert trace == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (1, 2)]
-
-
-def test_stagger_with_a_micro_batch_that_never_yields():
-    with MicroBatchRunner("cpu", timeout_s=TIMEOUT, stagger=True) as r:
-        assert r.run(lambda ctx: ctx.id, [None, None]) == [0, 1]
-
-
-def test_stagger_must_be_a_bool():
-    with pytest.raises(ValueError, match="stagger must be True or False, got 1"):
-        MicroBatchRunner("cpu", stagger=1)
-
-
 def test_uneven_micro_batches_finish(runner):
     def fn(ctx):
         for _ in range(1 if ctx.id == 0 else 5):

@@ -14,13 +14,6 @@ other only through the shared comm stream, so short, latency-bound kernels of
 one run beside the other's instead of after them. The collectives stay on the
 one comm stream, in the same order on every rank.
 
-With `stagger=True` micro-batch 1 starts one hand-off late: it yields back at
-once the first time it gets the turn. Micro-batch 0 then issues its next stage
-(say, experts and combine) before micro-batch 1 issues its first (attention and
-dispatch), so one micro-batch's collectives no longer queue behind the other's
-on the comm stream at the same layer; with two compute streams the other
-micro-batch's compute fills the wait.
-
 Model code calls the module-level functions (`yield_to_other`,
 `switch_to_comm`, ...); outside a runner they do nothing, so the same model
 runs unsplit. Micro-batch 0 always starts first and the two alternate, so
@@ -229,7 +222,6 @@ class MicroBatchRunner:
         *,
         timeout_s: float = 600.0,
         compute_streams: int = 1,
-        stagger: bool = False,
     ):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
@@ -240,11 +232,8 @@ class MicroBatchRunner:
             raise ValueError(
                 f"compute_streams={compute_streams!r} is not one of {COMPUTE_STREAM_CHOICES}"
             )
-        if type(stagger) is not bool:
-            raise ValueError(f"stagger must be True or False, got {stagger!r}")
         self.timeout_s = float(timeout_s)
         self.compute_streams = compute_streams
-        self.stagger = stagger
         self._cuda = self.device.type == "cuda"
         self._ubatch1_stream = None  # micro-batch 1's own compute stream (compute_streams=2)
         if self._cuda:
@@ -297,8 +286,6 @@ class MicroBatchRunner:
             _current.ctx = ctx
             try:
                 ctx._wait_baton()
-                if self.stagger and ubatch == 1:
-                    ctx.yield_to_other()
                 with contextlib.ExitStack() as stack:
                     stack.enter_context(torch.inference_mode(inference))
                     stack.enter_context(torch.set_grad_enabled(grad))
