@@ -135,7 +135,8 @@ def _free_bytes() -> int:
 
 
 def bench_decode(pool, batch, context, flush, copy_gbps, config=None, with_sdpa=True) -> dict:
-    from atom_plugin.backends.triton_decode import choose_num_splits, device_sm_count, paged_decode
+    from atom_plugin.backends.triton_common import choose_num_splits, device_sm_count
+    from atom_plugin.backends.triton_decode import paged_decode
 
     meta = pool.meta([(1, context)] * batch, seed=batch * 7 + context)
     q = torch.randn(batch, HQ, D, dtype=DTYPE, device="cuda")

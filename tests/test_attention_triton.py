@@ -18,7 +18,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from atom_plugin.backends import ops, reference  # noqa: E402
 from atom_plugin.backends.metadata import prepare_ubatch_decode  # noqa: E402
-from atom_plugin.backends.triton_decode import choose_num_splits, paged_decode  # noqa: E402
+from atom_plugin.backends.triton_common import choose_num_splits  # noqa: E402
+from atom_plugin.backends.triton_decode import paged_decode  # noqa: E402
 from atom_plugin.backends.triton_mha import paged_attention, write_kv  # noqa: E402
 from atom_plugin.backends.triton_prefill import paged_prefill  # noqa: E402
 
@@ -324,3 +325,15 @@ def test_prefill_rejects_a_scale_not_above_zero(scale):
     b = make_batch([(3, 3)], hq=2, hkv=1, d=16, block_size=16, device=DEV)
     with pytest.raises(ValueError, match=repr(scale)):
         paged_prefill(b.query, b.key_cache, b.value_cache, b.meta, scale=scale, output=b.query)
+
+
+def test_host_int_helpers_match_triton():
+    """The launch code's cdiv / next_power_of_2 give triton's values at plain-int cost."""
+    import triton
+
+    from atom_plugin.backends.triton_common import cdiv, next_power_of_2
+
+    for n in range(0, 2100):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 16, 64, 256):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)

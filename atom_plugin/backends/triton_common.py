@@ -15,12 +15,23 @@ MIN_TOKENS_PER_SPLIT = 256  # below this, partial-result traffic costs more than
 WAVES = 2
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the launch code: triton.cdiv is a constexpr function whose every
+    host call costs microseconds, on a path taken once per layer per step."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for 0), as triton.next_power_of_2, at plain-int cost."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def choose_num_splits(num_rows: int, num_head_groups: int, max_seq_len: int, num_sms: int) -> int:
     """KV splits per row so that rows x head groups x splits >= WAVES * num_sms programs,
     each split >= MIN_TOKENS_PER_SPLIT keys, at most MAX_SPLITS."""
     programs = max(1, num_rows * num_head_groups)
-    want = -(-WAVES * num_sms // programs)
-    cap = max(1, -(-max_seq_len // MIN_TOKENS_PER_SPLIT))
+    want = cdiv(WAVES * num_sms, programs)
+    cap = max(1, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT))
     return max(1, min(want, cap, MAX_SPLITS))
 
 
@@ -60,6 +71,19 @@ def dot_flags(query: torch.Tensor) -> dict:
         UPCAST=query.device.type == "cpu",
         PRECISION="ieee" if query.dtype == torch.float32 else None,  # None: the backend default
     )
+
+
+@triton.jit
+def fold_sinks(sink_ptrs, mask, m, l_sum, acc):
+    """(l_sum, acc) with each row's attention sink folded in: the sink (natural-log units,
+    any float dtype, read as float32) adds exp(sink) to the softmax denominator and no
+    value. `m` is the rows' running max in log2 units; rows without keys stay at zero."""
+    sink = tl.load(sink_ptrs, mask=mask, other=float("-inf")).to(tl.float32)
+    sink = sink * 1.4426950408889634
+    m_fin = tl.maximum(m, sink)
+    m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+    alpha = tl.exp2(m - m_fin)
+    return l_sum * alpha + tl.exp2(sink - m_fin), acc * alpha[:, None]
 
 
 @triton.jit

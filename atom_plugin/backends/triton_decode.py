@@ -21,10 +21,10 @@ from atom_plugin.backends.triton_common import (
     choose_num_splits,
     device_sm_count,
     dot_flags,
+    fold_sinks,
     mm,
+    next_power_of_2,
 )
-
-__all__ = ["choose_num_splits", "device_sm_count", "paged_decode"]
 
 
 @triton.jit
@@ -133,13 +133,7 @@ def _decode_split_kernel(
         acc = acc * tl.load(v_scale)
     if DIRECT:  # one split: finish here, no partials and no reduction launch
         if HAS_SINKS:
-            sink = tl.load(sinks + heads, mask=gmask, other=float("-inf")).to(tl.float32)
-            sink = sink * 1.4426950408889634
-            m_fin = tl.maximum(m, sink)
-            m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-            alpha = tl.exp2(m - m_fin)
-            l_sum = l_sum * alpha + tl.exp2(sink - m_fin)
-            acc = acc * alpha[:, None]
+            l_sum, acc = fold_sinks(sinks + heads, gmask, m, l_sum, acc)
         out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
         tl.store(
             Out + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -244,7 +238,7 @@ def paged_decode(
             num_sms = device_sm_count(query.device)
         num_splits = choose_num_splits(n, hkv, meta.max_seq_len, num_sms)
     cfg = dict(_config(d), **(config or {}))
-    block_d = triton.next_power_of_2(d)
+    block_d = next_power_of_2(d)
     direct = num_splits == 1
     parts = 0 if direct else n * hq * num_splits
     o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
@@ -280,7 +274,7 @@ def paged_decode(
         num_splits,
         d,
         GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=block_d,
         KV_BLOCK=kv_block,
         BLOCK_N=cfg["BLOCK_N"],
@@ -306,7 +300,7 @@ def paged_decode(
         num_splits,
         d,
         HAS_SINKS=sinks is not None,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_S=max(2, next_power_of_2(num_splits)),
         BLOCK_D=block_d,
         num_warps=4,
     )

@@ -7,7 +7,11 @@ import triton
 import triton.language as tl
 
 from atom_plugin.backends.checks import fp8_max, is_fp8
-from atom_plugin.backends.triton_common import e4m3_min_exponent, round_to_e4m3
+from atom_plugin.backends.triton_common import (
+    e4m3_min_exponent,
+    next_power_of_2,
+    round_to_e4m3,
+)
 
 
 @triton.jit
@@ -94,6 +98,6 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_s
         IS_FP8=fp8,
         MIN_EXP=e4m3_min_exponent(key_cache.dtype) if fp8 else 0,
         NEG_ZERO=key_cache.dtype == torch.float8_e4m3fn,
-        BLOCK_H=triton.next_power_of_2(hkv),
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_H=next_power_of_2(hkv),
+        BLOCK_D=next_power_of_2(d),
     )

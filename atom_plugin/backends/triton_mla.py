@@ -25,7 +25,12 @@ import triton.language as tl
 
 from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.mla_reference import check_mla_shapes, mla_token_plan
-from atom_plugin.backends.triton_common import MAX_SPLITS, device_sm_count
+from atom_plugin.backends.triton_common import (
+    MAX_SPLITS,
+    cdiv,
+    device_sm_count,
+    next_power_of_2,
+)
 
 
 @triton.jit
@@ -91,8 +96,8 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
         BLOCK_SIZE=kv_cache.shape[1],
         LORA=lora,
         ROPE=rope,
-        BLOCK_DV=triton.next_power_of_2(lora),
-        BLOCK_DPE=triton.next_power_of_2(rope),
+        BLOCK_DV=next_power_of_2(lora),
+        BLOCK_DPE=next_power_of_2(rope),
         QUANT=quant,
     )
 
@@ -325,13 +330,13 @@ def _tma_problems(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int) ->
 
 
 def _use_tma(want, kv_cache, lora, rope, block_n) -> bool:
-    if want is False:
+    # auto (None) means CUDA only; the CPU interpreter takes tma=True for tests
+    if want is False or (want is None and not kv_cache.is_cuda):
         return False
     problems = _tma_problems(kv_cache, lora, rope, block_n)
     if want and problems:
         raise ValueError("tma=True cannot read this cache: " + "; ".join(problems))
-    # auto: on CUDA only (the CPU interpreter takes tma=True for tests)
-    return not problems and (want or kv_cache.is_cuda)
+    return not problems
 
 
 def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int):
@@ -348,7 +353,7 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
 
 
 def _block_h(num_heads: int, cfg: dict) -> int:
-    return max(16, min(cfg["BLOCK_H"], triton.next_power_of_2(num_heads)))
+    return max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
 
 
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
@@ -359,9 +364,14 @@ SPLIT_OVERHEAD_TILES = 3
 def decode_num_splits(num_tokens, num_heads, max_seq_len, device, config=None) -> int:
     """The KV splits per query token that `mla_decode_triton` picks when not told."""
     cfg = _config(num_heads, config)
-    programs = max(1, num_tokens * triton.cdiv(num_heads, _block_h(num_heads, cfg)))
-    tiles = max(1, triton.cdiv(max_seq_len, cfg["BLOCK_N"]))
-    return best_num_splits(programs, tiles, device_sm_count(device))
+    head_groups = cdiv(num_heads, _block_h(num_heads, cfg))
+    return _num_splits(num_tokens * head_groups, max_seq_len, cfg, device)
+
+
+def _num_splits(programs: int, max_seq_len: int, cfg: dict, device) -> int:
+    """`best_num_splits` for `programs` (tokens x head groups) under a resolved config."""
+    tiles = max(1, cdiv(max_seq_len, cfg["BLOCK_N"]))
+    return best_num_splits(max(1, programs), tiles, device_sm_count(device))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -373,8 +383,7 @@ def best_num_splits(programs: int, tiles: int, num_sms: int) -> int:
     1.3x faster)."""
 
     def cost(splits: int) -> int:
-        waves = -(-programs * splits // num_sms)
-        return waves * (-(-tiles // splits) + SPLIT_OVERHEAD_TILES)
+        return cdiv(programs * splits, num_sms) * (cdiv(tiles, splits) + SPLIT_OVERHEAD_TILES)
 
     return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
 
@@ -411,9 +420,9 @@ def mla_decode_triton(
     T = min(T, req.shape[0])  # tokens past the plan stay untouched
     cfg = _config(H, config)
     block_h = _block_h(H, cfg)
-    head_groups = triton.cdiv(H, block_h)
+    head_groups = cdiv(H, block_h)
     if num_splits is None:
-        num_splits = decode_num_splits(T, H, meta.max_seq_len, q.device, config)
+        num_splits = _num_splits(T * head_groups, meta.max_seq_len, cfg, q.device)
     rope = width - kv_lora_rank
     if num_splits == 1:  # stage 1 writes the result itself: no partials, no merge
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
@@ -452,8 +461,8 @@ def mla_decode_triton(
         PAGE=kv_cache.shape[1],
         LORA=kv_lora_rank,
         ROPE=rope,
-        BLOCK_DV=triton.next_power_of_2(kv_lora_rank),
-        BLOCK_DPE=max(16, triton.next_power_of_2(rope)),
+        BLOCK_DV=next_power_of_2(kv_lora_rank),
+        BLOCK_DPE=max(16, next_power_of_2(rope)),
         BLOCK_H=block_h,
         BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=fp8,
@@ -480,7 +489,7 @@ def mla_decode_triton(
         output.stride(1),
         lse.stride(0),
         LORA=kv_lora_rank,
-        BLOCK_DV=triton.next_power_of_2(kv_lora_rank),
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_DV=next_power_of_2(kv_lora_rank),
+        BLOCK_S=max(2, next_power_of_2(num_splits)),
     )
     return lse

@@ -17,7 +17,15 @@ from triton.runtime.errors import OutOfResources
 
 from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.triton_common import LOG2E, dot_flags, mm, mm_acc
+from atom_plugin.backends.triton_common import (
+    LOG2E,
+    cdiv,
+    dot_flags,
+    fold_sinks,
+    mm,
+    mm_acc,
+    next_power_of_2,
+)
 
 
 @triton.jit
@@ -201,13 +209,7 @@ def _prefill_kernel(
         )  # fmt: skip
 
     if HAS_SINKS:
-        sink = tl.load(sinks + head, mask=g < GROUP, other=float("-inf")).to(tl.float32)
-        sink = sink * 1.4426950408889634
-        m_fin = tl.maximum(m, sink)
-        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-        alpha = tl.exp2(m - m_fin)
-        l_sum = l_sum * alpha + tl.exp2(sink - m_fin)
-        acc = acc * alpha[:, None]
+        l_sum, acc = fold_sinks(sinks + head, g < GROUP, m, l_sum, acc)
     if IS_FP8:
         acc = acc * tl.load(v_scale)
     out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
@@ -263,7 +265,7 @@ def paged_prefill(
     if num <= 0 or meta.max_query_len == 0:
         return output
     d = query.shape[2]
-    block_g = triton.next_power_of_2(query.shape[1] // key_cache.shape[2])
+    block_g = next_power_of_2(query.shape[1] // key_cache.shape[2])
     if config is not None:
         _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
                 k_scale, v_scale, first, num, config)  # fmt: skip
@@ -288,13 +290,13 @@ def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, 
     hq, d = query.shape[1], query.shape[2]
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
-    block_g = triton.next_power_of_2(group)
+    block_g = next_power_of_2(group)
     cfg = dict(cfg)
     # tl.dot needs at least 16 rows
-    cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], triton.cdiv(16, block_g))
+    cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], cdiv(16, block_g))
     fp8 = is_fp8(key_cache.dtype)
-    block_d = triton.next_power_of_2(d)
-    grid = (num, triton.cdiv(meta.max_query_len, cfg["BLOCK_Q"]), hkv)
+    block_d = next_power_of_2(d)
+    grid = (num, cdiv(meta.max_query_len, cfg["BLOCK_Q"]), hkv)
     _prefill_kernel[grid](
         query,
         key_cache,

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_plugin.backends.triton_common import cdiv, next_power_of_2
 from atom_plugin.parsers.channel_tables import ChannelTables, next_states
 from atom_plugin.parsers.required_channel import UNCONSTRAINED
 from atom_plugin.parsers.spec_rows import (
@@ -93,8 +94,8 @@ def _channel_logits_kernel(
 
 def tiles_per_row(num_rows: int, vocab: int, block: int = BLOCK, programs: int = PROGRAMS) -> int:
     """How many programs share one row: about `programs` in all, at least one per row."""
-    most = triton.cdiv(vocab, block)
-    return max(1, min(most, triton.cdiv(programs, max(num_rows, 1))))
+    most = cdiv(vocab, block)
+    return max(1, min(most, cdiv(programs, max(num_rows, 1))))
 
 
 def apply_channel_triton(
@@ -120,8 +121,8 @@ def apply_channel_triton(
         return
     spec = _check_spec(row_pos, row_tokens)
     tiles = tiles_per_row(num_rows, vocab, block, programs)
-    chunk = triton.cdiv(triton.cdiv(vocab, tiles), block) * block
-    tiles = triton.cdiv(vocab, chunk)
+    chunk = cdiv(cdiv(vocab, tiles), block) * block
+    tiles = cdiv(vocab, chunk)
     _channel_logits_kernel[(num_rows, tiles)](
         logits,
         logits.stride(0),
@@ -139,8 +140,8 @@ def apply_channel_triton(
         tables.num_end_ids,
         HAS_SLOT=row_slot is not None,
         SPEC=spec,
-        K_BLOCK=triton.next_power_of_2(tables.num_channel_ids),
-        E_BLOCK=triton.next_power_of_2(max(tables.num_end_ids, 1)),
+        K_BLOCK=next_power_of_2(tables.num_channel_ids),
+        E_BLOCK=next_power_of_2(max(tables.num_end_ids, 1)),
         BLOCK=block,
     )
 
@@ -278,7 +279,7 @@ def advance_states(
             tables.channel_ids,
             tables.next_state,
             tables.num_channel_ids,
-            K_BLOCK=triton.next_power_of_2(tables.num_channel_ids),
+            K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
         return
     idx = slots.long()

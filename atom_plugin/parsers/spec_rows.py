@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_plugin.backends.triton_common import next_power_of_2
 from atom_plugin.parsers.channel_tables import ChannelTables, next_states
 
 
@@ -142,6 +143,6 @@ def spec_row_states_triton(
             tables.channel_ids,
             tables.next_state,
             tables.num_channel_ids,
-            K_BLOCK=triton.next_power_of_2(tables.num_channel_ids),
+            K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
     return out

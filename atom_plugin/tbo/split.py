@@ -29,13 +29,16 @@ def decode_ubatch_request_ranges(num_reqs: int) -> tuple[Range, Range]:
     """
     if isinstance(num_reqs, bool) or not isinstance(num_reqs, int):
         raise TypeError(f"num_reqs must be an int, got {num_reqs!r}")
-    if num_reqs < MIN_SPLIT_REQUESTS:
-        raise ValueError(
-            f"cannot split {num_reqs} decode request(s) into two micro-batches: "
-            f"need at least {MIN_SPLIT_REQUESTS}"
-        )
-    half = num_reqs // 2
-    return (0, half), (half, num_reqs)
+    return _halves(num_reqs, MIN_SPLIT_REQUESTS, f"{num_reqs} decode request(s)")
+
+
+def _halves(count: int, minimum: int, what: str) -> tuple[Range, Range]:
+    """((0, count // 2), (count // 2, count)); `what` names the count in the error below
+    `minimum`. The one cut behind both the decode and the prefill split."""
+    if count < minimum:
+        raise ValueError(f"cannot split {what} into two micro-batches: need at least {minimum}")
+    half = count // 2
+    return (0, half), (half, count)
 
 
 def decode_bucket_splits(bs: int) -> bool:
@@ -74,13 +77,7 @@ def decode_ubatch_ranges(split_bs: int, query_len: int = 1) -> UBatchRanges:
 
 def prefill_ubatch_token_ranges(num_tokens: int) -> tuple[Range, Range]:
     """Prefill micro-batches' token ranges: ((0, t), (t, num_tokens)), t = num_tokens // 2."""
-    if num_tokens < MIN_SPLIT_TOKENS:
-        raise ValueError(
-            f"cannot split a batch of {num_tokens} token(s) into two micro-batches: "
-            f"need at least {MIN_SPLIT_TOKENS}"
-        )
-    cut = num_tokens // 2
-    return (0, cut), (cut, num_tokens)
+    return _halves(num_tokens, MIN_SPLIT_TOKENS, f"a batch of {num_tokens} token(s)")
 
 
 def prefill_ubatch_ranges(query_lens: Sequence[int]) -> UBatchRanges:
