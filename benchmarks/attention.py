@@ -298,13 +298,15 @@ def prefill_table(rows) -> str:
     return "\n".join(lines)
 
 
-def _mla_section(copy_gbps, flush) -> str:
+def _mla_section(copy_gbps, matmul_rate, flush) -> str:
     try:
-        rows = attention_mla.run_mla_benchmarks(copy_gbps=copy_gbps, flush=flush)
+        rows = attention_mla.run_mla_benchmarks(
+            copy_gbps=copy_gbps, matmul_rate=matmul_rate, flush=flush
+        )
     except Exception as exc:  # keep the MHA report when the MLA run fails
         return f"MLA decode: benchmarks/attention_mla.py failed: {exc!r:.200}\n"
     return (
-        "MLA decode (from benchmarks/attention_mla.py, same copy bandwidth):\n\n"
+        "MLA decode (from benchmarks/attention_mla.py, same copy bandwidth and matmul rate):\n\n"
         + attention_mla.format_table(rows)
         + "\n"
     )
@@ -368,7 +370,7 @@ def main(argv=None) -> int:
     report["decode"], report["prefill"] = decode_rows, prefill_rows
     del pool
     torch.cuda.empty_cache()
-    mla = "" if args.no_mla else _mla_section(copy_gbps, flush)
+    mla = "" if args.no_mla else _mla_section(copy_gbps, mm, flush)
     text = (
         f"Device: {device}; {when}; torch {torch.__version__}; KV block size {args.block_size}\n"
         f"Copy bandwidth (device-to-device, read+write): {copy_gbps:.0f} GB/s; "

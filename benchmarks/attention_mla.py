@@ -1,7 +1,13 @@
-"""MLA decode benchmark: the plugin's Triton MLA decode against the physical limit (the
-device-to-device copy bandwidth measured in the same run) and against torch SDPA over
-the same latent rows gathered contiguously (what a user without a paged MLA kernel
-would run).
+"""MLA decode benchmark: the plugin's Triton MLA decode against the physical limits
+measured in the same run and against torch SDPA over the same latent rows gathered
+contiguously (what a user without a paged MLA kernel would run).
+
+Two limits apply. The device-to-device copy bandwidth bounds the KV read. The dense
+bf16 matmul rate (8192^3) bounds the arithmetic: with 128 heads sharing each latent
+row, a decode does FLOPS_PER_KEY_HEAD * 128 = 278,528 FLOP per 1,152-byte row (242
+FLOP/byte), so the kernel can read KV no faster than matmul rate / 242 - on an H200
+about as fast as the copy bandwidth allows, which is why the "roofline" column caps
+"of copy BW".
 
 DeepSeek shapes: 128 heads, latent rows of 576 (kv_lora_rank 512 + rope 64), bf16,
 block size 64, shuffled block tables. "KV bytes" counts the latent rows read once per
@@ -19,7 +25,7 @@ import sys
 
 import torch
 
-from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, time_us
+from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, matmul_tflops, time_us
 
 BATCHES = (1, 32, 128)
 CONTEXTS = (4096, 32768)
@@ -39,6 +45,15 @@ SWEEP_CONFIGS = [
 ]
 SWEEP_SHAPES = ((1, 32768), (32, 32768), (128, 4096))
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
+BF16_BYTES = 2
+FLOP_PER_KV_BYTE = HEADS * FLOPS_PER_KEY_HEAD / ((LORA + ROPE) * BF16_BYTES)
+
+
+def roofline_frac_copy(copy_gbps: float, matmul_rate: float) -> float:
+    """The fastest KV read a decode can reach, as a fraction of the copy bandwidth: the
+    lesser of the copy bandwidth and the matmul rate over the FLOP each byte needs."""
+    compute_bound_gbps = matmul_rate * 1e12 / FLOP_PER_KV_BYTE / 1e9
+    return min(1.0, compute_bound_gbps / copy_gbps)
 
 
 def make_decode_batch(
@@ -74,15 +89,17 @@ def run_mla_benchmarks(
     contexts=CONTEXTS,
     *,
     copy_gbps: float | None = None,
+    matmul_rate: float | None = None,
     flush: L2Flusher | None = None,
     config: dict | None = None,
     with_sdpa: bool = True,
     device="cuda",
 ) -> list[dict]:
-    """One row per (batch, context): Triton MLA decode and torch SDPA timings, KV GB/s
-    and the fraction of the copy bandwidth measured in this run (measured here unless
-    the caller measured it already)."""
+    """One row per (batch, context): Triton MLA decode and torch SDPA timings, KV GB/s,
+    the fraction of the copy bandwidth and the TFLOP/s as a fraction of the matmul rate
+    (both limits measured here unless the caller measured them already)."""
     copy_gbps = copy_gbps or copy_bandwidth_gbps(device)
+    matmul_rate = matmul_rate or matmul_tflops(device)
     flush = flush or L2Flusher(device)
     rows = []
     for batch in batches:
@@ -90,8 +107,10 @@ def run_mla_benchmarks(
             rows.append(_bench_shape(batch, context, config, with_sdpa, flush, device))
             torch.cuda.empty_cache()
     for row in rows:
-        row["copy_gbps"] = copy_gbps
+        row["copy_gbps"], row["matmul_tflops"] = copy_gbps, matmul_rate
         row["frac_copy"] = row["kv_gbps"] / copy_gbps
+        row["frac_matmul"] = row["tflops"] / matmul_rate
+        row["roofline_frac_copy"] = roofline_frac_copy(copy_gbps, matmul_rate)
     return rows
 
 
@@ -201,9 +220,9 @@ def split_sweep(copy_gbps, flush, device="cuda") -> list:
 
 def format_table(rows: list[dict]) -> str:
     lines = [
-        "| batch | context | Triton MLA us | KV GB/s | of copy BW | target 75% | TFLOP/s "
-        "| SDPA us | SDPA KV GB/s |",
-        "|---:|---:|---:|---:|---:|:---:|---:|---:|---:|",
+        "| batch | context | Triton MLA us | KV GB/s | of copy BW | roofline | target 75% "
+        "| TFLOP/s | of matmul rate | SDPA us | SDPA KV GB/s |",
+        "|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         sdpa_us = f"{r['sdpa_us']:.1f}" if r.get("sdpa_us") else "n/a"
@@ -211,7 +230,8 @@ def format_table(rows: list[dict]) -> str:
         met = "met" if r["frac_copy"] >= TARGET else "missed"
         lines.append(
             f"| {r['batch']} | {r['context']} | {r['us']:.1f} | {r['kv_gbps']:.0f} | "
-            f"{100 * r['frac_copy']:.1f}% | {met} | {r['tflops']:.0f} | {sdpa_us} | {sdpa_bw} |"
+            f"{100 * r['frac_copy']:.1f}% | {100 * r['roofline_frac_copy']:.1f}% | {met} | "
+            f"{r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | {sdpa_us} | {sdpa_bw} |"
         )
     return "\n".join(lines)
 
@@ -228,7 +248,7 @@ def main(argv=None) -> int:
         return 2
     device_name = torch.cuda.get_device_name()
     result = {"device": device_name}
-    copy_gbps, flush = copy_bandwidth_gbps(), L2Flusher()
+    copy_gbps, matmul_rate, flush = copy_bandwidth_gbps(), matmul_tflops(), L2Flusher()
     if args.sweep:
         result["sweep"] = sweep(copy_gbps, flush)
         for r in result["sweep"]:
@@ -251,10 +271,14 @@ def main(argv=None) -> int:
                 f"{r['us']:.1f} us {100 * r['frac_copy']:.1f}% "
                 f"(max diff vs default {r['maxdiff_vs_default']:.1e})"
             )
-    rows = run_mla_benchmarks(copy_gbps=copy_gbps, flush=flush)
+    rows = run_mla_benchmarks(copy_gbps=copy_gbps, matmul_rate=matmul_rate, flush=flush)
     result["rows"] = rows
     table = format_table(rows)
-    print(f"device: {device_name}; copy bandwidth {rows[0]['copy_gbps']:.0f} GB/s (read+write)")
+    print(
+        f"device: {device_name}; copy bandwidth {copy_gbps:.0f} GB/s (read+write); dense bf16 "
+        f"matmul {matmul_rate:.0f} TFLOP/s; {FLOP_PER_KV_BYTE:.0f} FLOP per KV byte, so the "
+        f"roofline is {100 * roofline_frac_copy(copy_gbps, matmul_rate):.1f}% of copy bandwidth"
+    )
     print(table)
     if args.json:
         with open(args.json, "w") as f:

@@ -7,6 +7,10 @@ fraction (default 30%) of the unsplit step, it times one decode step as:
   both computing on one stream (`MicroBatchRunner(compute_streams=1)`);
 - split replay, 2 streams: the same with each micro-batch computing on its own
   stream (`compute_streams=2`), so their kernels may run side by side;
+- split replay, 2 streams, per layer: the same, but the micro-batches hand over
+  once per layer (the model's `overlap="per_layer"`), so one micro-batch's
+  dispatch and combine run while the other computes its attention (the other
+  columns hand over after each communication step, `overlap="per_comm"`);
 - eager split: the two micro-batches run eagerly on the runner's threads;
 - eager unsplit: the plain eager step, for reference.
 A step is "refresh the static buffers in place + replay"; the replay-only
@@ -60,6 +64,14 @@ MODEL = ModelConfig(
     dtype=torch.bfloat16,
 )
 MAX_REL_ERROR = 0.05
+# (column, TBO config, compute streams, hand-over schedule) of each recorded decoder
+DECODERS = (
+    ("unsplit", TboConfig(decode=False), 1, "per_comm"),
+    ("split", TboConfig(), 1, "per_comm"),
+    ("split2s", TboConfig(), 2, "per_comm"),
+    ("split2s_layer", TboConfig(), 2, "per_layer"),
+)
+SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 
 
 def calibrate_cycles_per_ms() -> float:
@@ -99,17 +111,16 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
     row = dict(batch=batch_size)
     row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
 
-    decoders = {
-        name: GraphedDecoder(model, caches, runners[streams], [batch_size], config, max_blocks)
-        for name, config, streams in (
-            ("unsplit", TboConfig(decode=False), 1),
-            ("split", TboConfig(), 1),
-            ("split2s", TboConfig(), 2),
+    decoders = {}
+    for name, config, streams, overlap in DECODERS:
+        model.overlap = overlap  # read while the graph is captured
+        decoders[name] = GraphedDecoder(
+            model, caches, runners[streams], [batch_size], config, max_blocks
         )
-    }
+    model.overlap = "per_comm"
     out_unsplit = decoders["unsplit"].step(batch).float().clone()
     errs = []
-    for name in ("split", "split2s"):
+    for name in SPLITS:
         out_split = decoders[name].step(batch).float().clone()
         errs.append(float((out_split - out_unsplit).abs().max() / out_unsplit.abs().max()))
     row["split_vs_unsplit_rel_err"] = err = max(errs)
@@ -126,7 +137,7 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
         lambda: run_step(model, runners[1], batch, caches, eager_split), max(3, iters // 5)
     )
     row["eager_unsplit_ms"] = step_ms(lambda: run_unsplit(model, batch, caches), max(3, iters // 5))
-    for name in ("split", "split2s"):
+    for name in SPLITS:
         row[f"unsplit_over_{name}"] = row["unsplit_graph_ms"] / row[f"{name}_graph_ms"]
     del decoders
     gc.collect()
@@ -140,15 +151,18 @@ COLUMNS = [
     ("unsplit_graph_ms", "unsplit graph ms", "{:.3f}"),
     ("split_graph_ms", "split replay ms", "{:.3f}"),
     ("split2s_graph_ms", "split replay 2 streams ms", "{:.3f}"),
+    ("split2s_layer_graph_ms", "split replay 2 streams per layer ms", "{:.3f}"),
     ("eager_split_ms", "eager split ms", "{:.3f}"),
     ("eager_unsplit_ms", "eager unsplit ms", "{:.3f}"),
     ("unsplit_replay_only_ms", "unsplit replay-only ms", "{:.3f}"),
     ("split_replay_only_ms", "split replay-only ms", "{:.3f}"),
     ("split2s_replay_only_ms", "split 2 streams replay-only ms", "{:.3f}"),
+    ("split2s_layer_replay_only_ms", "split 2 streams per layer replay-only ms", "{:.3f}"),
     ("comm_alone_ms", "comm alone ms", "{:.3f}"),
     ("ideal_overlap_ms", "ideal overlap ms", "{:.3f}"),
     ("unsplit_over_split", "unsplit / split", "{:.2f}x"),
     ("unsplit_over_split2s", "unsplit / split 2 streams", "{:.2f}x"),
+    ("unsplit_over_split2s_layer", "unsplit / split 2 streams per layer", "{:.2f}x"),
     ("split_vs_unsplit_rel_err", "rel err", "{:.1e}"),
 ]
 

@@ -60,6 +60,7 @@ from tbo_harness.batches import make_batch, run_step  # noqa: E402
 from tbo_harness.dp_workers import NO_MULTICAST_ENV, free_port, wait_for_device  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder, RerunGraphs  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
+    OVERLAP_SCHEDULES,
     GroupComm,
     KVCaches,
     ModelConfig,
@@ -125,7 +126,9 @@ class Rank:
         self.device = torch.device(f"cuda:{rank}" if args["device"] == "cuda" else "cpu")
         self.cpu_group = dist.new_group(backend="gloo")
         self.cfg = MODELS[args["model"]]
-        self.model = TboTestModel(self.cfg, self.device, comm=GroupComm(), seed=0)
+        self.model = TboTestModel(
+            self.cfg, self.device, comm=GroupComm(), seed=0, overlap=args["overlap"]
+        )
         self.compute_model = TboTestModel(
             self.cfg, self.device, comm=ShapeOnlyComm(world, rank), seed=0
         )
@@ -298,7 +301,8 @@ def header(args: argparse.Namespace, devices: list[str], when: datetime.datetime
         f"tokens/request; per layer an all-gather (dispatch) and an all-reduce (combine)",
         f"replay: {replay}; each figure is the slowest rank's median of {args.iters} steps; "
         "comm alone is the step's collectives issued eagerly back to back",
-        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams})",
+        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams}), "
+        f"hand-over {args.overlap}",
     ]
 
 
@@ -318,6 +322,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=COMPUTE_STREAM_CHOICES,
         default=1,
         help="compute streams of the micro-batch runner (2: one per micro-batch)",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=OVERLAP_SCHEDULES,
+        default="per_comm",
+        help="where the micro-batches hand over: after each collective, or once per layer "
+        "(per_layer wants --compute-streams 2)",
     )
     p.add_argument("--tolerance", type=float, help="max rel err on vs off (5e-2 bf16, 1e-4 fp32)")
     p.add_argument("--out", help="write the markdown table here")

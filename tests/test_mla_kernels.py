@@ -359,3 +359,14 @@ def test_gpu_one_split_writes_the_output(splits):
     out, lse = _run(mla_decode_triton, b, 512, num_splits=splits)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+def test_benchmark_roofline_caps_at_the_compute_bound():
+    """benchmarks/attention_mla's roofline: 128 heads x (2*576 + 2*512) FLOP per 1,152-byte
+    row; compute-bound on an H200's measured rates, copy-bound with compute to spare."""
+    from benchmarks.attention_mla import roofline_frac_copy
+
+    flop_per_byte = 128 * (2 * 576 + 2 * 512) / 1152
+    assert roofline_frac_copy(4243, 779) == pytest.approx(779e12 / flop_per_byte / 4243e9)
+    assert roofline_frac_copy(4243, 779) == pytest.approx(0.7594, abs=1e-4)
+    assert roofline_frac_copy(8000, 5000) == 1.0

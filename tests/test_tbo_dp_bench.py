@@ -18,9 +18,11 @@ from tbo_harness.dp_workers import replay_worker, spawn
 from benchmarks import tbo_dp
 
 
-def test_benchmark_two_gloo_ranks_rows_and_equality(tmp_path):
+@pytest.mark.parametrize("overlap", ["per_comm", "per_layer"])
+def test_benchmark_two_gloo_ranks_rows_and_equality(tmp_path, overlap):
     md, js = tmp_path / "t.md", tmp_path / "t.json"
     argv = ["--backend", "gloo", "--device", "cpu", "--batches", "3", "8", "--iters", "1"]
+    argv += ["--overlap", overlap]
     assert tbo_dp.main([*argv, "--out", str(md), "--json", str(js)]) == 0
     report = json.loads(js.read_text())
     rows = report["rows"]
@@ -43,8 +45,10 @@ def test_benchmark_two_gloo_ranks_rows_and_equality(tmp_path):
         "NVSHMEM_DISABLE_NVLS": "1",
     }
     assert report["setting"]["backend"] == "gloo" and report["setting"]["world"] == 2
+    assert report["setting"]["overlap"] == overlap
     table = md.read_text()
     assert "rank 0: cpu, rank 1: cpu" in table and "backend gloo" in table
+    assert f"hand-over {overlap}" in table
     body = [line for line in table.splitlines() if line.startswith("| ") and "ms" not in line]
     assert [line.split(" | ")[:2] for line in body] == [
         ["| 3", "eager"],

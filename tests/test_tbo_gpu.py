@@ -22,12 +22,20 @@ SLEEP_CYCLES_PER_TOKEN = 2000  # stand-in comm: ~1 us per token per call at ~2 G
 TOL = dict(rtol=2e-3, atol=2e-3)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1-compute-stream", "2-compute-streams"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, "per_comm"), (2, "per_comm"), (1, "per_layer"), (2, "per_layer")],
+    ids=lambda p: f"{p[0]}-compute-streams-{p[1]}",
+)
 def setup(request):
+    """Every pairing of compute streams and hand-over schedule stays exact (the benchmark
+    times the fast ones; a slow pairing must still be correct)."""
+    streams, overlap = request.param
     torch.cuda.set_device(0)
-    model = TboTestModel(CFG, "cuda", comm=LocalComm(SLEEP_CYCLES_PER_TOKEN), seed=0)
+    comm = LocalComm(SLEEP_CYCLES_PER_TOKEN)
+    model = TboTestModel(CFG, "cuda", comm=comm, seed=0, overlap=overlap)
     base = KVCaches.random(CFG, NUM_BLOCKS, "cuda", seed=1)
-    with MicroBatchRunner("cuda", timeout_s=120, compute_streams=request.param) as runner:
+    with MicroBatchRunner("cuda", timeout_s=120, compute_streams=streams) as runner:
         yield model, base, runner
 
 

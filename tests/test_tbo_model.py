@@ -19,6 +19,7 @@ from atom_plugin.tbo import (
     ForwardMode,
     MicroBatchRunner,
     TboConfig,
+    current_ubatch,
     maybe_create_ubatch_slices,
     plan_request_graphs,
 )
@@ -170,3 +171,63 @@ def test_graph_steps_read_only_refreshed_static_buffers(model, runner, caches, t
         ref_caches = caches.clone()
         ref = run_unsplit(model, batch, ref_caches)
         assert_same_step(dec.step(batch).clone(), graph_caches, ref, ref_caches)
+
+
+class RecordingComm:
+    """One rank's identity collectives that log which micro-batch issued each, in order."""
+
+    world, rank = 1, 0
+
+    def __init__(self):
+        self.log = []
+
+    def _log(self, op):
+        def call(x):
+            ctx = current_ubatch()  # None in the unsplit reference step
+            self.log.append((op, None if ctx is None else ctx.id))
+            return x
+
+        return call
+
+    @property
+    def dispatch(self):
+        return self._log("dispatch")
+
+    @property
+    def combine(self):
+        return self._log("combine")
+
+
+@pytest.mark.parametrize(
+    "overlap, per_layer_order",
+    [
+        ("per_comm", [("dispatch", 0), ("dispatch", 1), ("combine", 0), ("combine", 1)]),
+        ("per_layer", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
+    ],
+)
+def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_layer_order):
+    """The order the comm stream (and every DP rank) sees, and TBO-on still equals TBO-off."""
+    comm = RecordingComm()
+    model = TboTestModel(CFG, "cpu", comm=comm, seed=0, overlap=overlap)
+    batch = random_decode_batch(CFG, 9, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed=17)
+    mode = ForwardMode.decide([BatchShape(9, 9, 1)], 0, TboConfig(), ())
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+    split_log = comm.log[-4 * CFG.layers :]
+    assert split_log == per_layer_order * CFG.layers
+
+
+def test_per_layer_overlap_prefill_equals_unsplit(caches, runner):
+    model = TboTestModel(CFG, "cpu", seed=0, overlap="per_layer")
+    lens = [1, 1, 5, 7, 3]
+    batch = make_batch(CFG, lens, [3, 4, 2, 6, 0], 4, NUM_BLOCKS, "cpu", seed=19)
+    mode = ForwardMode.decide([BatchShape.from_query_lens(lens)], 0, TboConfig(), ())
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+
+
+def test_unknown_overlap_schedule_is_refused(model):
+    choices = r"\('per_comm', 'per_layer'\)"
+    with pytest.raises(ValueError, match=f"overlap='per_token' is not one of {choices}"):
+        TboTestModel(CFG, "cpu", overlap="per_token")
+    with pytest.raises(ValueError, match="overlap='x' is not one of"):
+        model.overlap = "x"
+    assert model.overlap == "per_comm"

@@ -17,6 +17,18 @@ latency, not the overlap.
 Routing is hashed from the token id (top-2 of the experts) with gate weights
 from a learned router, so outputs are continuous in the inputs and TBO-on vs
 TBO-off comparisons need no luck with near ties.
+
+Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`):
+- "per_comm": after each communication step. One comm stream then carries, per
+  layer, dispatch 0, dispatch 1, combine 0, combine 1: each combine waits behind
+  the other micro-batch's dispatch. This suits one compute stream, where the
+  micro-batches' kernels queue in issue order.
+- "per_layer": once per layer, after the combine. The comm stream carries
+  dispatch 0, combine 0, dispatch 1, combine 1, so one micro-batch's whole
+  communication (and its short expert GEMMs) runs while the other computes its
+  attention. This needs `MicroBatchRunner(compute_streams=2)`: on one compute
+  stream the other micro-batch's attention would queue behind this one's experts,
+  which wait for the dispatch.
 """
 
 from __future__ import annotations
@@ -29,7 +41,14 @@ import torch.nn.functional as F
 
 from atom_plugin.backends.metadata import PagedAttentionMetadata
 from atom_plugin.backends.ops import paged_attention, write_kv
-from atom_plugin.tbo import record_stream_use, switch_to_comm, yield_and_switch_to_compute
+from atom_plugin.tbo import (
+    record_stream_use,
+    switch_to_comm,
+    switch_to_compute,
+    yield_and_switch_to_compute,
+)
+
+OVERLAP_SCHEDULES = ("per_comm", "per_layer")
 
 
 @dataclass(frozen=True)
@@ -150,10 +169,15 @@ class TboTestModel:
 
     `input_ids` may be longer than `meta.num_actual_tokens` (padding tokens:
     their outputs are garbage, they never touch the cache or other tokens).
+    `overlap` is read at each forward (a captured graph keeps the schedule it
+    was captured with); outside a runner it changes nothing.
     """
 
-    def __init__(self, cfg: ModelConfig, device, comm=None, seed: int = 0):
+    def __init__(
+        self, cfg: ModelConfig, device, comm=None, seed: int = 0, overlap: str = "per_comm"
+    ):
         self.cfg = cfg
+        self.overlap = overlap
         self.device = torch.device(device)
         self.comm = comm or LocalComm()
         if cfg.experts % self.comm.world:
@@ -183,6 +207,16 @@ class TboTestModel:
             layer["experts"] = mine
             self.layers.append(layer)
         self.scale = d**-0.5
+
+    @property
+    def overlap(self) -> str:
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, schedule: str) -> None:
+        if schedule not in OVERLAP_SCHEDULES:
+            raise ValueError(f"overlap={schedule!r} is not one of {OVERLAP_SCHEDULES}")
+        self._overlap = schedule
 
     @staticmethod
     def _norm(x: torch.Tensor) -> torch.Tensor:
@@ -232,18 +266,23 @@ class TboTestModel:
 
             h = self._norm(x)
             payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
-            gathered = self._communicate(self.comm.dispatch, payload)
+            per_comm = self.overlap == "per_comm"
+            gathered = self._communicate(self.comm.dispatch, payload, hand_over=per_comm)
             tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
             y = self._experts(layer, tokens, gates)
-            x = x + self._communicate(self.comm.combine, y)
+            x = x + self._communicate(self.comm.combine, y, hand_over=True)
         return x
 
     @staticmethod
-    def _communicate(op, x: torch.Tensor) -> torch.Tensor:
-        """Run `op` on the comm stream; the other micro-batch computes meanwhile."""
+    def _communicate(op, x: torch.Tensor, hand_over: bool) -> torch.Tensor:
+        """Run `op` on the comm stream; with `hand_over` the other micro-batch issues its
+        work before this one continues on the compute stream."""
         switch_to_comm()
         record_stream_use(x)
         out = op(x)
-        yield_and_switch_to_compute()
+        if hand_over:
+            yield_and_switch_to_compute()
+        else:
+            switch_to_compute()
         record_stream_use(out)
         return out
