@@ -64,18 +64,12 @@ MODEL = ModelConfig(
     dtype=torch.bfloat16,
 )
 MAX_REL_ERROR = 0.05
-# (column, TBO config, compute streams, comm priority, hand-over schedule) of each decoder
+# (column, TBO config, compute streams, hand-over schedule) of each recorded decoder
 DECODERS = (
-    ("unsplit", TboConfig(decode=False), 1, False, "per_comm"),
-    ("split", TboConfig(), 1, False, "per_comm"),
-    ("split2s", TboConfig(), 2, False, "per_comm"),
-    ("split2s_layer", TboConfig(), 2, False, "per_layer"),
-    ("split_p", TboConfig(), 1, True, "per_comm"),
-    ("split2s_p", TboConfig(), 2, True, "per_comm"),
-    ("split2s_layer_p", TboConfig(), 2, True, "per_layer"),
-    ("split_moe_p", TboConfig(), 1, True, "per_layer_moe"),
-    ("split2s_moe_p", TboConfig(), 2, True, "per_layer_moe"),
-    ("split_moe", TboConfig(), 1, False, "per_layer_moe"),
+    ("unsplit", TboConfig(decode=False), 1, "per_comm"),
+    ("split", TboConfig(), 1, "per_comm"),
+    ("split2s", TboConfig(), 2, "per_comm"),
+    ("split2s_layer", TboConfig(), 2, "per_layer"),
 )
 SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 
@@ -118,10 +112,10 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
     row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
 
     decoders = {}
-    for name, config, streams, priority, overlap in DECODERS:
+    for name, config, streams, overlap in DECODERS:
         model.overlap = overlap  # read while the graph is captured
         decoders[name] = GraphedDecoder(
-            model, caches, runners[streams, priority], [batch_size], config, max_blocks
+            model, caches, runners[streams], [batch_size], config, max_blocks
         )
     model.overlap = "per_comm"
     out_unsplit = decoders["unsplit"].step(batch).float().clone()
@@ -140,8 +134,7 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
 
     eager_split = ForwardMode.decide([BatchShape(batch_size, batch_size, 1)], 0, TboConfig(), ())
     row["eager_split_ms"] = step_ms(
-        lambda: run_step(model, runners[1, False], batch, caches, eager_split),
-        max(3, iters // 5),
+        lambda: run_step(model, runners[1], batch, caches, eager_split), max(3, iters // 5)
     )
     row["eager_unsplit_ms"] = step_ms(lambda: run_unsplit(model, batch, caches), max(3, iters // 5))
     for name in SPLITS:
@@ -207,14 +200,11 @@ def main(argv=None) -> int:
     max_blocks = -(-(args.context + 1) // MODEL.block_size)
     caches = KVCaches.random(MODEL, max(args.batches) * max_blocks + 1, "cuda", seed=1)
     rows = []
-    runners = {
-        (streams, priority): MicroBatchRunner(
-            "cuda", timeout_s=300, compute_streams=streams, comm_priority=priority
-        )
-        for streams in (1, 2)
-        for priority in (False, True)
-    }
-    try:
+    with (
+        MicroBatchRunner("cuda", timeout_s=300) as one_stream,
+        MicroBatchRunner("cuda", timeout_s=300, compute_streams=2) as two_streams,
+    ):
+        runners = {1: one_stream, 2: two_streams}
         for b in args.batches:
             common = (cycles_per_ms, model, comm, caches, runners, args.context, args.iters)
             base = measure(b, 0.0, *common)
@@ -225,9 +215,6 @@ def main(argv=None) -> int:
                 row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    finally:
-        for runner in runners.values():
-            runner.close()
     now = datetime.datetime.now(datetime.timezone.utc)
     header = [
         f"# TBO decode step, {torch.cuda.get_device_name()} ({now:%Y-%m-%d %H:%M} UTC), "

@@ -244,10 +244,7 @@ def _worker(rank: int, world: int, port: int, args: dict, result_path: str) -> N
     )
     try:
         with MicroBatchRunner(
-            args["device"],
-            timeout_s=COLLECTIVE_TIMEOUT_S,
-            compute_streams=args["compute_streams"],
-            comm_priority=args["comm_priority"],
+            args["device"], timeout_s=COLLECTIVE_TIMEOUT_S, compute_streams=args["compute_streams"]
         ) as runner:
             me = Rank(args, rank, world, runner)
             rows = []
@@ -304,8 +301,8 @@ def header(args: argparse.Namespace, devices: list[str], when: datetime.datetime
         f"tokens/request; per layer an all-gather (dispatch) and an all-reduce (combine)",
         f"replay: {replay}; each figure is the slowest rank's median of {args.iters} steps; "
         "comm alone is the step's collectives issued eagerly back to back",
-        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams}, "
-        f"comm_priority={args.comm_priority}), hand-over {args.overlap}",
+        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams}), "
+        f"hand-over {args.overlap}",
     ]
 
 
@@ -332,11 +329,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="per_comm",
         help="where the micro-batches hand over: after each collective, or once per layer "
         "(per_layer wants --compute-streams 2)",
-    )
-    p.add_argument(
-        "--comm-priority",
-        action="store_true",
-        help="run the collectives on a high-priority stream (MicroBatchRunner(comm_priority=True))",
     )
     p.add_argument("--tolerance", type=float, help="max rel err on vs off (5e-2 bf16, 1e-4 fp32)")
     p.add_argument("--out", help="write the markdown table here")

@@ -203,7 +203,6 @@ class RecordingComm:
     [
         ("per_comm", [("dispatch", 0), ("dispatch", 1), ("combine", 0), ("combine", 1)]),
         ("per_layer", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
-        ("per_layer_moe", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
     ],
 )
 def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_layer_order):
@@ -217,9 +216,8 @@ def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_la
     assert split_log == per_layer_order * CFG.layers
 
 
-@pytest.mark.parametrize("overlap", ["per_layer", "per_layer_moe"])
-def test_per_layer_overlap_prefill_equals_unsplit(caches, runner, overlap):
-    model = TboTestModel(CFG, "cpu", seed=0, overlap=overlap)
+def test_per_layer_overlap_prefill_equals_unsplit(caches, runner):
+    model = TboTestModel(CFG, "cpu", seed=0, overlap="per_layer")
     lens = [1, 1, 5, 7, 3]
     batch = make_batch(CFG, lens, [3, 4, 2, 6, 0], 4, NUM_BLOCKS, "cpu", seed=19)
     mode = ForwardMode.decide([BatchShape.from_query_lens(lens)], 0, TboConfig(), ())
@@ -227,7 +225,7 @@ def test_per_layer_overlap_prefill_equals_unsplit(caches, runner, overlap):
 
 
 def test_unknown_overlap_schedule_is_refused(model):
-    choices = r"\('per_comm', 'per_layer', 'per_layer_moe'\)"
+    choices = r"\('per_comm', 'per_layer'\)"
     with pytest.raises(ValueError, match=f"overlap='per_token' is not one of {choices}"):
         TboTestModel(CFG, "cpu", overlap="per_token")
     with pytest.raises(ValueError, match="overlap='x' is not one of"):

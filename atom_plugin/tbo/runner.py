@@ -222,7 +222,6 @@ class MicroBatchRunner:
         *,
         timeout_s: float = 600.0,
         compute_streams: int = 1,
-        comm_priority: bool = False,
     ):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
@@ -233,17 +232,14 @@ class MicroBatchRunner:
             raise ValueError(
                 f"compute_streams={compute_streams!r} is not one of {COMPUTE_STREAM_CHOICES}"
             )
-        if type(comm_priority) is not bool:
-            raise ValueError(f"comm_priority must be True or False, got {comm_priority!r}")
         self.timeout_s = float(timeout_s)
         self.compute_streams = compute_streams
-        self.comm_priority = comm_priority
         self._cuda = self.device.type == "cuda"
         self._ubatch1_stream = None  # micro-batch 1's own compute stream (compute_streams=2)
         if self._cuda:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
-            self.comm_stream = torch.cuda.Stream(self.device, priority=-1 if comm_priority else 0)
+            self.comm_stream = torch.cuda.Stream(self.device)
             if compute_streams == 2:
                 self._ubatch1_stream = torch.cuda.Stream(self.device)
             self._events = [

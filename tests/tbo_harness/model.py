@@ -48,7 +48,7 @@ from atom_plugin.tbo import (
     yield_and_switch_to_compute,
 )
 
-OVERLAP_SCHEDULES = ("per_comm", "per_layer", "per_layer_moe")
+OVERLAP_SCHEDULES = ("per_comm", "per_layer")
 
 
 @dataclass(frozen=True)
@@ -266,26 +266,12 @@ class TboTestModel:
 
             h = self._norm(x)
             payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
-            if self.overlap == "per_layer_moe":
-                x = x + self._moe_on_comm_stream(layer, payload)
-                continue
             per_comm = self.overlap == "per_comm"
             gathered = self._communicate(self.comm.dispatch, payload, hand_over=per_comm)
             tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
             y = self._experts(layer, tokens, gates)
             x = x + self._communicate(self.comm.combine, y, hand_over=True)
         return x
-
-    def _moe_on_comm_stream(self, layer: dict, payload: torch.Tensor) -> torch.Tensor:
-        """Dispatch, experts and combine all on the comm stream, then hand over."""
-        switch_to_comm()
-        record_stream_use(payload)
-        gathered = self.comm.dispatch(payload)
-        h = self.cfg.hidden
-        y = self.comm.combine(self._experts(layer, gathered[:, :h], gathered[:, h:]))
-        yield_and_switch_to_compute()
-        record_stream_use(y)
-        return y
 
     @staticmethod
     def _communicate(op, x: torch.Tensor, hand_over: bool) -> torch.Tensor:
