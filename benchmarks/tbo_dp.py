@@ -327,8 +327,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--overlap",
         choices=OVERLAP_SCHEDULES,
         default="per_comm",
-        help="where the micro-batches hand over: after each collective, or once per layer "
-        "(per_layer wants --compute-streams 2)",
+        help="where the micro-batches hand over: after each collective (per_comm), or at "
+        "three segments per layer with micro-batch 1 one segment behind (staged)",
     )
     p.add_argument("--tolerance", type=float, help="max rel err on vs off (5e-2 bf16, 1e-4 fp32)")
     p.add_argument("--out", help="write the markdown table here")

@@ -24,7 +24,7 @@ TOL = dict(rtol=2e-3, atol=2e-3)
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "per_comm"), (2, "per_comm"), (1, "per_layer"), (2, "per_layer")],
+    params=[(1, "per_comm"), (2, "per_comm"), (1, "staged"), (2, "staged")],
     ids=lambda p: f"{p[0]}-compute-streams-{p[1]}",
 )
 def setup(request):

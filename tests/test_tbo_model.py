@@ -202,7 +202,7 @@ class RecordingComm:
     "overlap, per_layer_order",
     [
         ("per_comm", [("dispatch", 0), ("dispatch", 1), ("combine", 0), ("combine", 1)]),
-        ("per_layer", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
+        ("staged", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
     ],
 )
 def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_layer_order):
@@ -216,8 +216,8 @@ def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_la
     assert split_log == per_layer_order * CFG.layers
 
 
-def test_per_layer_overlap_prefill_equals_unsplit(caches, runner):
-    model = TboTestModel(CFG, "cpu", seed=0, overlap="per_layer")
+def test_staged_overlap_prefill_equals_unsplit(caches, runner):
+    model = TboTestModel(CFG, "cpu", seed=0, overlap="staged")
     lens = [1, 1, 5, 7, 3]
     batch = make_batch(CFG, lens, [3, 4, 2, 6, 0], 4, NUM_BLOCKS, "cpu", seed=19)
     mode = ForwardMode.decide([BatchShape.from_query_lens(lens)], 0, TboConfig(), ())
@@ -225,9 +225,12 @@ def test_per_layer_overlap_prefill_equals_unsplit(caches, runner):
 
 
 def test_unknown_overlap_schedule_is_refused(model):
-    choices = r"\('per_comm', 'per_layer'\)"
+    choices = r"\('per_comm', 'staged'\)"
     with pytest.raises(ValueError, match=f"overlap='per_token' is not one of {choices}"):
         TboTestModel(CFG, "cpu", overlap="per_token")
     with pytest.raises(ValueError, match="overlap='x' is not one of"):
         model.overlap = "x"
     assert model.overlap == "per_comm"
+    odd = ModelConfig(heads=3, kv_heads=1)
+    with pytest.raises(ValueError, match="cuts the attention by KV-head halves; kv_heads=1 is odd"):
+        TboTestModel(odd, "cpu", overlap="staged")

@@ -19,16 +19,22 @@ from a learned router, so outputs are continuous in the inputs and TBO-on vs
 TBO-off comparisons need no luck with near ties.
 
 Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`):
-- "per_comm": after each communication step. One comm stream then carries, per
-  layer, dispatch 0, dispatch 1, combine 0, combine 1: each combine waits behind
-  the other micro-batch's dispatch. This suits one compute stream, where the
-  micro-batches' kernels queue in issue order.
-- "per_layer": once per layer, after the combine. The comm stream carries
-  dispatch 0, combine 0, dispatch 1, combine 1, so one micro-batch's whole
-  communication (and its short expert GEMMs) runs while the other computes its
-  attention. This needs `MicroBatchRunner(compute_streams=2)`: on one compute
-  stream the other micro-batch's attention would queue behind this one's experts,
-  which wait for the dispatch.
+- "per_comm": after each communication step, two segments per layer (attention,
+  experts). Per layer the compute stream runs attention 0, attention 1, experts 0,
+  experts 1: dispatch 0 hides behind attention 1, but dispatch 1 and combine 0
+  have only the short expert GEMMs to hide behind.
+- "staged": three segments per layer, the attention cut in two by KV-head halves
+  (like an engine's attention-prepare and attention-core stages), and micro-batch
+  1 starts one segment late. The compute stream then runs
+      attn-a 0, attn-b 0, attn-a 1, experts 0, attn-b 1, attn-a' 0, experts 1, ...
+  and every dispatch and combine has half an attention of the other micro-batch
+  to hide behind: dispatch 0 behind attn-a 1, combine 0 behind attn-b 1, dispatch
+  1 behind attn-a' 0, combine 1 behind attn-b' 0. The comm stream carries
+  dispatch 0, combine 0, dispatch 1, combine 1, so no collective waits behind the
+  other micro-batch's. It needs an even number of KV heads.
+An expert GEMM can rarely share the GPU with the other micro-batch's attention
+(the attention's programs stay resident for the whole kernel), which is why the
+schedule interleaves whole kernels rather than relying on concurrent streams.
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ import torch.nn.functional as F
 from atom_plugin.backends.metadata import PagedAttentionMetadata
 from atom_plugin.backends.ops import paged_attention, write_kv
 from atom_plugin.tbo import (
+    current_ubatch,
     record_stream_use,
     switch_to_comm,
-    switch_to_compute,
     yield_and_switch_to_compute,
+    yield_to_other,
 )
 
-OVERLAP_SCHEDULES = ("per_comm", "per_layer")
+OVERLAP_SCHEDULES = ("per_comm", "staged")
 
 
 @dataclass(frozen=True)
@@ -216,6 +223,11 @@ class TboTestModel:
     def overlap(self, schedule: str) -> None:
         if schedule not in OVERLAP_SCHEDULES:
             raise ValueError(f"overlap={schedule!r} is not one of {OVERLAP_SCHEDULES}")
+        if schedule == "staged" and self.cfg.kv_heads % 2:
+            raise ValueError(
+                f"overlap='staged' cuts the attention by KV-head halves; "
+                f"kv_heads={self.cfg.kv_heads} is odd"
+            )
         self._overlap = schedule
 
     @staticmethod
@@ -252,6 +264,10 @@ class TboTestModel:
         hq_d, hkv_d = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         x = self.embed[input_ids]
         routes = self._routes(input_ids)
+        staged = self.overlap == "staged"
+        ubatch = current_ubatch()
+        if staged and ubatch is not None and ubatch.id == 1:
+            yield_to_other()  # start one segment late
         for i, layer in enumerate(self.layers):
             h = self._norm(x)
             q, k, v = (h @ layer["wqkv"]).split([hq_d, hkv_d, hkv_d], dim=-1)
@@ -261,28 +277,38 @@ class TboTestModel:
             key_cache, value_cache = caches.layers[i]
             write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
             o = torch.zeros_like(q)
-            paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
+            if staged:
+                self._attention_in_two_stages(q, key_cache, value_cache, meta, o)
+            else:
+                paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
             x = x + o.view(p, -1) @ layer["wo"]
 
             h = self._norm(x)
             payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
-            per_comm = self.overlap == "per_comm"
-            gathered = self._communicate(self.comm.dispatch, payload, hand_over=per_comm)
+            gathered = self._communicate(self.comm.dispatch, payload)
             tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
             y = self._experts(layer, tokens, gates)
-            x = x + self._communicate(self.comm.combine, y, hand_over=True)
+            x = x + self._communicate(self.comm.combine, y)
         return x
 
+    def _attention_in_two_stages(self, q, key_cache, value_cache, meta, o) -> None:
+        """Attention over the first half of the KV heads (and their query heads), a hand-over,
+        then the second half: the same result as one call, in two kernels."""
+        hq, hkv = self.cfg.heads // 2, self.cfg.kv_heads // 2
+        halves = [(slice(0, hq), slice(0, hkv)), (slice(hq, None), slice(hkv, None))]
+        for stage, (heads, kv_heads) in enumerate(halves):
+            if stage:
+                yield_to_other()
+            kc, vc = key_cache[:, :, kv_heads], value_cache[:, :, kv_heads]
+            paged_attention(q[:, heads], kc, vc, meta, scale=self.scale, output=o[:, heads])
+
     @staticmethod
-    def _communicate(op, x: torch.Tensor, hand_over: bool) -> torch.Tensor:
-        """Run `op` on the comm stream; with `hand_over` the other micro-batch issues its
-        work before this one continues on the compute stream."""
+    def _communicate(op, x: torch.Tensor) -> torch.Tensor:
+        """Run `op` on the comm stream; the other micro-batch issues its next segment
+        before this one continues on the compute stream."""
         switch_to_comm()
         record_stream_use(x)
         out = op(x)
-        if hand_over:
-            yield_and_switch_to_compute()
-        else:
-            switch_to_compute()
+        yield_and_switch_to_compute()
         record_stream_use(out)
         return out
