@@ -40,6 +40,8 @@ SWEEP_CONFIGS = [
     {"tma": False},
     {"num_warps": 16},
     {"num_stages": 3},
+    {"BLOCK_N": 32},
+    {"BLOCK_N": 32, "num_stages": 3},
     {"BLOCK_H": 32, "num_warps": 4},
     {"BLOCK_H": 128, "BLOCK_N": 32, "num_warps": 16},
 ]
