@@ -24,7 +24,7 @@ Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`)
   experts 1: dispatch 0 hides behind attention 1, but dispatch 1 and combine 0
   have only the short expert GEMMs to hide behind.
 - "staged": three segments per layer, the attention cut in two by KV-head halves
-  (like an engine's attention-prepare and attention-core stages), and micro-batch
+  (an engine's TBO cuts its layers into such stages), and micro-batch
   1 starts one segment late. The compute stream then runs
       attn-a 0, attn-b 0, attn-a 1, experts 0, attn-b 1, attn-a' 0, experts 1, ...
   and every dispatch and combine has half an attention of the other micro-batch
@@ -264,9 +264,9 @@ class TboTestModel:
         hq_d, hkv_d = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         x = self.embed[input_ids]
         routes = self._routes(input_ids)
-        staged = self.overlap == "staged"
         ubatch = current_ubatch()
-        if staged and ubatch is not None and ubatch.id == 1:
+        staged = self.overlap == "staged" and ubatch is not None
+        if staged and ubatch.id == 1:
             yield_to_other()  # start one segment late
         for i, layer in enumerate(self.layers):
             h = self._norm(x)
