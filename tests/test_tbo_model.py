@@ -199,13 +199,13 @@ class RecordingComm:
 
 
 @pytest.mark.parametrize(
-    "overlap, per_layer_order",
+    "overlap, layer_order",
     [
         ("per_comm", [("dispatch", 0), ("dispatch", 1), ("combine", 0), ("combine", 1)]),
         ("staged", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
     ],
 )
-def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_layer_order):
+def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, layer_order):
     """The order the comm stream (and every DP rank) sees, and TBO-on still equals TBO-off."""
     comm = RecordingComm()
     model = TboTestModel(CFG, "cpu", comm=comm, seed=0, overlap=overlap)
@@ -213,7 +213,7 @@ def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, per_la
     mode = ForwardMode.decide([BatchShape(9, 9, 1)], 0, TboConfig(), ())
     check_tbo_equals_reference(model, runner, caches, batch, mode)
     split_log = comm.log[-4 * CFG.layers :]
-    assert split_log == per_layer_order * CFG.layers
+    assert split_log == layer_order * CFG.layers
 
 
 def test_staged_overlap_prefill_equals_unsplit(caches, runner):
