@@ -106,17 +106,18 @@ def run_mla_benchmarks(
     rows = []
     for batch in batches:
         for context in contexts:
-            rows.append(_bench_shape(batch, context, config, with_sdpa, flush, device))
+            rows.append(_bench_shape(batch, context, config, with_sdpa, flush, copy_gbps, device))
             torch.cuda.empty_cache()
     for row in rows:
         row["copy_gbps"], row["matmul_tflops"] = copy_gbps, matmul_rate
-        row["frac_copy"] = row["kv_gbps"] / copy_gbps
         row["frac_matmul"] = row["tflops"] / matmul_rate
         row["roofline_frac_copy"] = roofline_frac_copy(copy_gbps, matmul_rate)
     return rows
 
 
-def _bench_shape(batch, context, config, with_sdpa, flush, device, num_splits=None) -> dict:
+def _bench_shape(
+    batch, context, config, with_sdpa, flush, copy_gbps, device, num_splits=None
+) -> dict:
     from atom_plugin.backends.mla_reference import mla_token_plan
     from atom_plugin.backends.triton_mla import mla_decode_triton
 
@@ -150,6 +151,7 @@ def _bench_shape(batch, context, config, with_sdpa, flush, device, num_splits=No
         "kv_gbps": kv_bytes / (us * 1e-6) / 1e9,
         "tflops": batch * HEADS * context * FLOPS_PER_KEY_HEAD / (us * 1e-6) / 1e12,
     }
+    row["frac_copy"] = row["kv_gbps"] / copy_gbps
     if with_sdpa:
         row.update(_sdpa_row(meta, q, cache, scale, kv_bytes, flush, out))
     return row
@@ -193,11 +195,10 @@ def sweep(copy_gbps, flush, shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="
     for cfg in configs:
         for batch, context in shapes:
             try:
-                row = _bench_shape(batch, context, cfg, False, flush, device)
+                row = _bench_shape(batch, context, cfg, False, flush, copy_gbps, device)
             except Exception as exc:
                 results.append({"config": cfg, "error": repr(exc)[:200]})
                 break
-            row["frac_copy"] = row["kv_gbps"] / copy_gbps
             results.append(row)
             torch.cuda.empty_cache()
     return results
@@ -213,9 +214,9 @@ def split_sweep(copy_gbps, flush, device="cuda") -> list:
     for batch in BATCHES:
         for context in CONTEXTS:
             for splits in SPLITS:
-                row = _bench_shape(batch, context, None, False, flush, device, num_splits=splits)
-                row["frac_copy"] = row["kv_gbps"] / copy_gbps
-                results.append(row)
+                results.append(
+                    _bench_shape(batch, context, None, False, flush, copy_gbps, device, splits)
+                )
             torch.cuda.empty_cache()
     return results
 

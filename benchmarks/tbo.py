@@ -87,6 +87,17 @@ def calibrate_cycles_per_ms() -> float:
     return cycles / ms
 
 
+def comm_ms_at(fraction: float, compute_ms: float) -> float:
+    """The stand-in communication per unsplit step that makes it `fraction` of the step."""
+    return fraction / (1 - fraction) * compute_ms
+
+
+def set_stand_in(comm: LocalComm, comm_ms: float, cycles_per_ms: float, batch: int) -> None:
+    """Size `comm`'s stand-in so one unsplit step of `batch` requests waits `comm_ms` in all
+    (2 calls per layer, each as long as the token rows it moves)."""
+    comm.cycles_per_token = comm_ms * cycles_per_ms / (MODEL.layers * 2 * batch)
+
+
 def comm_alone_ms(comm: LocalComm, batch: int) -> float:
     """The stand-in communication of one unsplit step alone (2 calls per layer), as a graph."""
     x = torch.empty(batch, 1, device="cuda")
@@ -112,8 +123,7 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
     batch = make_batch(
         MODEL, [1] * batch_size, [ctx_len] * batch_size, max_blocks, num_blocks, "cuda", seed=1
     )
-    per_step_tokens = MODEL.layers * 2 * batch_size  # rows through the stand-in per step
-    comm.cycles_per_token = comm_ms * cycles_per_ms / per_step_tokens
+    set_stand_in(comm, comm_ms, cycles_per_ms, batch_size)
     row = dict(batch=batch_size)
     row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
 
@@ -220,7 +230,7 @@ def main(argv=None) -> int:
             base = measure(b, 0.0, *common)
             compute_ms = base["unsplit_replay_only_ms"]  # GPU time of a step without comm
             for f in args.comm:
-                row = base if f == 0 else measure(b, f / (1 - f) * compute_ms, *common)
+                row = base if f == 0 else measure(b, comm_ms_at(f, compute_ms), *common)
                 row = dict(row, comm_fraction=f)
                 row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
                 best_split_ms = min(base[f"{name}_graph_ms"] for name in SPLITS)

@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._timing import time_us
-from benchmarks.tbo import MODEL, calibrate_cycles_per_ms
+from benchmarks.tbo import MODEL, calibrate_cycles_per_ms, comm_ms_at, set_stand_in
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -87,9 +87,8 @@ def main(argv=None) -> int:
         key = next(iter(unsplit.plan))
         unsplit.step(batch)
         compute_ms = time_us(lambda: unsplit.graphs.replay(key), iters=20, graph=False) / 1e3
-        comm_ms = args.comm / (1 - args.comm) * compute_ms
-        rows_per_step = MODEL.layers * 2 * args.batch  # token rows through the stand-in
-        comm.cycles_per_token = comm_ms * calibrate_cycles_per_ms() / rows_per_step
+        comm_ms = comm_ms_at(args.comm, compute_ms)
+        set_stand_in(comm, comm_ms, calibrate_cycles_per_ms(), args.batch)
         split = args.schedule != "unsplit"
         if split:
             model.overlap = args.schedule

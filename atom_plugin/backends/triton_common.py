@@ -49,6 +49,18 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def device_has_tma(device: torch.device) -> bool:
+    """Whether a CUDA GPU has TMA tensor descriptors (compute capability 9.0+, not ROCm)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_has_tma(index)
+
+
+@functools.cache
+def _cuda_has_tma(index: int) -> bool:
+    """Read once per device: the MLA decode asks on every layer's call."""
+    return not torch.version.hip and torch.cuda.get_device_capability(index)[0] >= 9
+
+
 @triton.jit
 def mm(a, b, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """a @ b in float32; UPCAST computes in float32 (the CPU interpreter's bf16 dot is wrong)."""

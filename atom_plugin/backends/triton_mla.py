@@ -28,6 +28,7 @@ from atom_plugin.backends.mla_reference import check_mla_shapes, mla_token_plan
 from atom_plugin.backends.triton_common import (
     MAX_SPLITS,
     cdiv,
+    device_has_tma,
     device_sm_count,
     next_power_of_2,
 )
@@ -322,9 +323,7 @@ def _tma_problems(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int) ->
     for name, n in (("kv_lora_rank", lora), ("rope", rope)):
         if n < 16 or n & (n - 1):
             problems.append(f"{name}={n} is not a power of two >= 16")
-    if kv_cache.is_cuda and (
-        torch.version.hip or torch.cuda.get_device_capability(kv_cache.device)[0] < 9
-    ):
+    if kv_cache.is_cuda and not device_has_tma(kv_cache.device):
         problems.append("the GPU has no TMA (needs CUDA compute capability 9.0 or newer)")
     return problems
 
