@@ -5,8 +5,10 @@ sets the stand-in communication to a fraction of the unsplit step as
 benchmarks/tbo.py does, replays once under torch.profiler and prints every GPU
 kernel: the stream it ran on, its start and duration in ms from the first
 kernel, and its name. It shows what each collective (`spin_kernel`) and each
-micro-batch's kernels wait behind. A replayed graph runs on streams CUDA picks,
-so the stream numbers name lanes of concurrent work, not the capture's streams.
+micro-batch's kernels wait behind. `--summary` prints instead how long the GPU
+was busy (any kernel running) and the kernel time summed per kernel name. A
+replayed graph runs on streams CUDA picks, so the stream numbers name lanes of
+concurrent work, not the capture's streams.
 
     python -m benchmarks.tbo_trace --batch 256 --context 8192 --comm 0.3 \\
         --schedule staged --compute-streams 1
@@ -64,6 +66,9 @@ def main(argv=None) -> int:
     p.add_argument("--comm", type=float, default=0.3, help="stand-in comm, fraction of the step")
     p.add_argument("--schedule", choices=SCHEDULES, default="staged")
     p.add_argument("--compute-streams", type=int, choices=COMPUTE_STREAM_CHOICES, default=1)
+    p.add_argument(
+        "--summary", action="store_true", help="busy time and kernel time per name, not each kernel"
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/tbo_trace.py needs a CUDA device")
@@ -102,10 +107,39 @@ def main(argv=None) -> int:
         f"{args.compute_streams} compute stream(s): unsplit compute {compute_ms:.3f} ms, "
         f"stand-in comm {comm_ms:.3f} ms per step; {len(timeline)} kernels over {end:.3f} ms"
     )
+    if args.summary:
+        print_summary(timeline, end)
+        return 0
     print("stream  start ms  dur ms  kernel")
     for stream, start, dur, name in timeline:
-        print(f"s{stream:<6} {start:8.3f} {dur:7.3f}  {name.removeprefix('void ')[:90]}")
+        print(f"s{stream:<6} {start:8.3f} {dur:7.3f}  {short(name)}")
     return 0
+
+
+def short(name: str) -> str:
+    return name.removeprefix("void ")[:90]
+
+
+def busy_ms(timeline) -> float:
+    """Time at least one kernel ran: the union of the kernels' intervals."""
+    total, reach = 0.0, 0.0
+    for _, start, dur, _ in sorted(timeline, key=lambda k: k[1]):
+        end = start + dur
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def print_summary(timeline, end: float) -> None:
+    """GPU busy time over the step, then kernel time summed per kernel name."""
+    per_name: dict[str, list[float]] = {}
+    for _, _, dur, name in timeline:
+        per_name.setdefault(short(name), []).append(dur)
+    print(f"busy {busy_ms(timeline):.3f} ms of {end:.3f} ms; kernel time summed per name:")
+    print("   total ms  count  kernel")
+    for name, durs in sorted(per_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{sum(durs):11.3f} {len(durs):6d}  {name}")
 
 
 if __name__ == "__main__":
