@@ -12,9 +12,6 @@ fraction (default 30%) of the unsplit step, it times one decode step as:
   micro-batch 1 one segment behind, so every collective has half an attention of
   the other micro-batch to hide behind (the columns above hand over after each
   communication step, `overlap="per_comm"`);
-- offset split replay, 2 streams: `overlap="offset"`: the per_comm hand-overs with
-  micro-batch 1 half a layer behind on the GPU, so that no collective waits for
-  the other micro-batch's attention;
 - eager split: the two micro-batches run eagerly on the runner's threads;
 - eager unsplit: the plain eager step, for reference.
 A step is "refresh the static buffers in place + replay"; the replay-only
@@ -79,7 +76,6 @@ DECODERS = (
     ("split2s", TboConfig(), 2, "per_comm"),
     ("staged", TboConfig(), 1, "staged"),
     ("staged2s", TboConfig(), 2, "staged"),
-    ("offset2s", TboConfig(), 2, "offset"),
 )
 SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 
@@ -173,7 +169,6 @@ COLUMNS = [
     ("split2s_graph_ms", "split replay 2 streams ms", "{:.3f}"),
     ("staged_graph_ms", "staged replay ms", "{:.3f}"),
     ("staged2s_graph_ms", "staged replay 2 streams ms", "{:.3f}"),
-    ("offset2s_graph_ms", "offset replay 2 streams ms", "{:.3f}"),
     ("eager_split_ms", "eager split ms", "{:.3f}"),
     ("eager_unsplit_ms", "eager unsplit ms", "{:.3f}"),
     ("unsplit_replay_only_ms", "unsplit replay-only ms", "{:.3f}"),
@@ -181,14 +176,12 @@ COLUMNS = [
     ("split2s_replay_only_ms", "split 2 streams replay-only ms", "{:.3f}"),
     ("staged_replay_only_ms", "staged replay-only ms", "{:.3f}"),
     ("staged2s_replay_only_ms", "staged 2 streams replay-only ms", "{:.3f}"),
-    ("offset2s_replay_only_ms", "offset 2 streams replay-only ms", "{:.3f}"),
     ("comm_alone_ms", "comm alone ms", "{:.3f}"),
     ("ideal_overlap_ms", "ideal overlap ms", "{:.3f}"),
     ("unsplit_over_split", "unsplit / split", "{:.2f}x"),
     ("unsplit_over_split2s", "unsplit / split 2 streams", "{:.2f}x"),
     ("unsplit_over_staged", "unsplit / staged", "{:.2f}x"),
     ("unsplit_over_staged2s", "unsplit / staged 2 streams", "{:.2f}x"),
-    ("unsplit_over_offset2s", "unsplit / offset 2 streams", "{:.2f}x"),
     ("split_bound", "split bound", "{:.2f}x"),
     ("split_vs_unsplit_rel_err", "rel err", "{:.1e}"),
 ]

@@ -39,21 +39,6 @@ def test_micro_batches_alternate_at_yield_points(runner):
     assert {name for u, _, name in trace if u == 1} == {"tbo-ubatch-1"}
 
 
-def test_follow_hands_over_like_a_yield(runner):
-    """Micro-batch 1 starting one segment late (on CPU there are no streams to order)."""
-    trace = []
-
-    def fn(ctx):
-        if ctx.id == 1:
-            tbo.yield_and_follow_other()
-        for segment in range(2):
-            trace.append((ctx.id, segment))
-            tbo.yield_to_other()
-
-    runner.run(fn, [None, None])
-    assert trace == [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-
 def test_uneven_micro_batches_finish(runner):
     def fn(ctx):
         for _ in range(1 if ctx.id == 0 else 5):
@@ -99,7 +84,6 @@ def test_api_is_a_no_op_outside_a_runner():
         tbo.switch_to_compute,
         tbo.yield_and_switch_to_comm,
         tbo.yield_and_switch_to_compute,
-        tbo.yield_and_follow_other,
     ):
         f()
     tbo.record_stream_use(torch.zeros(2))

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 NUM_UBATCHES = 2
-COMPUTE, COMM, FOLLOW = "compute", "comm", "follow"
+COMPUTE, COMM = "compute", "comm"
 COMPUTE_STREAM_CHOICES = (1, 2)
 
 _current = threading.local()
@@ -65,7 +65,6 @@ class _Step:
         self.errors: list[tuple[int, BaseException]] = []
         self.abort = threading.Event()
         self.lock = threading.Lock()
-        self.compute_streams: list[Any] = [None] * NUM_UBATCHES  # each micro-batch's, on CUDA
 
     def fail(self, ubatch: int, error: BaseException) -> None:
         with self.lock:
@@ -85,7 +84,7 @@ class UBatchContext:
         self.comm_stream = comm_stream
         self.stream = COMPUTE  # which of the two streams this micro-batch issues onto now
         self._step = step
-        self._events = events  # {COMPUTE: Event, COMM: Event, FOLLOW: Event} or None on CPU
+        self._events = events  # {COMPUTE: Event, COMM: Event} or None on CPU
 
     def _other(self) -> int:
         return 1 - self.id
@@ -109,22 +108,6 @@ class UBatchContext:
             return
         step.batons[self._other()].set()
         self._wait_baton()
-
-    def yield_and_follow_other(self) -> None:
-        """Yield, then continue behind the compute the other micro-batch has issued so far.
-
-        On one compute stream that order holds anyway. On two, a yield orders
-        only the issue, so without this the next kernels of this micro-batch
-        could still run beside the other's earlier ones: micro-batch 1 calls it
-        at its start to run one segment behind on the GPU, not just on the CPU.
-        """
-        self.yield_to_other()
-        theirs = self._step.compute_streams[self._other()]
-        if self._events is None or theirs is self.compute_stream:
-            return
-        event = self._events[FOLLOW]
-        event.record(theirs)
-        self.compute_stream.wait_event(event)
 
     def _record(self) -> Any:
         """Mark the work issued so far on this micro-batch's current stream."""
@@ -205,10 +188,6 @@ def yield_and_switch_to_comm() -> None:
     _call("yield_and_switch_to_comm")
 
 
-def yield_and_follow_other() -> None:
-    _call("yield_and_follow_other")
-
-
 def yield_and_switch_to_compute() -> None:
     _call("yield_and_switch_to_compute")
 
@@ -264,8 +243,7 @@ class MicroBatchRunner:
             if compute_streams == 2:
                 self._ubatch1_stream = torch.cuda.Stream(self.device)
             self._events = [
-                {name: torch.cuda.Event() for name in (COMPUTE, COMM, FOLLOW)}
-                for _ in range(NUM_UBATCHES)
+                {COMPUTE: torch.cuda.Event(), COMM: torch.cuda.Event()} for _ in range(NUM_UBATCHES)
             ]
         else:
             self.comm_stream = None
@@ -343,7 +321,7 @@ class MicroBatchRunner:
         forked = [s for s in (self.comm_stream, self._ubatch1_stream) if s is not None]
         for s in forked:
             s.wait_stream(compute)  # fork: each sees everything issued so far
-        compute_of = step.compute_streams = [compute, self._ubatch1_stream or compute]
+        compute_of = [compute, self._ubatch1_stream or compute]
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         for i in range(NUM_UBATCHES):
             ctx = UBatchContext(

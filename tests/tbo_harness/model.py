@@ -32,14 +32,6 @@ Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`)
   1 behind attn-a' 0, combine 1 behind attn-b' 0. The comm stream carries
   dispatch 0, combine 0, dispatch 1, combine 1, so no collective waits behind the
   other micro-batch's. It needs an even number of KV heads.
-- "offset": the hand-overs of "per_comm", with micro-batch 1 starting one segment
-  late. On one compute stream that puts experts 0 right behind its own dispatch;
-  it is meant for two compute streams, where micro-batch 1 then runs half a
-  layer behind micro-batch 0 on the GPU and the comm stream carries dispatch 0,
-  combine 0, dispatch 1, dispatch 0', combine 1, ...: each collective can hide
-  behind the other micro-batch's compute, none waits for the other's attention.
-In "staged" and "offset" micro-batch 1 starts with `yield_and_follow_other`, so on
-two compute streams its first kernels wait for micro-batch 0's first segment.
 An expert GEMM can rarely share the GPU with the other micro-batch's attention
 (the attention's programs stay resident for the whole kernel), which is why the
 schedule interleaves whole kernels rather than relying on concurrent streams.
@@ -59,12 +51,11 @@ from atom_plugin.tbo import (
     current_ubatch,
     record_stream_use,
     switch_to_comm,
-    yield_and_follow_other,
     yield_and_switch_to_compute,
     yield_to_other,
 )
 
-OVERLAP_SCHEDULES = ("per_comm", "staged", "offset")
+OVERLAP_SCHEDULES = ("per_comm", "staged")
 
 
 @dataclass(frozen=True)
@@ -275,8 +266,8 @@ class TboTestModel:
         routes = self._routes(input_ids)
         ubatch = current_ubatch()
         staged = self.overlap == "staged" and ubatch is not None
-        if self.overlap != "per_comm" and ubatch is not None and ubatch.id == 1:
-            yield_and_follow_other()  # start one segment late
+        if staged and ubatch.id == 1:
+            yield_to_other()  # start one segment late
         for i, layer in enumerate(self.layers):
             h = self._norm(x)
             q, k, v = (h @ layer["wqkv"]).split([hq_d, hkv_d, hkv_d], dim=-1)
