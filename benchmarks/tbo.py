@@ -77,9 +77,6 @@ DECODERS = (
     ("staged", TboConfig(), 1, "staged"),
     ("staged2s", TboConfig(), 2, "staged"),
     ("split2sp", TboConfig(), "2p", "per_comm"),
-    ("layer2s", TboConfig(), 2, "per_layer"),
-    ("layer2sp", TboConfig(), "2p", "per_layer"),
-    ("staged2sp", TboConfig(), "2p", "staged"),
 )
 SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 

@@ -30,7 +30,6 @@ TOL = dict(rtol=2e-3, atol=2e-3)
         (2, "per_comm", True),
         (1, "staged", False),
         (2, "staged", False),
-        (2, "per_layer", True),
     ],
     ids=lambda p: f"{p[0]}-compute-streams-{p[1]}" + ("-lead-priority" if p[2] else ""),
 )

@@ -32,10 +32,6 @@ Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`)
   1 behind attn-a' 0, combine 1 behind attn-b' 0. The comm stream carries
   dispatch 0, combine 0, dispatch 1, combine 1, so no collective waits behind the
   other micro-batch's. It needs an even number of KV heads.
-- "per_layer": one hand-over per layer, after the combine. On two compute streams
-  the comm stream then carries dispatch 0, combine 0, dispatch 1, combine 1, so
-  micro-batch 0's combine never waits for micro-batch 1's dispatch (with
-  `per_comm` it does); on one stream it leaves every collective exposed.
 An expert GEMM can rarely share the GPU with the other micro-batch's attention
 (the attention's programs stay resident for the whole kernel), which is why the
 schedule interleaves whole kernels rather than relying on concurrent streams.
@@ -55,12 +51,11 @@ from atom_plugin.tbo import (
     current_ubatch,
     record_stream_use,
     switch_to_comm,
-    switch_to_compute,
     yield_and_switch_to_compute,
     yield_to_other,
 )
 
-OVERLAP_SCHEDULES = ("per_comm", "staged", "per_layer")
+OVERLAP_SCHEDULES = ("per_comm", "staged")
 
 
 @dataclass(frozen=True)
@@ -290,11 +285,10 @@ class TboTestModel:
 
             h = self._norm(x)
             payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
-            hand_over = self.overlap != "per_layer"
-            gathered = self._communicate(self.comm.dispatch, payload, hand_over)
+            gathered = self._communicate(self.comm.dispatch, payload)
             tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
             y = self._experts(layer, tokens, gates)
-            x = x + self._communicate(self.comm.combine, y, True)
+            x = x + self._communicate(self.comm.combine, y)
         return x
 
     def _attention_in_two_stages(self, q, key_cache, value_cache, meta, o) -> None:
@@ -309,15 +303,12 @@ class TboTestModel:
             paged_attention(q[:, heads], kc, vc, meta, scale=self.scale, output=o[:, heads])
 
     @staticmethod
-    def _communicate(op, x: torch.Tensor, hand_over: bool) -> torch.Tensor:
-        """Run `op` on the comm stream; with `hand_over` the other micro-batch issues its
-        next segment before this one continues on the compute stream."""
+    def _communicate(op, x: torch.Tensor) -> torch.Tensor:
+        """Run `op` on the comm stream; the other micro-batch issues its next segment
+        before this one continues on the compute stream."""
         switch_to_comm()
         record_stream_use(x)
         out = op(x)
-        if hand_over:
-            yield_and_switch_to_compute()
-        else:
-            switch_to_compute()
+        yield_and_switch_to_compute()
         record_stream_use(out)
         return out
