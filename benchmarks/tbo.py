@@ -76,7 +76,6 @@ DECODERS = (
     ("split2s", TboConfig(), 2, "per_comm"),
     ("staged", TboConfig(), 1, "staged"),
     ("staged2s", TboConfig(), 2, "staged"),
-    ("split2sp", TboConfig(), "2p", "per_comm"),
 )
 SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 
@@ -170,7 +169,6 @@ COLUMNS = [
     ("split2s_graph_ms", "split replay 2 streams ms", "{:.3f}"),
     ("staged_graph_ms", "staged replay ms", "{:.3f}"),
     ("staged2s_graph_ms", "staged replay 2 streams ms", "{:.3f}"),
-    ("split2sp_graph_ms", "split replay 2 streams lead priority ms", "{:.3f}"),
     ("eager_split_ms", "eager split ms", "{:.3f}"),
     ("eager_unsplit_ms", "eager unsplit ms", "{:.3f}"),
     ("unsplit_replay_only_ms", "unsplit replay-only ms", "{:.3f}"),
@@ -178,14 +176,12 @@ COLUMNS = [
     ("split2s_replay_only_ms", "split 2 streams replay-only ms", "{:.3f}"),
     ("staged_replay_only_ms", "staged replay-only ms", "{:.3f}"),
     ("staged2s_replay_only_ms", "staged 2 streams replay-only ms", "{:.3f}"),
-    ("split2sp_replay_only_ms", "split 2 streams lead priority replay-only ms", "{:.3f}"),
     ("comm_alone_ms", "comm alone ms", "{:.3f}"),
     ("ideal_overlap_ms", "ideal overlap ms", "{:.3f}"),
     ("unsplit_over_split", "unsplit / split", "{:.2f}x"),
     ("unsplit_over_split2s", "unsplit / split 2 streams", "{:.2f}x"),
     ("unsplit_over_staged", "unsplit / staged", "{:.2f}x"),
     ("unsplit_over_staged2s", "unsplit / staged 2 streams", "{:.2f}x"),
-    ("unsplit_over_split2sp", "unsplit / split 2 streams lead priority", "{:.2f}x"),
     ("split_bound", "split bound", "{:.2f}x"),
     ("split_vs_unsplit_rel_err", "rel err", "{:.1e}"),
 ]
@@ -227,9 +223,8 @@ def main(argv=None) -> int:
     with (
         MicroBatchRunner("cuda", timeout_s=300) as one_stream,
         MicroBatchRunner("cuda", timeout_s=300, compute_streams=2) as two_streams,
-        MicroBatchRunner("cuda", timeout_s=300, compute_streams=2, lead_priority=True) as lead,
     ):
-        runners = {1: one_stream, 2: two_streams, "2p": lead}
+        runners = {1: one_stream, 2: two_streams}
         for b in args.batches:
             common = (cycles_per_ms, model, comm, caches, runners, args.context, args.iters)
             base = measure(b, 0.0, *common)

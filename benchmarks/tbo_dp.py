@@ -244,10 +244,7 @@ def _worker(rank: int, world: int, port: int, args: dict, result_path: str) -> N
     )
     try:
         with MicroBatchRunner(
-            args["device"],
-            timeout_s=COLLECTIVE_TIMEOUT_S,
-            compute_streams=args["compute_streams"],
-            lead_priority=args["lead_priority"],
+            args["device"], timeout_s=COLLECTIVE_TIMEOUT_S, compute_streams=args["compute_streams"]
         ) as runner:
             me = Rank(args, rank, world, runner)
             rows = []
@@ -304,8 +301,8 @@ def header(args: argparse.Namespace, devices: list[str], when: datetime.datetime
         f"tokens/request; per layer an all-gather (dispatch) and an all-reduce (combine)",
         f"replay: {replay}; each figure is the slowest rank's median of {args.iters} steps; "
         "comm alone is the step's collectives issued eagerly back to back",
-        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams}, "
-        f"lead_priority={args.lead_priority}), hand-over {args.overlap}",
+        f"TBO on: MicroBatchRunner(compute_streams={args.compute_streams}), "
+        f"hand-over {args.overlap}",
     ]
 
 
@@ -325,11 +322,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=COMPUTE_STREAM_CHOICES,
         default=1,
         help="compute streams of the micro-batch runner (2: one per micro-batch)",
-    )
-    p.add_argument(
-        "--lead-priority",
-        action="store_true",
-        help="micro-batch 0 and the collectives on high-priority streams (needs 2 streams)",
     )
     p.add_argument(
         "--overlap",
@@ -353,8 +345,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     pairs = {("nccl", "cuda"), ("gloo", "cpu")}
     if (args.backend, args.device) not in pairs:
         p.error(f"--backend {args.backend} with --device {args.device}: use one of {sorted(pairs)}")
-    if args.lead_priority and args.compute_streams != 2:
-        p.error("--lead-priority needs --compute-streams 2 (one stream has one priority)")
     if args.world < 2:
         p.error(f"--world must be >= 2 (data-parallel ranks), got {args.world}")
     if any(b < 3 for b in args.batches):

@@ -158,8 +158,6 @@ def test_misuse_raises(runner):
         MicroBatchRunner("cpu", compute_streams=3)
     with pytest.raises(ValueError, match="compute_streams=True is not one of"):
         MicroBatchRunner("cpu", compute_streams=True)
-    with pytest.raises(ValueError, match="lead_priority needs compute_streams=2"):
-        MicroBatchRunner("cpu", lead_priority=True)
     runner.close()
     with pytest.raises(RuntimeError, match="closed"):
         runner.run(lambda ctx: None, [None, None])

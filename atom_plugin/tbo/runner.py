@@ -222,7 +222,6 @@ class MicroBatchRunner:
         *,
         timeout_s: float = 600.0,
         compute_streams: int = 1,
-        lead_priority: bool = False,
     ):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
@@ -234,19 +233,13 @@ class MicroBatchRunner:
                 f"compute_streams={compute_streams!r} is not one of {COMPUTE_STREAM_CHOICES}"
             )
         self.timeout_s = float(timeout_s)
-        if lead_priority and compute_streams != 2:
-            raise ValueError("lead_priority needs compute_streams=2 (one stream has one priority)")
         self.compute_streams = compute_streams
         self._cuda = self.device.type == "cuda"
-        self._ubatch0_stream = None  # micro-batch 0's own, high-priority stream (lead_priority)
         self._ubatch1_stream = None  # micro-batch 1's own compute stream (compute_streams=2)
         if self._cuda:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
-            high = torch.cuda.Stream(self.device, priority=-1).priority if lead_priority else 0
-            self.comm_stream = torch.cuda.Stream(self.device, priority=high)
-            if lead_priority:
-                self._ubatch0_stream = torch.cuda.Stream(self.device, priority=high)
+            self.comm_stream = torch.cuda.Stream(self.device)
             if compute_streams == 2:
                 self._ubatch1_stream = torch.cuda.Stream(self.device)
             self._events = [
@@ -325,11 +318,10 @@ class MicroBatchRunner:
             )
         step = _Step()
         compute = torch.cuda.current_stream(self.device) if self._cuda else None
-        own = (self.comm_stream, self._ubatch0_stream, self._ubatch1_stream)
-        forked = [s for s in own if s is not None]
+        forked = [s for s in (self.comm_stream, self._ubatch1_stream) if s is not None]
         for s in forked:
             s.wait_stream(compute)  # fork: each sees everything issued so far
-        compute_of = [self._ubatch0_stream or compute, self._ubatch1_stream or compute]
+        compute_of = [compute, self._ubatch1_stream or compute]
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         for i in range(NUM_UBATCHES):
             ctx = UBatchContext(
