@@ -52,7 +52,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tbo_harness.batches import make_batch, run_step, run_unsplit  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder  # noqa: E402
-from tbo_harness.model import KVCaches, LocalComm, ModelConfig, TboTestModel  # noqa: E402
+from tbo_harness.model import (  # noqa: E402
+    CopyComm,
+    KVCaches,
+    LocalComm,
+    ModelConfig,
+    TboTestModel,
+)
 
 from atom_plugin.tbo import BatchShape, ForwardMode, MicroBatchRunner, TboConfig  # noqa: E402
 
@@ -92,10 +98,24 @@ def comm_ms_at(fraction: float, compute_ms: float) -> float:
     return fraction / (1 - fraction) * compute_ms
 
 
-def set_stand_in(comm: LocalComm, comm_ms: float, cycles_per_ms: float, batch: int) -> None:
+def set_stand_in(comm, comm_ms: float, cycles_per_ms: float, batch: int) -> None:
     """Size `comm`'s stand-in so one unsplit step of `batch` requests waits `comm_ms` in all
-    (2 calls per layer, each as long as the token rows it moves)."""
-    comm.cycles_per_token = comm_ms * cycles_per_ms / (MODEL.layers * 2 * batch)
+    (2 calls per layer, each as long as the token rows it moves). For a `CopyComm`,
+    `cycles_per_ms` is bytes per ms of its device-to-host copy."""
+    per_token = comm_ms * cycles_per_ms / (MODEL.layers * 2 * batch)
+    if isinstance(comm, CopyComm):
+        comm.bytes_per_token = int(per_token)
+    else:
+        comm.cycles_per_token = per_token
+
+
+def calibrate_copy_bytes_per_ms(comm: CopyComm) -> float:
+    """Bytes per millisecond of `comm`'s device-to-host copy (8 MB, graphed)."""
+    x = torch.empty(1, 1, device="cuda")
+    comm.bytes_per_token = 8 << 20
+    ms = time_us(lambda: comm.dispatch(x), iters=20, graph=True) / 1e3
+    comm.bytes_per_token = 0
+    return (8 << 20) / ms
 
 
 def comm_alone_ms(comm: LocalComm, batch: int) -> float:
@@ -205,6 +225,12 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the rows as JSON here")
+    p.add_argument(
+        "--stand-in",
+        choices=("spin", "copy"),
+        default="spin",
+        help="comm stand-in: a spin kernel (default), or a device-to-host copy (no SM)",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/tbo.py needs a CUDA device")
@@ -214,8 +240,12 @@ def main(argv=None) -> int:
     if any(b < 3 for b in args.batches):
         raise SystemExit(f"--batches must be >= 3 (smaller buckets never split): {args.batches}")
     torch.cuda.set_device(0)
-    cycles_per_ms = calibrate_cycles_per_ms()
-    comm = LocalComm()
+    if args.stand_in == "copy":
+        comm = CopyComm(256 << 20)
+        cycles_per_ms = calibrate_copy_bytes_per_ms(comm)
+    else:
+        comm = LocalComm()
+        cycles_per_ms = calibrate_cycles_per_ms()
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
     max_blocks = -(-(args.context + 1) // MODEL.block_size)
     caches = KVCaches.random(MODEL, max(args.batches) * max_blocks + 1, "cuda", seed=1)
@@ -244,7 +274,8 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}",
         f"model: {MODEL.layers} layers, hidden {MODEL.hidden}, {MODEL.heads}/{MODEL.kv_heads} "
         f"heads x {MODEL.head_dim}, {MODEL.experts} experts x ffn {MODEL.ffn} (dense-masked), "
-        f"bf16; context {args.context} tokens/request; stand-in comm {cycles_per_ms:.3g} cycles/ms",
+        f"bf16; context {args.context} tokens/request; stand-in comm: {args.stand_in}, "
+        f"{cycles_per_ms:.3g} {'bytes' if args.stand_in == 'copy' else 'cycles'}/ms",
     ]
     table = markdown(rows, header)
     print(table)

@@ -106,6 +106,32 @@ class LocalComm:
     combine = _stand_in
 
 
+class CopyComm:
+    """One rank: dispatch and combine are identities plus a device-to-host copy on the
+    comm stream, `bytes_per_token` per token row: a transfer the copy engine carries
+    over PCIe, taking no SM from the compute (as a NIC's RDMA reads of GPU memory do),
+    unlike `LocalComm`'s kernel. CUDA only; change `bytes_per_token` only between
+    captures, as `LocalComm`'s duration."""
+
+    world, rank = 1, 0
+
+    def __init__(self, max_bytes: int, bytes_per_token: int = 0):
+        self.bytes_per_token = bytes_per_token
+        self._src = torch.empty(max_bytes, dtype=torch.uint8, device="cuda")
+        self._dst = torch.empty(max_bytes, dtype=torch.uint8, pin_memory=True)
+
+    def _stand_in(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.bytes_per_token * x.shape[0]
+        if n > self._src.numel():
+            raise ValueError(f"{n} bytes exceed the stand-in's buffer of {self._src.numel()}")
+        if n:
+            self._dst[:n].copy_(self._src[:n], non_blocking=True)
+        return x
+
+    dispatch = _stand_in
+    combine = _stand_in
+
+
 class GroupComm:
     """A real collective per step over `group` (gloo on CPU, NCCL on GPUs)."""
 
