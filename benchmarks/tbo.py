@@ -28,11 +28,15 @@ The stand-in is `torch.cuda._sleep` on the comm stream, its duration
 proportional to the tokens moved (so two micro-batches wait as long as one
 unsplit batch), calibrated against the unsplit replay measured with it off:
 comm = f / (1 - f) x compute, i.e. f of the unsplit step with comm.
+`--stand-in copy` replaces the kernel by a device-to-host copy of as many bytes
+per token row (`CopyComm`): the copy engine moves them, so the stand-in takes no
+SM from the compute, as a NIC reading GPU memory for RDMA would not.
 
 Before timing, each condition checks that the split replay's hidden states
 equal the unsplit graph's (bf16; relative max error reported, > 5% aborts).
 
-    python -m benchmarks.tbo [--batches 8 32 128 256] [--comm 0 0.3] [--out table.md]
+    python -m benchmarks.tbo [--batches 8 32 128 256] [--comm 0 0.3] [--stand-in spin|copy]
+                             [--context 1024] [--out table.md] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -98,11 +102,11 @@ def comm_ms_at(fraction: float, compute_ms: float) -> float:
     return fraction / (1 - fraction) * compute_ms
 
 
-def set_stand_in(comm, comm_ms: float, cycles_per_ms: float, batch: int) -> None:
+def set_stand_in(comm, comm_ms: float, rate_per_ms: float, batch: int) -> None:
     """Size `comm`'s stand-in so one unsplit step of `batch` requests waits `comm_ms` in all
-    (2 calls per layer, each as long as the token rows it moves). For a `CopyComm`,
-    `cycles_per_ms` is bytes per ms of its device-to-host copy."""
-    per_token = comm_ms * cycles_per_ms / (MODEL.layers * 2 * batch)
+    (2 calls per layer, each as long as the token rows it moves). `rate_per_ms`: GPU
+    cycles per ms for `LocalComm`'s spin, bytes per ms for `CopyComm`'s copy."""
+    per_token = comm_ms * rate_per_ms / (MODEL.layers * 2 * batch)
     if isinstance(comm, CopyComm):
         comm.bytes_per_token = int(per_token)
     else:
@@ -133,7 +137,7 @@ def step_ms(fn, iters: int) -> float:
     return time_us(fn, iters=iters, warmup=3, graph=False) / 1e3
 
 
-def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ctx_len, iters):
+def measure(batch_size, comm_ms, rate_per_ms, model, comm, caches, runners, ctx_len, iters):
     """One condition's row: comm_ms is the stand-in communication per unsplit step (0 = off).
 
     `runners` maps a compute-stream count (1, 2) to its `MicroBatchRunner`.
@@ -143,7 +147,7 @@ def measure(batch_size, comm_ms, cycles_per_ms, model, comm, caches, runners, ct
     batch = make_batch(
         MODEL, [1] * batch_size, [ctx_len] * batch_size, max_blocks, num_blocks, "cuda", seed=1
     )
-    set_stand_in(comm, comm_ms, cycles_per_ms, batch_size)
+    set_stand_in(comm, comm_ms, rate_per_ms, batch_size)
     row = dict(batch=batch_size)
     row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
 
@@ -242,10 +246,10 @@ def main(argv=None) -> int:
     torch.cuda.set_device(0)
     if args.stand_in == "copy":
         comm = CopyComm(256 << 20)
-        cycles_per_ms = calibrate_copy_bytes_per_ms(comm)
+        rate_per_ms = calibrate_copy_bytes_per_ms(comm)
     else:
         comm = LocalComm()
-        cycles_per_ms = calibrate_cycles_per_ms()
+        rate_per_ms = calibrate_cycles_per_ms()
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
     max_blocks = -(-(args.context + 1) // MODEL.block_size)
     caches = KVCaches.random(MODEL, max(args.batches) * max_blocks + 1, "cuda", seed=1)
@@ -256,7 +260,7 @@ def main(argv=None) -> int:
     ):
         runners = {1: one_stream, 2: two_streams}
         for b in args.batches:
-            common = (cycles_per_ms, model, comm, caches, runners, args.context, args.iters)
+            common = (rate_per_ms, model, comm, caches, runners, args.context, args.iters)
             base = measure(b, 0.0, *common)
             compute_ms = base["unsplit_replay_only_ms"]  # GPU time of a step without comm
             for f in args.comm:
@@ -275,7 +279,7 @@ def main(argv=None) -> int:
         f"model: {MODEL.layers} layers, hidden {MODEL.hidden}, {MODEL.heads}/{MODEL.kv_heads} "
         f"heads x {MODEL.head_dim}, {MODEL.experts} experts x ffn {MODEL.ffn} (dense-masked), "
         f"bf16; context {args.context} tokens/request; stand-in comm: {args.stand_in}, "
-        f"{cycles_per_ms:.3g} {'bytes' if args.stand_in == 'copy' else 'cycles'}/ms",
+        f"{rate_per_ms:.3g} {'bytes' if args.stand_in == 'copy' else 'cycles'}/ms",
     ]
     table = markdown(rows, header)
     print(table)

@@ -8,7 +8,7 @@ wrong numbers. Run on the H200: `pytest -m gpu tests/test_tbo_gpu.py`.
 import pytest
 import torch
 from tbo_harness.batches import make_batch, random_decode_batch, run_step, run_unsplit
-from tbo_harness.model import GPU_CONFIG, KVCaches, LocalComm, TboTestModel
+from tbo_harness.model import GPU_CONFIG, CopyComm, KVCaches, LocalComm, TboTestModel
 
 import atom_plugin.tbo as tbo
 from atom_plugin.tbo import BatchShape, ForwardMode, MicroBatchFailed, MicroBatchRunner, TboConfig
@@ -130,3 +130,18 @@ def test_failure_on_cuda_raises_and_runner_recovers(setup):
         runner.run(fn, [None, None])
     out = runner.run(lambda ctx: torch.full((2,), float(ctx.id), device="cuda"), [None, None])
     assert [o.tolist() for o in out] == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_copy_stand_in_moves_bytes_per_token_row():
+    """The benchmark's no-SM stand-in: a device-to-host copy sized by the token rows."""
+    torch.cuda.set_device(0)
+    comm = CopyComm(max_bytes=64, bytes_per_token=8)
+    comm._src.copy_(torch.arange(64, dtype=torch.uint8))
+    comm._dst.fill_(255)
+    x = torch.ones(3, 4, device="cuda")
+    assert comm.dispatch(x) is x
+    torch.cuda.synchronize()
+    assert comm._dst[:24].tolist() == list(range(24))
+    assert comm._dst[24:].eq(255).all()  # 3 rows x 8 bytes, no more
+    with pytest.raises(ValueError, match="72 bytes exceed the stand-in's buffer of 64"):
+        comm.combine(torch.ones(9, 4, device="cuda"))
