@@ -102,7 +102,9 @@ def comm_ms_at(fraction: float, compute_ms: float) -> float:
     return fraction / (1 - fraction) * compute_ms
 
 
-def set_stand_in(comm, comm_ms: float, rate_per_ms: float, batch: int) -> None:
+def set_stand_in(
+    comm: LocalComm | CopyComm, comm_ms: float, rate_per_ms: float, batch: int
+) -> None:
     """Size `comm`'s stand-in so one unsplit step of `batch` requests waits `comm_ms` in all
     (2 calls per layer, each as long as the token rows it moves). `rate_per_ms`: GPU
     cycles per ms for `LocalComm`'s spin, bytes per ms for `CopyComm`'s copy."""
@@ -122,7 +124,7 @@ def calibrate_copy_bytes_per_ms(comm: CopyComm) -> float:
     return (8 << 20) / ms
 
 
-def comm_alone_ms(comm: LocalComm, batch: int) -> float:
+def comm_alone_ms(comm: LocalComm | CopyComm, batch: int) -> float:
     """The stand-in communication of one unsplit step alone (2 calls per layer), as a graph."""
     x = torch.empty(batch, 1, device="cuda")
 
