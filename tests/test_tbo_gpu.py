@@ -24,16 +24,23 @@ TOL = dict(rtol=2e-3, atol=2e-3)
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "per_comm"), (2, "per_comm"), (1, "staged"), (2, "staged")],
-    ids=lambda p: f"{p[0]}-compute-streams-{p[1]}",
+    params=[
+        (1, "per_comm", False),
+        (2, "per_comm", False),
+        (1, "staged", False),
+        (2, "staged", False),
+        (2, "per_comm", True),
+        (2, "staged", True),
+    ],
+    ids=lambda p: f"{p[0]}-compute-streams-{p[1]}" + ("-chained" if p[2] else ""),
 )
 def setup(request):
     """Every pairing of compute streams and hand-over schedule stays exact (the benchmark
     times the fast ones; a slow pairing must still be correct)."""
-    streams, overlap = request.param
+    streams, overlap, chain = request.param
     torch.cuda.set_device(0)
     comm = LocalComm(SLEEP_CYCLES_PER_TOKEN)
-    model = TboTestModel(CFG, "cuda", comm=comm, seed=0, overlap=overlap)
+    model = TboTestModel(CFG, "cuda", comm=comm, seed=0, overlap=overlap, chain_attention=chain)
     base = KVCaches.random(CFG, NUM_BLOCKS, "cuda", seed=1)
     with MicroBatchRunner("cuda", timeout_s=120, compute_streams=streams) as runner:
         yield model, base, runner
@@ -145,3 +152,25 @@ def test_copy_stand_in_moves_bytes_per_token_row():
     assert comm._dst[24:].eq(255).all()  # 3 rows x 8 bytes, no more
     with pytest.raises(ValueError, match="72 bytes exceed the stand-in's buffer of 64"):
         comm.combine(torch.ones(9, 4, device="cuda"))
+
+
+def test_take_turn_chains_two_compute_streams_on_the_gpu():
+    """Micro-batch 1's block runs after micro-batch 0's (a 50 ms spin, then a write), though
+    the two compute streams share no other dependency."""
+    torch.cuda.set_device(0)
+    flag = torch.zeros(1, device="cuda")
+
+    def fn(ctx):
+        if ctx.id == 0:
+            with tbo.take_turn():
+                torch.cuda._sleep(100_000_000)
+                flag.fill_(1.0)
+            tbo.yield_to_other()
+            return None
+        with tbo.take_turn():
+            return flag.clone()
+
+    with MicroBatchRunner("cuda", timeout_s=60, compute_streams=2) as runner:
+        _, seen = runner.run(fn, [None, None])
+    torch.cuda.synchronize()
+    assert seen.item() == 1.0

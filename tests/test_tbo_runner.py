@@ -86,6 +86,8 @@ def test_api_is_a_no_op_outside_a_runner():
         tbo.yield_and_switch_to_compute,
     ):
         f()
+    with tbo.take_turn():
+        pass
     tbo.record_stream_use(torch.zeros(2))
 
 

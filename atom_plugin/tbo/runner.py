@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 NUM_UBATCHES = 2
-COMPUTE, COMM = "compute", "comm"
+COMPUTE, COMM, TURN = "compute", "comm", "turn"
 COMPUTE_STREAM_CHOICES = (1, 2)
 
 _current = threading.local()
@@ -65,6 +65,8 @@ class _Step:
         self.errors: list[tuple[int, BaseException]] = []
         self.abort = threading.Event()
         self.lock = threading.Lock()
+        self.compute_streams: list[Any] = [None] * NUM_UBATCHES  # each micro-batch's, on CUDA
+        self.turn_event: Any = None  # end of the last `take_turn` block issued, either micro-batch
 
     def fail(self, ubatch: int, error: BaseException) -> None:
         with self.lock:
@@ -108,6 +110,28 @@ class UBatchContext:
             return
         step.batons[self._other()].set()
         self._wait_baton()
+
+    @contextlib.contextmanager
+    def take_turn(self):
+        """Kernels issued inside run on the GPU after those issued inside the previous
+        `take_turn` block of either micro-batch: one chain across the two, in issue order.
+
+        On two compute streams the micro-batches' kernels otherwise run side by
+        side wherever their dependencies allow; a block keeps, say, the two
+        attentions apart, so each micro-batch's other kernels and collectives run
+        beside the other's attention instead of both attentions sharing the GPU.
+        On one compute stream the order holds anyway and this does nothing.
+        """
+        step = self._step
+        if self._events is None or step.compute_streams[0] is step.compute_streams[1]:
+            yield
+            return
+        stream = self._stream(self.stream)
+        if step.turn_event is not None:
+            stream.wait_event(step.turn_event)
+        yield
+        step.turn_event = self._events[TURN]
+        step.turn_event.record(stream)
 
     def _record(self) -> Any:
         """Mark the work issued so far on this micro-batch's current stream."""
@@ -192,6 +216,17 @@ def yield_and_switch_to_compute() -> None:
     _call("yield_and_switch_to_compute")
 
 
+@contextlib.contextmanager
+def take_turn():
+    """See `UBatchContext.take_turn`; outside a runner it does nothing."""
+    ctx = current_ubatch()
+    if ctx is None:
+        yield
+    else:
+        with ctx.take_turn():
+            yield
+
+
 def record_stream_use(*tensors: torch.Tensor) -> None:
     """Tell the caching allocator that the current stream reads `tensors`.
 
@@ -243,7 +278,8 @@ class MicroBatchRunner:
             if compute_streams == 2:
                 self._ubatch1_stream = torch.cuda.Stream(self.device)
             self._events = [
-                {COMPUTE: torch.cuda.Event(), COMM: torch.cuda.Event()} for _ in range(NUM_UBATCHES)
+                {name: torch.cuda.Event() for name in (COMPUTE, COMM, TURN)}
+                for _ in range(NUM_UBATCHES)
             ]
         else:
             self.comm_stream = None
@@ -321,7 +357,7 @@ class MicroBatchRunner:
         forked = [s for s in (self.comm_stream, self._ubatch1_stream) if s is not None]
         for s in forked:
             s.wait_stream(compute)  # fork: each sees everything issued so far
-        compute_of = [compute, self._ubatch1_stream or compute]
+        compute_of = step.compute_streams = [compute, self._ubatch1_stream or compute]
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         for i in range(NUM_UBATCHES):
             ctx = UBatchContext(

@@ -32,6 +32,10 @@ Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`)
   1 behind attn-a' 0, combine 1 behind attn-b' 0. The comm stream carries
   dispatch 0, combine 0, dispatch 1, combine 1, so no collective waits behind the
   other micro-batch's. It needs an even number of KV heads.
+With `chain_attention=True` every attention kernel is issued in a `take_turn` block:
+on two compute streams the micro-batches' attentions then run one after the other in
+issue order, each micro-batch's other kernels and collectives beside the other's
+attention (on one stream it changes nothing).
 An expert GEMM can rarely share the GPU with the other micro-batch's attention
 (the attention's programs stay resident for the whole kernel), which is why the
 schedule interleaves whole kernels rather than relying on concurrent streams.
@@ -39,6 +43,7 @@ schedule interleaves whole kernels rather than relying on concurrent streams.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +56,7 @@ from atom_plugin.tbo import (
     current_ubatch,
     record_stream_use,
     switch_to_comm,
+    take_turn,
     yield_and_switch_to_compute,
     yield_to_other,
 )
@@ -207,10 +213,17 @@ class TboTestModel:
     """
 
     def __init__(
-        self, cfg: ModelConfig, device, comm=None, seed: int = 0, overlap: str = "per_comm"
+        self,
+        cfg: ModelConfig,
+        device,
+        comm=None,
+        seed: int = 0,
+        overlap: str = "per_comm",
+        chain_attention: bool = False,
     ):
         self.cfg = cfg
         self.overlap = overlap
+        self.chain_attention = chain_attention
         self.device = torch.device(device)
         self.comm = comm or LocalComm()
         if cfg.experts % self.comm.world:
@@ -306,7 +319,7 @@ class TboTestModel:
             if staged:
                 self._attention_in_two_stages(q, key_cache, value_cache, meta, o)
             else:
-                paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
+                self._attention(q, key_cache, value_cache, meta, o)
             x = x + o.view(p, -1) @ layer["wo"]
 
             h = self._norm(x)
@@ -326,7 +339,11 @@ class TboTestModel:
             if stage:
                 yield_to_other()
             kc, vc = key_cache[:, :, kv_heads], value_cache[:, :, kv_heads]
-            paged_attention(q[:, heads], kc, vc, meta, scale=self.scale, output=o[:, heads])
+            self._attention(q[:, heads], kc, vc, meta, o[:, heads])
+
+    def _attention(self, q, key_cache, value_cache, meta, o) -> None:
+        with take_turn() if self.chain_attention else contextlib.nullcontext():
+            paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
 
     @staticmethod
     def _communicate(op, x: torch.Tensor) -> torch.Tensor:
