@@ -203,6 +203,7 @@ class RecordingComm:
     [
         ("per_comm", [("dispatch", 0), ("dispatch", 1), ("combine", 0), ("combine", 1)]),
         ("staged", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
+        ("alternate", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
     ],
 )
 def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, layer_order):
@@ -225,7 +226,7 @@ def test_staged_overlap_prefill_equals_unsplit(caches, runner):
 
 
 def test_unknown_overlap_schedule_is_refused(model):
-    choices = r"\('per_comm', 'staged'\)"
+    choices = r"\('per_comm', 'staged', 'alternate'\)"
     with pytest.raises(ValueError, match=f"overlap='per_token' is not one of {choices}"):
         TboTestModel(CFG, "cpu", overlap="per_token")
     with pytest.raises(ValueError, match="overlap='x' is not one of"):
