@@ -89,7 +89,6 @@ DECODERS = (
     ("staged2s", TboConfig(), 2, "staged", False),
     ("chain2s", TboConfig(), 2, "per_comm", True),
     ("stchain2s", TboConfig(), 2, "staged", True),
-    ("alt2s", TboConfig(), 2, "alternate", False),
 )
 SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 

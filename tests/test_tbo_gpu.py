@@ -31,7 +31,6 @@ TOL = dict(rtol=2e-3, atol=2e-3)
         (2, "staged", False),
         (2, "per_comm", True),
         (2, "staged", True),
-        (2, "alternate", False),
     ],
     ids=lambda p: f"{p[0]}-compute-streams-{p[1]}" + ("-chained" if p[2] else ""),
 )

@@ -203,7 +203,6 @@ class RecordingComm:
     [
         ("per_comm", [("dispatch", 0), ("dispatch", 1), ("combine", 0), ("combine", 1)]),
         ("staged", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
-        ("alternate", [("dispatch", 0), ("combine", 0), ("dispatch", 1), ("combine", 1)]),
     ],
 )
 def test_overlap_schedule_orders_the_collectives(caches, runner, overlap, layer_order):
@@ -226,7 +225,7 @@ def test_staged_overlap_prefill_equals_unsplit(caches, runner):
 
 
 def test_unknown_overlap_schedule_is_refused(model):
-    choices = r"\('per_comm', 'staged', 'alternate'\)"
+    choices = r"\('per_comm', 'staged'\)"
     with pytest.raises(ValueError, match=f"overlap='per_token' is not one of {choices}"):
         TboTestModel(CFG, "cpu", overlap="per_token")
     with pytest.raises(ValueError, match="overlap='x' is not one of"):

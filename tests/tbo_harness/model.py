@@ -32,12 +32,6 @@ Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`)
   1 behind attn-a' 0, combine 1 behind attn-b' 0. The comm stream carries
   dispatch 0, combine 0, dispatch 1, combine 1, so no collective waits behind the
   other micro-batch's. It needs an even number of KV heads.
-- "alternate": one hand-over per layer, after the combine, and each micro-batch's
-  compute up to its dispatch (norms, QKV, attention, output projection, gates) in a
-  `take_turn` block. On two compute streams the micro-batches then alternate: one
-  computes that block while the other's dispatch, experts and combine run, and
-  the comm stream carries dispatch 0, combine 0, dispatch 1, combine 1. On one
-  stream it leaves every collective exposed.
 With `chain_attention=True` every attention kernel is issued in a `take_turn` block:
 on two compute streams the micro-batches' attentions then run one after the other in
 issue order, each micro-batch's other kernels and collectives beside the other's
@@ -62,13 +56,12 @@ from atom_plugin.tbo import (
     current_ubatch,
     record_stream_use,
     switch_to_comm,
-    switch_to_compute,
     take_turn,
     yield_and_switch_to_compute,
     yield_to_other,
 )
 
-OVERLAP_SCHEDULES = ("per_comm", "staged", "alternate")
+OVERLAP_SCHEDULES = ("per_comm", "staged")
 
 
 @dataclass(frozen=True)
@@ -314,29 +307,27 @@ class TboTestModel:
         staged = self.overlap == "staged" and ubatch is not None
         if staged and ubatch.id == 1:
             yield_to_other()  # start one segment late
-        alternate = self.overlap == "alternate"
         for i, layer in enumerate(self.layers):
-            with take_turn() if alternate else contextlib.nullcontext():
-                h = self._norm(x)
-                q, k, v = (h @ layer["wqkv"]).split([hq_d, hkv_d, hkv_d], dim=-1)
-                q = q.view(p, cfg.heads, cfg.head_dim)
-                k = k.view(p, cfg.kv_heads, cfg.head_dim)
-                v = v.view(p, cfg.kv_heads, cfg.head_dim)
-                key_cache, value_cache = caches.layers[i]
-                write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-                o = torch.zeros_like(q)
-                if staged:
-                    self._attention_in_two_stages(q, key_cache, value_cache, meta, o)
-                else:
-                    self._attention(q, key_cache, value_cache, meta, o)
-                x = x + o.view(p, -1) @ layer["wo"]
+            h = self._norm(x)
+            q, k, v = (h @ layer["wqkv"]).split([hq_d, hkv_d, hkv_d], dim=-1)
+            q = q.view(p, cfg.heads, cfg.head_dim)
+            k = k.view(p, cfg.kv_heads, cfg.head_dim)
+            v = v.view(p, cfg.kv_heads, cfg.head_dim)
+            key_cache, value_cache = caches.layers[i]
+            write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+            o = torch.zeros_like(q)
+            if staged:
+                self._attention_in_two_stages(q, key_cache, value_cache, meta, o)
+            else:
+                self._attention(q, key_cache, value_cache, meta, o)
+            x = x + o.view(p, -1) @ layer["wo"]
 
-                h = self._norm(x)
-                payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
-            gathered = self._communicate(self.comm.dispatch, payload, hand_over=not alternate)
+            h = self._norm(x)
+            payload = torch.cat([h, self._gates(h, routes[:, i], layer["router"])], dim=-1)
+            gathered = self._communicate(self.comm.dispatch, payload)
             tokens, gates = gathered[:, : cfg.hidden], gathered[:, cfg.hidden :]
             y = self._experts(layer, tokens, gates)
-            x = x + self._communicate(self.comm.combine, y, hand_over=True)
+            x = x + self._communicate(self.comm.combine, y)
         return x
 
     def _attention_in_two_stages(self, q, key_cache, value_cache, meta, o) -> None:
@@ -355,15 +346,12 @@ class TboTestModel:
             paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
 
     @staticmethod
-    def _communicate(op, x: torch.Tensor, hand_over: bool) -> torch.Tensor:
-        """Run `op` on the comm stream; with `hand_over` the other micro-batch issues its
-        next segment before this one continues on the compute stream."""
+    def _communicate(op, x: torch.Tensor) -> torch.Tensor:
+        """Run `op` on the comm stream; the other micro-batch issues its next segment
+        before this one continues on the compute stream."""
         switch_to_comm()
         record_stream_use(x)
         out = op(x)
-        if hand_over:
-            yield_and_switch_to_compute()
-        else:
-            switch_to_compute()
+        yield_and_switch_to_compute()
         record_stream_use(out)
         return out
