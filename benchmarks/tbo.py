@@ -79,16 +79,13 @@ MODEL = ModelConfig(
     dtype=torch.bfloat16,
 )
 MAX_REL_ERROR = 0.05
-# (column, TBO config, compute streams, hand-over schedule, attentions chained) of each
-# recorded decoder
+# (column, TBO config, compute streams, hand-over schedule) of each recorded decoder
 DECODERS = (
-    ("unsplit", TboConfig(decode=False), 1, "per_comm", False),
-    ("split", TboConfig(), 1, "per_comm", False),
-    ("split2s", TboConfig(), 2, "per_comm", False),
-    ("staged", TboConfig(), 1, "staged", False),
-    ("staged2s", TboConfig(), 2, "staged", False),
-    ("chain2s", TboConfig(), 2, "per_comm", True),
-    ("stchain2s", TboConfig(), 2, "staged", True),
+    ("unsplit", TboConfig(decode=False), 1, "per_comm"),
+    ("split", TboConfig(), 1, "per_comm"),
+    ("split2s", TboConfig(), 2, "per_comm"),
+    ("staged", TboConfig(), 1, "staged"),
+    ("staged2s", TboConfig(), 2, "staged"),
 )
 SPLITS = [name for name, *_ in DECODERS if name != "unsplit"]
 
@@ -157,12 +154,12 @@ def measure(batch_size, comm_ms, rate_per_ms, model, comm, caches, runners, ctx_
     row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
 
     decoders = {}
-    for name, config, streams, overlap, chain in DECODERS:
-        model.overlap, model.chain_attention = overlap, chain  # read while the graph is captured
+    for name, config, streams, overlap in DECODERS:
+        model.overlap = overlap  # read while the graph is captured
         decoders[name] = GraphedDecoder(
             model, caches, runners[streams], [batch_size], config, max_blocks
         )
-    model.overlap, model.chain_attention = "per_comm", False
+    model.overlap = "per_comm"
     out_unsplit = decoders["unsplit"].step(batch).float().clone()
     errs = []
     for name in SPLITS:
@@ -198,8 +195,6 @@ COLUMNS = [
     ("split2s_graph_ms", "split replay 2 streams ms", "{:.3f}"),
     ("staged_graph_ms", "staged replay ms", "{:.3f}"),
     ("staged2s_graph_ms", "staged replay 2 streams ms", "{:.3f}"),
-    ("chain2s_graph_ms", "split replay 2 streams chained ms", "{:.3f}"),
-    ("stchain2s_graph_ms", "staged replay 2 streams chained ms", "{:.3f}"),
     ("eager_split_ms", "eager split ms", "{:.3f}"),
     ("eager_unsplit_ms", "eager unsplit ms", "{:.3f}"),
     ("unsplit_replay_only_ms", "unsplit replay-only ms", "{:.3f}"),
@@ -213,8 +208,6 @@ COLUMNS = [
     ("unsplit_over_split2s", "unsplit / split 2 streams", "{:.2f}x"),
     ("unsplit_over_staged", "unsplit / staged", "{:.2f}x"),
     ("unsplit_over_staged2s", "unsplit / staged 2 streams", "{:.2f}x"),
-    ("unsplit_over_chain2s", "unsplit / split 2 streams chained", "{:.2f}x"),
-    ("unsplit_over_stchain2s", "unsplit / staged 2 streams chained", "{:.2f}x"),
     ("split_bound", "split bound", "{:.2f}x"),
     ("split_vs_unsplit_rel_err", "rel err", "{:.1e}"),
 ]

@@ -12,7 +12,8 @@ With `compute_streams=2` micro-batch 1 computes on a stream of its own, also
 forked from the caller's: the two micro-batches' kernels then depend on each
 other only through the shared comm stream, so short, latency-bound kernels of
 one run beside the other's instead of after them. The collectives stay on the
-one comm stream, in the same order on every rank.
+one comm stream, in the same order on every rank. Kernels issued in `take_turn`
+blocks form one more chain across the two compute streams, in issue order.
 
 Model code calls the module-level functions (`yield_to_other`,
 `switch_to_comm`, ...); outside a runner they do nothing, so the same model

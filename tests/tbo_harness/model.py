@@ -31,11 +31,10 @@ Where a micro-batch hands over to the other (`overlap`, see `OVERLAP_SCHEDULES`)
   to hide behind: dispatch 0 behind attn-a 1, combine 0 behind attn-b 1, dispatch
   1 behind attn-a' 0, combine 1 behind attn-b' 0. The comm stream carries
   dispatch 0, combine 0, dispatch 1, combine 1, so no collective waits behind the
-  other micro-batch's. It needs an even number of KV heads.
-With `chain_attention=True` every attention kernel is issued in a `take_turn` block:
-on two compute streams the micro-batches' attentions then run one after the other in
-issue order, each micro-batch's other kernels and collectives beside the other's
-attention (on one stream it changes nothing).
+  other micro-batch's. Each half attention is issued in a `take_turn` block, so on
+  two compute streams the half attentions keep that order too, one after the
+  other, while the micro-batches' other kernels run beside them (on one stream
+  the order holds anyway). It needs an even number of KV heads.
 An expert GEMM can rarely share the GPU with the other micro-batch's attention
 (the attention's programs stay resident for the whole kernel), which is why the
 schedule interleaves whole kernels rather than relying on concurrent streams.
@@ -43,7 +42,6 @@ schedule interleaves whole kernels rather than relying on concurrent streams.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -213,17 +211,10 @@ class TboTestModel:
     """
 
     def __init__(
-        self,
-        cfg: ModelConfig,
-        device,
-        comm=None,
-        seed: int = 0,
-        overlap: str = "per_comm",
-        chain_attention: bool = False,
+        self, cfg: ModelConfig, device, comm=None, seed: int = 0, overlap: str = "per_comm"
     ):
         self.cfg = cfg
         self.overlap = overlap
-        self.chain_attention = chain_attention
         self.device = torch.device(device)
         self.comm = comm or LocalComm()
         if cfg.experts % self.comm.world:
@@ -319,7 +310,7 @@ class TboTestModel:
             if staged:
                 self._attention_in_two_stages(q, key_cache, value_cache, meta, o)
             else:
-                self._attention(q, key_cache, value_cache, meta, o)
+                paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
             x = x + o.view(p, -1) @ layer["wo"]
 
             h = self._norm(x)
@@ -339,11 +330,8 @@ class TboTestModel:
             if stage:
                 yield_to_other()
             kc, vc = key_cache[:, :, kv_heads], value_cache[:, :, kv_heads]
-            self._attention(q[:, heads], kc, vc, meta, o[:, heads])
-
-    def _attention(self, q, key_cache, value_cache, meta, o) -> None:
-        with take_turn() if self.chain_attention else contextlib.nullcontext():
-            paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
+            with take_turn():
+                paged_attention(q[:, heads], kc, vc, meta, scale=self.scale, output=o[:, heads])
 
     @staticmethod
     def _communicate(op, x: torch.Tensor) -> torch.Tensor:
