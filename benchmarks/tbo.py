@@ -54,7 +54,7 @@ from benchmarks._timing import time_us
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tbo_harness.batches import make_batch, run_step, run_unsplit  # noqa: E402
+from tbo_harness.batches import blocks_needed, make_batch, run_step, run_unsplit  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
     CopyComm,
@@ -144,7 +144,7 @@ def measure(batch_size, comm_ms, rate_per_ms, model, comm, caches, runners, ctx_
 
     `runners` maps a compute-stream count (1, 2) to its `MicroBatchRunner`.
     """
-    max_blocks = -(-(ctx_len + 1) // MODEL.block_size)
+    max_blocks = blocks_needed([ctx_len + 1], MODEL.block_size)  # history + the new token
     num_blocks = caches.raw[0].shape[0]
     batch = make_batch(
         MODEL, [1] * batch_size, [ctx_len] * batch_size, max_blocks, num_blocks, "cuda", seed=1
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
         comm = LocalComm()
         rate_per_ms = calibrate_cycles_per_ms()
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
-    max_blocks = -(-(args.context + 1) // MODEL.block_size)
+    max_blocks = blocks_needed([args.context + 1], MODEL.block_size)
     caches = KVCaches.random(MODEL, max(args.batches) * max_blocks + 1, "cuda", seed=1)
     rows = []
     with (
@@ -265,11 +265,11 @@ def main(argv=None) -> int:
             common = (rate_per_ms, model, comm, caches, runners, args.context, args.iters)
             base = measure(b, 0.0, *common)
             compute_ms = base["unsplit_replay_only_ms"]  # GPU time of a step without comm
+            best_split_ms = min(base[f"{name}_graph_ms"] for name in SPLITS)
             for f in args.comm:
                 row = base if f == 0 else measure(b, comm_ms_at(f, compute_ms), *common)
                 row = dict(row, comm_fraction=f)
                 row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
-                best_split_ms = min(base[f"{name}_graph_ms"] for name in SPLITS)
                 floor_ms = max(best_split_ms, row["comm_alone_ms"])
                 row["split_bound"] = row["unsplit_graph_ms"] / floor_ms
                 rows.append(row)

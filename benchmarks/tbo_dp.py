@@ -56,7 +56,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tbo_harness.batches import make_batch, run_step  # noqa: E402
+from tbo_harness.batches import blocks_needed, make_batch, run_step  # noqa: E402
 from tbo_harness.dp_workers import NO_MULTICAST_ENV, free_port, wait_for_device  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder, RerunGraphs  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
@@ -132,7 +132,7 @@ class Rank:
         self.compute_model = TboTestModel(
             self.cfg, self.device, comm=ShapeOnlyComm(world, rank), seed=0
         )
-        self.max_blocks = -(-(args["context"] + 1) // self.cfg.block_size)
+        self.max_blocks = blocks_needed([args["context"] + 1], self.cfg.block_size)
         self.num_blocks = max(args["batches"]) * self.max_blocks + 1
         self.caches = KVCaches.random(self.cfg, self.num_blocks, self.device, seed=rank)
 

@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks._timing import time_us
-from benchmarks.tbo import MODEL, calibrate_cycles_per_ms, comm_ms_at, set_stand_in
+from benchmarks.tbo import MODEL, calibrate_cycles_per_ms, comm_ms_at, set_stand_in, step_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tbo_harness.batches import make_batch  # noqa: E402
+from tbo_harness.batches import blocks_needed, make_batch  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder  # noqa: E402
 from tbo_harness.model import OVERLAP_SCHEDULES, KVCaches, LocalComm, TboTestModel  # noqa: E402
 
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     torch.cuda.set_device(0)
     comm = LocalComm()
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
-    max_blocks = -(-(args.context + 1) // MODEL.block_size)
+    max_blocks = blocks_needed([args.context + 1], MODEL.block_size)
     num_blocks = args.batch * max_blocks + 1
     caches = KVCaches.random(MODEL, num_blocks, "cuda", seed=1)
     batch = make_batch(
@@ -91,7 +90,7 @@ def main(argv=None) -> int:
         )
         key = next(iter(unsplit.plan))
         unsplit.step(batch)
-        compute_ms = time_us(lambda: unsplit.graphs.replay(key), iters=20, graph=False) / 1e3
+        compute_ms = step_ms(lambda: unsplit.graphs.replay(key), iters=20)
         comm_ms = comm_ms_at(args.comm, compute_ms)
         set_stand_in(comm, comm_ms, calibrate_cycles_per_ms(), args.batch)
         split = args.schedule != "unsplit"

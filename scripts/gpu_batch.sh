@@ -38,7 +38,8 @@ for what in "$@"; do
         tests/test_tbo_dp_bench.py tests/test_tbo_model_dp.py \
         2>&1 | tee "$OUT/dp_tests.log" || status=1
       for setting in 1:per_comm 2:per_comm 1:staged 2:staged; do
-        streams=${setting%:*} overlap=${setting#*:} name=tbo_dp_streams${setting%:*}_${setting#*:}
+        streams=${setting%:*} overlap=${setting#*:}
+        name=tbo_dp_streams${streams}_$overlap
         timeout 200 python3 -m benchmarks.tbo_dp --compute-streams $streams --overlap $overlap \
           --out "$OUT/$name.md" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || status=1
       done ;;

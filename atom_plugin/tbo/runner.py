@@ -56,9 +56,10 @@ class _Aborted(BaseException):
 
 
 class _Step:
-    """The hand-off state of one `run` call."""
+    """The hand-off state of one `run` call; `chain_turns`: the micro-batches compute on
+    two streams, so `take_turn` blocks need an event to keep their order."""
 
-    def __init__(self) -> None:
+    def __init__(self, chain_turns: bool) -> None:
         self.batons = [threading.Event() for _ in range(NUM_UBATCHES)]
         self.done = [threading.Event() for _ in range(NUM_UBATCHES)]
         self.finished = [False] * NUM_UBATCHES
@@ -66,7 +67,7 @@ class _Step:
         self.errors: list[tuple[int, BaseException]] = []
         self.abort = threading.Event()
         self.lock = threading.Lock()
-        self.compute_streams: list[Any] = [None] * NUM_UBATCHES  # each micro-batch's, on CUDA
+        self.chain_turns = chain_turns
         self.turn_event: Any = None  # end of the last `take_turn` block issued, either micro-batch
 
     def fail(self, ubatch: int, error: BaseException) -> None:
@@ -124,7 +125,7 @@ class UBatchContext:
         On one compute stream the order holds anyway and this does nothing.
         """
         step = self._step
-        if self._events is None or step.compute_streams[0] is step.compute_streams[1]:
+        if not step.chain_turns:
             yield
             return
         stream = self._stream(self.stream)
@@ -353,12 +354,12 @@ class MicroBatchRunner:
                 f"need {NUM_UBATCHES} forward contexts (one per micro-batch), "
                 f"got {len(forward_contexts)}"
             )
-        step = _Step()
+        step = _Step(chain_turns=self._ubatch1_stream is not None)
         compute = torch.cuda.current_stream(self.device) if self._cuda else None
         forked = [s for s in (self.comm_stream, self._ubatch1_stream) if s is not None]
         for s in forked:
             s.wait_stream(compute)  # fork: each sees everything issued so far
-        compute_of = step.compute_streams = [compute, self._ubatch1_stream or compute]
+        compute_of = [compute, self._ubatch1_stream or compute]
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         for i in range(NUM_UBATCHES):
             ctx = UBatchContext(
