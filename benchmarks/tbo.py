@@ -31,12 +31,17 @@ comm = f / (1 - f) x compute, i.e. f of the unsplit step with comm.
 `--stand-in copy` replaces the kernel by a device-to-host copy of as many bytes
 per token row (`CopyComm`): the copy engine moves them, so the stand-in takes no
 SM from the compute, as a NIC reading GPU memory for RDMA would not.
+`--ep-ranks W` makes the GPU one rank of a W-rank expert-parallel job: it holds
+8/W of the 8 experts, and its experts see W ranks' tokens (copies of its own,
+`OneRankComm`); attention and its weights stay whole on the rank, as with
+data-parallel attention. The stand-in still scales with the rank's own tokens.
 
 Before timing, each condition checks that the split replay's hidden states
 equal the unsplit graph's (bf16; relative max error reported, > 5% aborts).
 
     python -m benchmarks.tbo [--batches 8 32 128 256] [--comm 0 0.3] [--stand-in spin|copy]
-                             [--context 1024] [--out table.md] [--json rows.json]
+                             [--ep-ranks 1|2|4|8] [--context 1024] [--out table.md]
+                             [--json rows.json]
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ def calibrate_copy_bytes_per_ms(comm: CopyComm) -> float:
     """Bytes per millisecond of `comm`'s device-to-host copy (8 MB, graphed)."""
     x = torch.empty(1, 1, device="cuda")
     comm.bytes_per_token = 8 << 20
-    ms = time_us(lambda: comm.dispatch(x), iters=20, graph=True) / 1e3
+    ms = time_us(lambda: comm.stand_in(x), iters=20, graph=True) / 1e3
     comm.bytes_per_token = 0
     return (8 << 20) / ms
 
@@ -130,9 +135,19 @@ def comm_alone_ms(comm: LocalComm | CopyComm, batch: int) -> float:
 
     def calls():
         for _ in range(MODEL.layers * 2):
-            comm.dispatch(x)
+            comm.stand_in(x)
 
     return time_us(calls, iters=20, graph=True) / 1e3
+
+
+def add_ep_ranks_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ep-ranks",
+        type=int,
+        choices=[w for w in range(1, MODEL.experts + 1) if MODEL.experts % w == 0],
+        default=1,
+        help="the GPU is one rank of this many expert-parallel ranks (default 1: all experts)",
+    )
 
 
 def step_ms(fn, iters: int) -> float:
@@ -237,6 +252,7 @@ def main(argv=None) -> int:
         default="spin",
         help="comm stand-in: a spin kernel (default), or a device-to-host copy (no SM)",
     )
+    add_ep_ranks_option(p)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/tbo.py needs a CUDA device")
@@ -247,10 +263,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"--batches must be >= 3 (smaller buckets never split): {args.batches}")
     torch.cuda.set_device(0)
     if args.stand_in == "copy":
-        comm = CopyComm(256 << 20)
+        comm = CopyComm(256 << 20, world=args.ep_ranks)
         rate_per_ms = calibrate_copy_bytes_per_ms(comm)
     else:
-        comm = LocalComm()
+        comm = LocalComm(world=args.ep_ranks)
         rate_per_ms = calibrate_cycles_per_ms()
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
     max_blocks = blocks_needed([args.context + 1], MODEL.block_size)
@@ -268,7 +284,7 @@ def main(argv=None) -> int:
             best_split_ms = min(base[f"{name}_graph_ms"] for name in SPLITS)
             for f in args.comm:
                 row = base if f == 0 else measure(b, comm_ms_at(f, compute_ms), *common)
-                row = dict(row, comm_fraction=f)
+                row = dict(row, comm_fraction=f, ep_ranks=args.ep_ranks)
                 row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
                 floor_ms = max(best_split_ms, row["comm_alone_ms"])
                 row["split_bound"] = row["unsplit_graph_ms"] / floor_ms
@@ -281,7 +297,9 @@ def main(argv=None) -> int:
         f"model: {MODEL.layers} layers, hidden {MODEL.hidden}, {MODEL.heads}/{MODEL.kv_heads} "
         f"heads x {MODEL.head_dim}, {MODEL.experts} experts x ffn {MODEL.ffn} (dense-masked), "
         f"bf16; context {args.context} tokens/request; stand-in comm: {args.stand_in}, "
-        f"{rate_per_ms:.3g} {'bytes' if args.stand_in == 'copy' else 'cycles'}/ms",
+        f"{rate_per_ms:.3g} {'bytes' if args.stand_in == 'copy' else 'cycles'}/ms; "
+        f"expert parallel: one rank of {args.ep_ranks} "
+        f"({MODEL.experts // args.ep_ranks} experts, {args.ep_ranks}x tokens into them)",
     ]
     table = markdown(rows, header)
     print(table)

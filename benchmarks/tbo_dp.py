@@ -18,7 +18,7 @@ For each batch and each execution it times one decode step:
   "replay" re-runs the recorded step on its static buffers (`RerunGraphs`).
 
 References measured in the same run, on each rank: the compute alone (the
-unsplit step with `ShapeOnlyComm`: the same shapes, no transfer, run as the
+unsplit step with `OneRankComm`: the same shapes, no transfer, run as the
 execution runs it) and the communication alone (the step's collectives back
 to back, eagerly). The ideal overlap is max(compute, communication); the
 serial sum is compute + communication. Each figure is the slowest rank's
@@ -64,7 +64,7 @@ from tbo_harness.model import (  # noqa: E402
     GroupComm,
     KVCaches,
     ModelConfig,
-    ShapeOnlyComm,
+    OneRankComm,
     TboTestModel,
 )
 
@@ -130,7 +130,7 @@ class Rank:
             self.cfg, self.device, comm=GroupComm(), seed=0, overlap=args["overlap"]
         )
         self.compute_model = TboTestModel(
-            self.cfg, self.device, comm=ShapeOnlyComm(world, rank), seed=0
+            self.cfg, self.device, comm=OneRankComm(world, rank), seed=0
         )
         self.max_blocks = blocks_needed([args["context"] + 1], self.cfg.block_size)
         self.num_blocks = max(args["batches"]) * self.max_blocks + 1

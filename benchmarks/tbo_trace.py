@@ -11,7 +11,7 @@ replayed graph runs on streams CUDA picks, so the stream numbers name lanes of
 concurrent work, not the capture's streams.
 
     python -m benchmarks.tbo_trace --batch 256 --context 8192 --comm 0.3 \\
-        --schedule staged --compute-streams 1
+        --schedule staged --compute-streams 1 [--ep-ranks 8] [--summary]
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.tbo import MODEL, calibrate_cycles_per_ms, comm_ms_at, set_stand_in, step_ms
+from benchmarks.tbo import (
+    MODEL,
+    add_ep_ranks_option,
+    calibrate_cycles_per_ms,
+    comm_ms_at,
+    set_stand_in,
+    step_ms,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -65,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--comm", type=float, default=0.3, help="stand-in comm, fraction of the step")
     p.add_argument("--schedule", choices=SCHEDULES, default="staged")
     p.add_argument("--compute-streams", type=int, choices=COMPUTE_STREAM_CHOICES, default=1)
+    add_ep_ranks_option(p)
     p.add_argument(
         "--summary", action="store_true", help="busy time and kernel time per name, not each kernel"
     )
@@ -76,7 +84,7 @@ def main(argv=None) -> int:
     if not 0 <= args.comm < 1:
         raise SystemExit(f"--comm must be in [0, 1), got {args.comm}")
     torch.cuda.set_device(0)
-    comm = LocalComm()
+    comm = LocalComm(world=args.ep_ranks)
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
     max_blocks = blocks_needed([args.context + 1], MODEL.block_size)
     num_blocks = args.batch * max_blocks + 1
@@ -103,7 +111,8 @@ def main(argv=None) -> int:
     end = max(start + dur for _, start, dur, _ in timeline)
     print(
         f"# batch {args.batch} x context {args.context}, {args.schedule}, "
-        f"{args.compute_streams} compute stream(s): unsplit compute {compute_ms:.3f} ms, "
+        f"{args.compute_streams} compute stream(s), one rank of {args.ep_ranks} expert-parallel: "
+        f"unsplit compute {compute_ms:.3f} ms, "
         f"stand-in comm {comm_ms:.3f} ms per step; {len(timeline)} kernels over {end:.3f} ms"
     )
     if args.summary:

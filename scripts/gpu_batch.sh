@@ -3,6 +3,8 @@
 # root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
 #   bash scripts/gpu_batch.sh tests k3 tbo attention mla (any subset, in order)
 #   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
+# The tbo stage runs benchmarks/tbo.py as one rank of 1 and of 8 expert-parallel
+# ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192.
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -27,9 +29,12 @@ for what in "$@"; do
         ${XGR_WHEEL:+--xgrammar-wheel "$XGR_WHEEL"} 2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
     tbo)
       stage tbo "decode step: split replay vs unsplit graph vs eager split"
-      for ctx in 1024 8192; do
-        timeout 300 python3 -m benchmarks.tbo --context $ctx --out "$OUT/tbo_ctx$ctx.md" \
-          --json "$OUT/tbo_ctx$ctx.json" 2>&1 | tee "$OUT/tbo_ctx$ctx.log" || status=1
+      for ep in ${TBO_EP_RANKS:-1 8}; do
+        for ctx in 1024 8192; do
+          name=tbo_ep${ep}_ctx$ctx
+          timeout 300 python3 -m benchmarks.tbo --context $ctx --ep-ranks $ep \
+            --out "$OUT/$name.md" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || status=1
+        done
       done ;;
     dp)
       stage dp "two GPUs over NCCL: TBO on == off (eager and replay), step time on vs off"

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tbo_harness.batches import make_batch, random_decode_batch, run_split, run_step, run_unsplit
-from tbo_harness.model import KVCaches, ModelConfig, TboTestModel
+from tbo_harness.model import KVCaches, LocalComm, ModelConfig, OneRankComm, TboTestModel
 
 from atom_plugin.backends.metadata import prepare_ubatch_decode
 from atom_plugin.tbo import (
@@ -234,3 +234,29 @@ def test_unknown_overlap_schedule_is_refused(model):
     odd = ModelConfig(heads=3, kv_heads=1)
     with pytest.raises(ValueError, match="cuts the attention by KV-head halves; kv_heads=1 is odd"):
         TboTestModel(odd, "cpu", overlap="staged")
+
+
+def test_one_rank_comm_stands_in_for_the_other_ranks():
+    """Dispatch returns every rank's rows (copies of this rank's), combine keeps this rank's."""
+    comm = OneRankComm(world=4, rank=1)
+    x = torch.arange(6.0).view(3, 2)
+    torch.testing.assert_close(comm.dispatch(x), torch.cat([x] * 4))
+    y = torch.arange(24.0).view(12, 2)
+    torch.testing.assert_close(comm.combine(y), y[3:6])
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        OneRankComm(world=2, rank=2)
+    with pytest.raises(ValueError, match="rank 0 is not in a world of 0"):
+        LocalComm(world=0)
+
+
+@pytest.mark.parametrize("overlap", ["per_comm", "staged"])
+def test_one_rank_of_expert_parallel_tbo_on_equals_off(caches, runner, overlap):
+    """One rank of 4: it holds one of the 4 experts, which sees 4 ranks' tokens."""
+    model = TboTestModel(CFG, "cpu", comm=LocalComm(world=4), seed=0, overlap=overlap)
+    assert model.layers[0]["w_up"].shape == (CFG.hidden, CFG.ffn)
+    assert model.layers[0]["experts"] == slice(0, 1)
+    batch = random_decode_batch(CFG, 11, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed=23)
+    mode = ForwardMode.decide([BatchShape(11, 11, 1)], 0, TboConfig(), ())
+    check_tbo_equals_reference(model, runner, caches, batch, mode)
+    with pytest.raises(ValueError, match="4 experts do not shard over 3 ranks"):
+        TboTestModel(CFG, "cpu", comm=LocalComm(world=3))

@@ -4,9 +4,9 @@ Each layer: paged attention through the plugin's ops (`write_kv`,
 `paged_attention`), then a mixture of experts whose tokens travel through a
 communication step - dispatch (all-gather of hidden states and gates) and
 combine (all-reduce of the expert outputs, each rank keeping its own rows).
-Experts are sharded across the ranks of the comm group; with one rank a
-stand-in kernel of configurable duration on the comm stream takes the place
-of the collectives (`LocalComm`).
+Experts are sharded across the ranks of the comm group; on one device a
+stand-in of configurable duration on the comm stream takes the place of the
+collectives (`LocalComm`), for a job of one rank or for one rank of several.
 
 The layer launches few, large kernels, as an engine's fused layer does: one QKV
 GEMM, an RMSNorm kernel, and the rank's experts as one up and one down GEMM
@@ -80,60 +80,80 @@ class ModelConfig:
 GPU_CONFIG = ModelConfig(hidden=64, heads=8, kv_heads=2, head_dim=32, block_size=16, ffn=96)
 
 
-class LocalComm:
-    """One rank: dispatch and combine are identities plus an optional stand-in kernel.
+class OneRankComm:
+    """One rank of a `world`-rank expert-parallel job, run alone on one device.
 
-    With `cycles_per_token` > 0 (CUDA only) each call issues `torch.cuda._sleep`
-    on the current stream - the comm stream inside a micro-batch - for that
-    many GPU cycles per token row, standing in for an all-to-all whose time
-    grows with the tokens it moves (two micro-batches sleep as long as one
-    unsplit batch). The attribute may be changed between steps (not between
-    a graph's capture and its replays: the duration is baked in).
+    Dispatch returns `world` copies of the rank's rows (the other ranks' tokens,
+    stood in by its own) and combine keeps the rank's rows, so the rank's experts
+    - `experts / world` of them - see as many tokens as with real collectives.
+    `stand_in(rows)` takes the transfer's place on the comm stream, once per call
+    with the rank's own rows; here it moves nothing, which makes this class one
+    rank's compute alone (a benchmark reference).
     """
 
-    world, rank = 1, 0
+    def __init__(self, world: int = 1, rank: int = 0):
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in a world of {world}")
+        self.world, self.rank = world, rank
 
-    def __init__(self, cycles_per_token: float = 0.0):
+    def stand_in(self, rows: torch.Tensor) -> None:
+        pass
+
+    def dispatch(self, x: torch.Tensor) -> torch.Tensor:
+        self.stand_in(x)
+        return x.repeat(self.world, 1) if self.world > 1 else x
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        rows = y.shape[0] // self.world
+        mine = y[self.rank * rows : (self.rank + 1) * rows]
+        self.stand_in(mine)
+        return mine
+
+
+class LocalComm(OneRankComm):
+    """`OneRankComm` whose transfer is a kernel of configurable duration (CUDA only when > 0).
+
+    Each call issues `torch.cuda._sleep` on the current stream - the comm stream
+    inside a micro-batch - for `cycles_per_token` GPU cycles per token row of
+    the rank, standing in for an all-to-all whose time grows with the tokens it
+    moves (two micro-batches sleep as long as one unsplit batch). The attribute
+    may be changed between steps (not between a graph's capture and its
+    replays: the duration is baked in).
+    """
+
+    def __init__(self, cycles_per_token: float = 0.0, world: int = 1):
+        super().__init__(world)
         if cycles_per_token < 0:
             raise ValueError(f"cycles_per_token must be >= 0, got {cycles_per_token}")
         self.cycles_per_token = cycles_per_token
 
-    def _stand_in(self, x: torch.Tensor) -> torch.Tensor:
-        cycles = int(self.cycles_per_token * x.shape[0])
+    def stand_in(self, rows: torch.Tensor) -> None:
+        cycles = int(self.cycles_per_token * rows.shape[0])
         if cycles:
-            if x.device.type != "cuda":
+            if rows.device.type != "cuda":
                 raise ValueError("the stand-in comm kernel needs a CUDA device")
             torch.cuda._sleep(cycles)
-        return x
-
-    dispatch = _stand_in
-    combine = _stand_in
 
 
-class CopyComm:
-    """One rank: dispatch and combine are identities plus a device-to-host copy on the
-    comm stream, `bytes_per_token` per token row: a transfer the copy engine carries
+class CopyComm(OneRankComm):
+    """`OneRankComm` whose transfer is a device-to-host copy on the comm stream,
+    `bytes_per_token` per token row of the rank: a transfer the copy engine carries
     over PCIe, taking no SM from the compute (as a NIC's RDMA reads of GPU memory do),
     unlike `LocalComm`'s kernel. CUDA only; change `bytes_per_token` only between
     captures, as `LocalComm`'s duration."""
 
-    world, rank = 1, 0
-
-    def __init__(self, max_bytes: int, bytes_per_token: int = 0):
+    def __init__(self, max_bytes: int, bytes_per_token: int = 0, world: int = 1):
+        super().__init__(world)
         self.bytes_per_token = bytes_per_token
         self._src = torch.empty(max_bytes, dtype=torch.uint8, device="cuda")
         self._dst = torch.empty(max_bytes, dtype=torch.uint8, pin_memory=True)
 
-    def _stand_in(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.bytes_per_token * x.shape[0]
+    def stand_in(self, rows: torch.Tensor) -> None:
+        n = self.bytes_per_token * rows.shape[0]
         if n > self._src.numel():
             raise ValueError(f"{n} bytes exceed the stand-in's buffer of {self._src.numel()}")
         if n:
             self._dst[:n].copy_(self._src[:n], non_blocking=True)
-        return x
-
-    dispatch = _stand_in
-    combine = _stand_in
 
 
 class GroupComm:
@@ -152,26 +172,6 @@ class GroupComm:
     def combine(self, y: torch.Tensor) -> torch.Tensor:
         y = y.contiguous()
         dist.all_reduce(y, group=self.group)
-        rows = y.shape[0] // self.world
-        return y[self.rank * rows : (self.rank + 1) * rows]
-
-
-class ShapeOnlyComm:
-    """`GroupComm`'s shapes without the transfer: one rank's compute alone (a benchmark reference).
-
-    Dispatch returns `world` copies of the rank's rows, combine keeps the
-    rank's rows, so the experts see as many tokens as with real collectives.
-    """
-
-    def __init__(self, world: int, rank: int):
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not in a world of {world}")
-        self.world, self.rank = world, rank
-
-    def dispatch(self, x: torch.Tensor) -> torch.Tensor:
-        return x.repeat(self.world, 1)
-
-    def combine(self, y: torch.Tensor) -> torch.Tensor:
         rows = y.shape[0] // self.world
         return y[self.rank * rows : (self.rank + 1) * rows]
 
