@@ -4,7 +4,8 @@
 #   bash scripts/gpu_batch.sh tests k3 tbo attention mla (any subset, in order)
 #   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
 # The tbo stage runs benchmarks/tbo.py as one rank of 1 and of 8 expert-parallel
-# ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192.
+# ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192, communication off,
+# at 30% (the condition) and at 50% of the step.
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -32,7 +33,7 @@ for what in "$@"; do
       for ep in ${TBO_EP_RANKS:-1 8}; do
         for ctx in 1024 8192; do
           name=tbo_ep${ep}_ctx$ctx
-          timeout 300 python3 -m benchmarks.tbo --context $ctx --ep-ranks $ep \
+          timeout 300 python3 -m benchmarks.tbo --context $ctx --ep-ranks $ep --comm 0 0.3 0.5 \
             --out "$OUT/$name.md" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || status=1
         done
       done ;;
