@@ -65,7 +65,12 @@ from benchmarks._timing import time_us
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tbo_harness.batches import blocks_needed, make_batch, run_step, run_unsplit  # noqa: E402
+from tbo_harness.batches import (  # noqa: E402
+    decode_blocks,
+    run_step,
+    run_unsplit,
+    uniform_decode_batch,
+)
 from tbo_harness.graphed import GraphedDecoder  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
     CopyComm,
@@ -159,11 +164,8 @@ def add_ep_ranks_option(parser: argparse.ArgumentParser) -> None:
 def half_batch_ms(requests, model, caches, runner, ctx_len, iters) -> float:
     """Step time of the unsplit graph of `requests` requests (a micro-batch's compute alone,
     when the model's stand-in is off)."""
-    max_blocks = blocks_needed([ctx_len + 1], MODEL.block_size)
-    num_blocks = caches.raw[0].shape[0]
-    batch = make_batch(
-        MODEL, [1] * requests, [ctx_len] * requests, max_blocks, num_blocks, "cuda", seed=1
-    )
+    max_blocks = decode_blocks(ctx_len, MODEL.block_size)
+    batch = uniform_decode_batch(MODEL, requests, ctx_len, caches.raw[0].shape[0], "cuda", seed=1)
     decoder = GraphedDecoder(model, caches, runner, [requests], TboConfig(decode=False), max_blocks)
     return step_ms(lambda: decoder.step(batch), iters)
 
@@ -177,11 +179,8 @@ def measure(batch_size, comm_ms, rate_per_ms, model, comm, caches, runners, ctx_
 
     `runners` maps a compute-stream count (1, 2) to its `MicroBatchRunner`.
     """
-    max_blocks = blocks_needed([ctx_len + 1], MODEL.block_size)  # history + the new token
-    num_blocks = caches.raw[0].shape[0]
-    batch = make_batch(
-        MODEL, [1] * batch_size, [ctx_len] * batch_size, max_blocks, num_blocks, "cuda", seed=1
-    )
+    max_blocks = decode_blocks(ctx_len, MODEL.block_size)
+    batch = uniform_decode_batch(MODEL, batch_size, ctx_len, caches.raw[0].shape[0], "cuda", seed=1)
     set_stand_in(comm, comm_ms, rate_per_ms, batch_size)
     row = dict(batch=batch_size)
     row["comm_alone_ms"] = comm_alone_ms(comm, batch_size) if comm_ms else 0.0
@@ -289,7 +288,7 @@ def main(argv=None) -> int:
         comm = LocalComm(world=args.ep_ranks)
         rate_per_ms = calibrate_cycles_per_ms()
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
-    max_blocks = blocks_needed([args.context + 1], MODEL.block_size)
+    max_blocks = decode_blocks(args.context, MODEL.block_size)
     caches = KVCaches.random(MODEL, max(args.batches) * max_blocks + 1, "cuda", seed=1)
     rows = []
     with (
@@ -309,13 +308,12 @@ def main(argv=None) -> int:
             for f in args.comm:
                 row = base if f == 0 else measure(b, comm_ms_at(f, compute_ms), *common)
                 row = dict(row, comm_fraction=f, ep_ranks=args.ep_ranks)
-                row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
-                floor_ms = max(best_split_ms, row["comm_alone_ms"])
-                row["split_bound"] = row["unsplit_graph_ms"] / floor_ms
+                unsplit_ms, comm_alone = row["unsplit_graph_ms"], row["comm_alone_ms"]
+                own_comm_ms = comm_alone * larger_half / b
+                row["ideal_overlap_ms"] = max(compute_ms, comm_alone)
+                row["split_bound"] = unsplit_ms / max(best_split_ms, comm_alone)
                 row["half_batch_graph_ms"] = half_ms
-                own_comm_ms = row["comm_alone_ms"] * larger_half / b
-                floor_ms = max(half_ms + own_comm_ms, row["comm_alone_ms"])
-                row["chain_bound"] = row["unsplit_graph_ms"] / floor_ms
+                row["chain_bound"] = unsplit_ms / max(half_ms + own_comm_ms, comm_alone)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     now = datetime.datetime.now(datetime.timezone.utc)

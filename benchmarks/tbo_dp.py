@@ -56,7 +56,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tbo_harness.batches import blocks_needed, make_batch, run_step  # noqa: E402
+from tbo_harness.batches import decode_blocks, run_step, uniform_decode_batch  # noqa: E402
 from tbo_harness.dp_workers import NO_MULTICAST_ENV, free_port, wait_for_device  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder, RerunGraphs  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
@@ -132,7 +132,7 @@ class Rank:
         self.compute_model = TboTestModel(
             self.cfg, self.device, comm=OneRankComm(world, rank), seed=0
         )
-        self.max_blocks = blocks_needed([args["context"] + 1], self.cfg.block_size)
+        self.max_blocks = decode_blocks(args["context"], self.cfg.block_size)
         self.num_blocks = max(args["batches"]) * self.max_blocks + 1
         self.caches = KVCaches.random(self.cfg, self.num_blocks, self.device, seed=rank)
 
@@ -203,14 +203,8 @@ class Rank:
 
     def measure(self, batch_size: int, execution: str) -> dict:
         args = self.args
-        batch = make_batch(
-            self.cfg,
-            [1] * batch_size,
-            [args["context"]] * batch_size,
-            self.max_blocks,
-            self.num_blocks,
-            self.device,
-            seed=1000 + self.rank,
+        batch = uniform_decode_batch(
+            self.cfg, batch_size, args["context"], self.num_blocks, self.device, 1000 + self.rank
         )
         (off, on, compute), mode_on = self.step_fns(execution, batch)
         what = f"batch {batch_size} per rank, {execution}"

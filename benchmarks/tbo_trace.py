@@ -34,7 +34,7 @@ from benchmarks.tbo import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tbo_harness.batches import blocks_needed, make_batch  # noqa: E402
+from tbo_harness.batches import decode_blocks, uniform_decode_batch  # noqa: E402
 from tbo_harness.graphed import GraphedDecoder  # noqa: E402
 from tbo_harness.model import OVERLAP_SCHEDULES, KVCaches, LocalComm, TboTestModel  # noqa: E402
 
@@ -86,12 +86,10 @@ def main(argv=None) -> int:
     torch.cuda.set_device(0)
     comm = LocalComm(world=args.ep_ranks)
     model = TboTestModel(MODEL, "cuda", comm=comm, seed=0)
-    max_blocks = blocks_needed([args.context + 1], MODEL.block_size)
+    max_blocks = decode_blocks(args.context, MODEL.block_size)
     num_blocks = args.batch * max_blocks + 1
     caches = KVCaches.random(MODEL, num_blocks, "cuda", seed=1)
-    batch = make_batch(
-        MODEL, [1] * args.batch, [args.context] * args.batch, max_blocks, num_blocks, "cuda", 1
-    )
+    batch = uniform_decode_batch(MODEL, args.batch, args.context, num_blocks, "cuda", seed=1)
     with MicroBatchRunner("cuda", compute_streams=args.compute_streams) as runner:
         unsplit = GraphedDecoder(
             model, caches, runner, [args.batch], TboConfig(decode=False), max_blocks

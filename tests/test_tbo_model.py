@@ -173,29 +173,24 @@ def test_graph_steps_read_only_refreshed_static_buffers(model, runner, caches, t
         assert_same_step(dec.step(batch).clone(), graph_caches, ref, ref_caches)
 
 
-class RecordingComm:
+class RecordingComm(OneRankComm):
     """One rank's identity collectives that log which micro-batch issued each, in order."""
 
-    world, rank = 1, 0
-
     def __init__(self):
+        super().__init__()
         self.log = []
 
-    def _log(self, op):
-        def call(x):
-            ctx = current_ubatch()  # None in the unsplit reference step
-            self.log.append((op, None if ctx is None else ctx.id))
-            return x
+    def _note(self, op: str) -> None:
+        ctx = current_ubatch()  # None in the unsplit reference step
+        self.log.append((op, None if ctx is None else ctx.id))
 
-        return call
+    def dispatch(self, x):
+        self._note("dispatch")
+        return super().dispatch(x)
 
-    @property
-    def dispatch(self):
-        return self._log("dispatch")
-
-    @property
-    def combine(self):
-        return self._log("combine")
+    def combine(self, y):
+        self._note("combine")
+        return super().combine(y)
 
 
 @pytest.mark.parametrize(

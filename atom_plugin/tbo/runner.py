@@ -88,7 +88,7 @@ class UBatchContext:
         self.comm_stream = comm_stream
         self.stream = COMPUTE  # which of the two streams this micro-batch issues onto now
         self._step = step
-        self._events = events  # {COMPUTE: Event, COMM: Event} or None on CPU
+        self._events = events  # {COMPUTE: Event, COMM: Event, TURN: Event} or None on CPU
 
     def _other(self) -> int:
         return 1 - self.id
@@ -218,15 +218,10 @@ def yield_and_switch_to_compute() -> None:
     _call("yield_and_switch_to_compute")
 
 
-@contextlib.contextmanager
-def take_turn():
+def take_turn() -> contextlib.AbstractContextManager:
     """See `UBatchContext.take_turn`; outside a runner it does nothing."""
     ctx = current_ubatch()
-    if ctx is None:
-        yield
-    else:
-        with ctx.take_turn():
-            yield
+    return contextlib.nullcontext() if ctx is None else ctx.take_turn()
 
 
 def record_stream_use(*tensors: torch.Tensor) -> None:

@@ -83,6 +83,19 @@ def make_batch(
     return Batch(ids, list(query_lens), meta)
 
 
+def decode_blocks(context: int, block_size: int) -> int:
+    """Blocks one decoding request needs: its `context` cached tokens and the new one."""
+    return blocks_needed([context + 1], block_size)
+
+
+def uniform_decode_batch(cfg, requests, context, num_blocks, device, seed) -> Batch:
+    """`requests` decodes with `context` cached tokens each (the benchmarks' batches)."""
+    max_blocks = decode_blocks(context, cfg.block_size)
+    return make_batch(
+        cfg, [1] * requests, [context] * requests, max_blocks, num_blocks, device, seed
+    )
+
+
 def random_decode_batch(cfg, n, max_blocks_per_req, num_blocks, device, seed) -> Batch:
     rng = random.Random(seed)
     ctx = [rng.randrange(0, max_blocks_per_req * cfg.block_size) for _ in range(n)]
