@@ -242,3 +242,130 @@ def test_k3_vocabulary_on_gpu(batch):
     apply_channel_torch(ref, TABLES, states)
     assert same_bits(logits, ref)
     assert same_bits(logits, expected(logits_with_specials(batch, vocab, seed=batch), row_states))
+
+
+# ---- several channels in one launch: required, named (any name), other stop ids ----
+NAME_A, NAME_B, NAME_C, STOP = 12, 13, 14, 15
+MIXED = (
+    K3,
+    K3.extended([NAME_A, QUOTE]),  # a one-id name
+    K3.extended([NAME_A, NAME_B, NAME_C, QUOTE]),  # a longer name with the same first id
+    K3.extended([CLOSE, RESPONSE, SEP, TOOLS, QUOTE]),  # a name whose ids are the channel's own
+    K3.ending_on([STOP]).extended([NAME_B, QUOTE]),  # another request's stop id
+)
+
+
+def mixed_tables():
+    from atom_plugin.parsers.channel_tables import compile_channels
+
+    return compile_channels(MIXED, DEVICE)
+
+
+def mixed_expected(logits: torch.Tensor, rows: list[tuple[int, int]]) -> torch.Tensor:
+    """Per row (channel index, local state): the mask written from RequiredChannel."""
+    out = logits.clone()
+    for r, (c, state) in enumerate(rows):
+        channel = MIXED[c]
+        forced = None if state == UNCONSTRAINED else channel.forced_token(state)
+        if forced is not None:
+            out[r] = float("-inf")
+            out[r, forced] = 0.0
+        elif state != UNCONSTRAINED:
+            for t in channel.banned_tokens(state):
+                out[r, t] = float("-inf")
+    return out
+
+
+def global_states(tables, rows: list[tuple[int, int]]) -> torch.Tensor:
+    values = [s if s == UNCONSTRAINED else tables.bases[c] + s for c, s in rows]
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+MIXED_ROW = st.integers(0, len(MIXED) - 1).flatmap(
+    lambda c: st.tuples(st.just(c), st.integers(UNCONSTRAINED, MIXED[c].num_states - 1))
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(MIXED_ROW, min_size=1, max_size=12),
+    st.integers(20, 300),
+    st.sampled_from([16, 64]),
+    st.integers(1, 32),
+)
+def test_mixed_channels_one_launch_match_reference_and_machine(rows, vocab, block, programs):
+    tables = mixed_tables()
+    logits = logits_with_specials(len(rows), vocab, seed=vocab)
+    want = mixed_expected(logits, rows)
+    ref = logits.clone()
+    states = global_states(tables, rows)
+    apply_channel_triton(logits, tables, states, block=block, programs=programs)
+    apply_channel_torch(ref, tables, states)
+    assert same_bits(logits, ref)
+    assert same_bits(logits, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(MIXED) - 1), st.lists(st.integers(0, 16), max_size=12)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.data(),
+)
+def test_mixed_channels_advance_and_spec_rows_follow_each_machine(requests, data):
+    """Committed ids and then drafts: every row's state is its own channel's walk."""
+    from atom_plugin.parsers.spec_rows import spec_row_states_torch, spec_row_states_triton
+
+    tables = mixed_tables()
+    history = torch.zeros(len(requests), 13, dtype=torch.int32)
+    for i, (_, out) in enumerate(requests):
+        history[i, 1 : 1 + len(out)] = torch.tensor(out, dtype=torch.int32)
+    states = torch.tensor([tables.bases[c] for c, _ in requests], dtype=torch.int32)
+    states = states.to(DEVICE)
+    scanned = torch.ones(len(requests), dtype=torch.int32, device=DEVICE)
+    total_len = torch.tensor([1 + len(o) for _, o in requests], dtype=torch.int32, device=DEVICE)
+    slots = torch.arange(len(requests), dtype=torch.int32, device=DEVICE)
+    advance_states(tables, states, scanned, history.to(DEVICE), total_len, slots)
+    walked = [MIXED[c].walk(out) for c, out in requests]
+    rows = [(c, w) for (c, _), w in zip(requests, walked, strict=True)]
+    assert states.tolist() == global_states(tables, rows).tolist()
+    drafts = [data.draw(st.lists(st.integers(0, 16), max_size=4)) for _ in requests]
+    row_slot, row_pos, row_tokens, want = [], [], [], []
+    for slot, ((c, _), ds) in enumerate(zip(requests, drafts, strict=True)):
+        for j in range(len(ds) + 1):
+            row_slot.append(slot)
+            row_pos.append(j)
+            row_tokens.append(WORD if j == 0 else ds[j - 1])
+            want.append((c, MIXED[c].walk(ds[:j], walked[slot])))
+
+    def t(values):
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    args = (states, t(row_slot), t(row_pos), t(row_tokens))
+    expect_states = global_states(tables, want).tolist()
+    assert spec_row_states_triton(tables, *args).tolist() == expect_states
+    assert spec_row_states_torch(tables, *args, max_drafts=4).tolist() == expect_states
+    logits = logits_with_specials(len(want), 64, seed=len(want))
+    ref = logits.clone()
+    apply_channel_triton(logits, tables, *args, block=16, programs=8)
+    apply_channel_torch(ref, tables, *args, max_drafts=4)
+    assert same_bits(logits, ref)
+    assert same_bits(logits, mixed_expected(logits_with_specials(len(want), 64, len(want)), want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [7, 256])
+def test_mixed_channels_at_k3_vocabulary_on_gpu(batch):
+    vocab = 163_840
+    tables = mixed_tables()
+    choices = [(c, s) for c in range(len(MIXED)) for s in range(-1, MIXED[c].num_states)]
+    rows = [choices[(7 * i) % len(choices)] for i in range(batch)]
+    logits = logits_with_specials(batch, vocab, seed=batch)
+    ref = logits.clone()
+    states = global_states(tables, rows)
+    apply_channel_triton(logits, tables, states)
+    apply_channel_torch(ref, tables, states)
+    assert same_bits(logits, ref)
+    assert same_bits(logits, mixed_expected(logits_with_specials(batch, vocab, seed=batch), rows))

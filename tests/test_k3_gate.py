@@ -17,8 +17,11 @@ from models.scripted_gpt2 import build_tokenizer, ids
 from atom_plugin.parsers.channel_for import (
     EXTRA_ARGS_KEY,
     K3_FORMATS,
+    ToolChoiceError,
     channel_extra_args,
+    channel_for_choice,
     channel_from_extra_args,
+    named_tool,
     required_channel_for,
     wants_channel,
 )
@@ -26,8 +29,13 @@ from atom_plugin.parsers.required_channel import START, UNCONSTRAINED
 
 vllm = pytest.importorskip("vllm")
 
+from openai.types.responses import ToolChoiceFunction  # noqa: E402
 from vllm.config import SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
+from vllm.entrypoints.openai.chat_completion.protocol import (  # noqa: E402
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionRequest,
+)
+from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.parser.parser_manager import ParserManager  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.tool_parsers import ToolParserManager  # noqa: E402
@@ -130,18 +138,94 @@ def test_extra_args_round_trip_and_bad_values(tokenizer):
         channel_from_extra_args({EXTRA_ARGS_KEY: bad})
 
 
-@settings(max_examples=200, deadline=None)
+NAMED_SHAPES = {
+    "chat dict": NAMED,
+    "responses dict": {"type": "function", "name": "get_weather"},
+    "chat object": ChatCompletionNamedToolChoiceParam(function={"name": "get_weather"}),
+    "responses object": ToolChoiceFunction(type="function", name="get_weather"),
+}
+NOT_NAMED = {
+    "custom tool": {"type": "custom", "name": "get_weather"},
+    "allowed tools": {"type": "allowed_tools", "mode": "required", "tools": []},
+    "no name": {"type": "function", "function": {}},
+}
+
+
+@settings(max_examples=300, deadline=None)
 @given(
-    choice=st.sampled_from(["required", "auto", "none", None, "NAMED"]),
+    choice=st.sampled_from(["required", "auto", "none", None, *NAMED_SHAPES, *NOT_NAMED]),
     has_tools=st.sampled_from([None, [], TOOLS]),
     data=st.data(),
 )
-def test_gate_only_required_with_tools_in_k3_format(formats, choice, has_tools, data):
+def test_gate_only_required_or_named_with_tools_in_k3_format(formats, choice, has_tools, data):
     fmt = data.draw(st.sampled_from(formats))
-    tool_choice = NAMED if choice == "NAMED" else choice
-    expected = choice == "required" and bool(has_tools) and fmt in ("kimi_k3", "atom_kimi_k3")
+    tool_choice = NAMED_SHAPES.get(choice, NOT_NAMED.get(choice, choice))
+    forces = choice == "required" or choice in NAMED_SHAPES
+    expected = forces and bool(has_tools) and fmt in ("kimi_k3", "atom_kimi_k3")
     assert wants_channel(tool_choice, has_tools, fmt) == expected
     assert fmt in K3_FORMATS or not wants_channel("required", TOOLS, fmt)
+    if choice in NAMED_SHAPES:
+        assert named_tool(tool_choice) == "get_weather"
+    elif choice in NOT_NAMED:
+        assert named_tool(tool_choice) is None
+
+
+# Names from the scripted vocabulary: one id or several, sharing prefixes, and ids that
+# are the channel's own (`tools`, `response`, `call`, the quote).
+NAME_PIECES = ["get_weather", "city", "Paris", "tools", "response", "call", "0", "1"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(pieces=st.lists(st.sampled_from(NAME_PIECES), min_size=1, max_size=5), extra=st.data())
+def test_named_channel_forces_the_name_as_the_encoder_writes_it(tokenizer, pieces, extra):
+    channel = required_channel_for(tokenizer)
+    name = "".join(pieces)
+    longer = name + "".join(extra.draw(st.lists(st.sampled_from(NAME_PIECES), min_size=1)))
+    tools = [{"type": "function", "function": {"name": n}} for n in ("other", name, longer)]
+    choice = {"type": "function", "function": {"name": name}}
+    named = channel_for_choice(channel, tokenizer, choice, tools)
+    # The name is escaped as an attribute value and encoded as its own piece, then the quote.
+    escaped = name.replace("&", "&amp;").replace('"', "&quot;")
+    tail = tokenizer.encode(escaped, add_special_tokens=False) + ids(tokenizer, '"')
+    assert named == channel.extended(tail)
+    assert named.opening[: len(channel.opening)] == channel.opening
+    # Forced from the trigger to the closing quote; then the model writes the rest.
+    state = named.walk(ids(tokenizer, "Sure", "<|close|>", "response", "<|sep|>"))
+    forced = []
+    while state != UNCONSTRAINED:
+        forced.append(named.forced_token(state))
+        state = named.step(state, forced[-1])
+    assert tokenizer.decode(forced) == '<|open|>tools<|sep|><|open|>call tool="' + escaped + '"'
+    other = channel_for_choice(channel, tokenizer, {**choice, "function": {"name": longer}}, tools)
+    assert other != named and other.opening[: len(named.opening) - 1] == named.opening[:-1]
+    assert channel_for_choice(channel, tokenizer, "required", tools) == channel
+    assert channel_from_extra_args(channel_extra_args(named)) == named
+
+
+def test_named_attribute_is_escaped_as_k3_writes_it():
+    pieces = PieceTokenizer([*BASE, "a", "&quot;", "&amp;", '"'], eos=3)
+    channel = required_channel_for(pieces)
+    name = 'a"&a'
+    tools = [{"type": "function", "function": {"name": name}}]
+    named = channel_for_choice(
+        channel, pieces, {"type": "function", "function": tools[0]["function"]}, tools
+    )
+    assert named.opening[len(channel.opening) :] == tuple(pieces.encode("a&quot;&amp;a") + [11])
+
+
+def test_unknown_or_unforceable_names_are_refused_with_the_name_and_the_tools(tokenizer):
+    channel = required_channel_for(tokenizer)
+    two = [*TOOLS, {"type": "function", "function": {"name": "get_time"}}]
+    with pytest.raises(
+        ToolChoiceError,
+        match=r"'get_city', which is not one of the request's tools: 'get_weather', 'get_time'",
+    ):
+        channel_for_choice(channel, tokenizer, {**NAMED, "function": {"name": "get_city"}}, two)
+    bad = {"type": "function", "function": {"name": "a<|sep|>b"}}
+    with pytest.raises(ToolChoiceError, match=r"'a<\|sep\|>b'.*control token.*<\|sep\|>"):
+        channel_for_choice(
+            channel, tokenizer, bad, [{"type": "function", "function": bad["function"]}]
+        )
 
 
 def sampling_params_through(fmt, tokenizer, tool_choice):
@@ -169,26 +253,56 @@ def requests_by_format(formats, tokenizer):
                 # The parser needs tokens (or a package) this tokenizer lacks.
                 unbuildable.append(fmt)
                 break
+        if (fmt, "auto") in made:
+            try:
+                made[fmt, "named"] = sampling_params_through(fmt, tokenizer, NAMED)
+            except ValueError:  # e.g. a format whose named choice needs what is missing here
+                pass
     assert len({f for f, _ in made}) >= 35, f"too few formats built; not built: {unbuildable}"
+    assert ("atom_kimi_k3", "named") in made and ("kimi_k3", "named") in made
     return made
 
 
-def test_only_atom_kimi_k3_required_attaches_the_channel(requests_by_format, tokenizer):
+def test_only_atom_kimi_k3_required_or_named_attaches_the_channel(requests_by_format, tokenizer):
     with_channel = {
         key
         for key, params in requests_by_format.items()
         if EXTRA_ARGS_KEY in (params.extra_args or {})
     }
-    assert with_channel == {("atom_kimi_k3", "required")}
-    params = requests_by_format["atom_kimi_k3", "required"]
-    assert params.structured_outputs is None  # the channel replaces vLLM's structural tag
-    assert channel_from_extra_args(params.extra_args) == required_channel_for(tokenizer)
-    assert params.skip_special_tokens is False
+    assert with_channel == {("atom_kimi_k3", "required"), ("atom_kimi_k3", "named")}
+    channel = required_channel_for(tokenizer)
+    for choice, want in (
+        ("required", channel),
+        ("named", channel.extended(ids(tokenizer, "get_weather", '"'))),
+    ):
+        params = requests_by_format["atom_kimi_k3", choice]
+        assert params.structured_outputs is None  # the channel replaces vLLM's structural tag
+        assert channel_from_extra_args(params.extra_args) == want
+        assert params.skip_special_tokens is False
+        assert params.spaces_between_special_tokens is False
+    # vLLM's own kimi_k3 forces a named call with its structural tag.
+    assert requests_by_format["kimi_k3", "named"].structured_outputs.structural_tag is not None
 
 
-def test_structural_tag_setting_keeps_vllms_tag(tokenizer, monkeypatch, formats):
+def test_unknown_name_is_vllms_400_naming_it_and_the_tools(tokenizer, formats):
+    parser_cls = ParserManager.get_parser(tool_parser_name="atom_kimi_k3", enable_auto_tools=True)
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}], model="m", tools=TOOLS, tool_choice=NAMED
+    )
+    # vLLM's request validator refuses such a name already; a request built another way
+    # (or a future API) must meet the same refusal, never pass unconstrained.
+    request.tool_choice = ChatCompletionNamedToolChoiceParam(function={"name": "get_time"})
+    with pytest.raises(
+        VLLMValidationError, match=r"'get_time', which is not one of .*'get_weather'"
+    ) as err:
+        parser_cls(tokenizer, TOOLS).adjust_request(request)
+    assert err.value.parameter == "tool_choice" and err.value.value == "get_time"
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_structural_tag_setting_keeps_vllms_tag(tokenizer, monkeypatch, formats, choice):
     monkeypatch.setenv("ATOM_K3_STRUCTURAL_TAG", "1")
-    params = sampling_params_through("atom_kimi_k3", tokenizer, "required")
+    params = sampling_params_through("atom_kimi_k3", tokenizer, choice)
     assert EXTRA_ARGS_KEY not in (params.extra_args or {})
     assert params.structured_outputs.structural_tag is not None
     monkeypatch.setenv("ATOM_K3_STRUCTURAL_TAG", "maybe")
@@ -213,12 +327,15 @@ def noisy_logits(rows, vocab, seed):
     return logits
 
 
-def test_v1_every_format_batch_only_k3_row_changes(requests_by_format, tokenizer):
+def test_v1_every_format_batch_only_k3_rows_change(requests_by_format, tokenizer):
     channel = required_channel_for(tokenizer)
     keys = sorted(requests_by_format)
-    k3_row = keys.index(("atom_kimi_k3", "required"))
+    k3_rows = {
+        keys.index(("atom_kimi_k3", "required")): channel,
+        keys.index(("atom_kimi_k3", "named")): channel.extended(ids(tokenizer, "get_weather", '"')),
+    }
     outputs = [[] for _ in keys]
-    proc = v1_processor()
+    proc = v1_processor(max_num_seqs=len(keys))
     proc.update_state(
         BatchUpdate(
             batch_size=len(keys),
@@ -228,24 +345,23 @@ def test_v1_every_format_batch_only_k3_row_changes(requests_by_format, tokenizer
         )
     )
     vocab = len(tokenizer)
-    # The K3 row writes text, then tries to close the message right after the trigger.
+    # The K3 rows write text, then try to close the message right after the trigger.
     script = ids(tokenizer, "Sure", *channel_pieces_after())
-    state = START
+    states = dict.fromkeys(k3_rows, START)
     for step, token in enumerate([None, *script]):
         if token is not None:
             for out in outputs:
                 out.append(token)
-            state = channel.step(state, token)
+            states = {row: k3_rows[row].step(state, token) for row, state in states.items()}
         proc.update_state(None)
         before = noisy_logits(len(keys), vocab, step)
         after = proc.apply(before.clone())
         for row in range(len(keys)):
-            if row != k3_row:
+            if row not in k3_rows:
                 assert torch.equal(after[row].view(torch.int32), before[row].view(torch.int32))
-        check_row(after[k3_row], before[k3_row], channel, state)
-        if state == UNCONSTRAINED:
-            assert torch.equal(after[k3_row].view(torch.int32), before[k3_row].view(torch.int32))
-    assert state == UNCONSTRAINED
+        for row, state in states.items():
+            check_row(after[row], before[row], k3_rows[row], state)
+    assert all(state == UNCONSTRAINED for state in states.values())
 
 
 def channel_pieces_after():
@@ -321,11 +437,11 @@ def test_v1_validate_params_names_the_bad_value():
 @pytest.mark.parametrize(
     "extra",
     [
-        {"tool_choice": NAMED},  # a named call needs the tag
+        {"tool_choice": NAMED, "response_format": {"type": "json_object"}},
         {"tool_choice": "required", "response_format": {"type": "json_object"}},
     ],
 )
-def test_named_choice_and_own_structured_outputs_keep_the_tag(tokenizer, formats, extra):
+def test_own_structured_outputs_keep_the_tag(tokenizer, formats, extra):
     parser_cls = ParserManager.get_parser(tool_parser_name="atom_kimi_k3", enable_auto_tools=True)
     request = ChatCompletionRequest(
         messages=[{"role": "user", "content": "hi"}], model="m", tools=TOOLS, **extra

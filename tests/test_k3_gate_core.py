@@ -1,4 +1,4 @@
-"""The processors' shared core (no vLLM): groups, launches, device advance, retiring.
+"""The processors' shared core (no vLLM): shared channels, launches, device advance, retiring.
 
 On CPU it runs with the torch reference and with the Triton kernels under
 TRITON_INTERPRET=1; with CUDA the same tests run compiled on the GPU.
@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from atom_plugin.parsers.processor_core import ChannelCore  # noqa: E402
+from atom_plugin.parsers.processor_core import MAX_IDLE_CHANNELS, ChannelCore  # noqa: E402
 from atom_plugin.parsers.required_channel import (  # noqa: E402
     START,
     UNCONSTRAINED,
@@ -27,6 +27,9 @@ VOCAB = 64
 AFTER, HEAD, TAIL, EOS = [10, 11, 12], [13, 14, 12], [13, 15, 16], 20
 CHANNEL = RequiredChannel(AFTER, HEAD + TAIL, len(HEAD), {EOS})
 OTHER = CHANNEL.ending_on([21, 22])
+# Named choices: the call opening goes on with a name's ids and the closing quote (17).
+NAMED = CHANNEL.extended([18, 17])
+NAMED_LONGER = CHANNEL.extended([18, 19, 17])  # shares NAMED's first name id
 
 CASES = [("cpu", "torch"), ("cpu", "triton")]
 if torch.cuda.is_available():
@@ -54,20 +57,29 @@ def expect(after, before, channel, state):
 
 
 @pytest.mark.parametrize("device,impl", CASES)
-def test_groups_leave_each_other_and_plain_rows_alone(device, impl):
+def test_mixed_channels_take_one_launch_and_leave_plain_rows_alone(device, impl):
     core = ChannelCore(8, device, impl)
-    core.assign(0, CHANNEL, START)
-    core.assign(1, OTHER, CHANNEL.walk(AFTER[:2]))
-    core.assign(5, OTHER, CHANNEL.walk(AFTER))  # forced, in the other group
+    rows = {
+        0: (CHANNEL, START),
+        1: (OTHER, CHANNEL.walk(AFTER[:2])),
+        5: (OTHER, CHANNEL.walk(AFTER)),  # forced, other stop ids
+        3: (NAMED, NAMED.walk(AFTER + HEAD + TAIL)),  # forcing the name
+        6: (NAMED_LONGER, NAMED_LONGER.walk(AFTER + HEAD + TAIL + [18])),
+        7: (NAMED, START),
+    }
+    for slot, (channel, state) in rows.items():
+        core.assign(slot, channel, state)
     core.flush()
+    assert core.num_channels == 4
+    assert NAMED.forced_token(rows[3][1]) == 18 and NAMED_LONGER.forced_token(rows[6][1]) == 19
     before = logits_for(8, device)
     after = before.clone()
     launches = core.apply(after, np.arange(8))
-    assert launches == 2
-    expect(after[0].cpu(), before[0].cpu(), CHANNEL, START)
-    expect(after[1].cpu(), before[1].cpu(), OTHER, CHANNEL.walk(AFTER[:2]))
-    expect(after[5].cpu(), before[5].cpu(), OTHER, CHANNEL.walk(AFTER))
-    for row in (2, 3, 4, 6, 7):
+    assert launches == 1
+    for slot, (channel, state) in rows.items():
+        expect(after[slot].cpu(), before[slot].cpu(), channel, state)
+        assert core.states_of([slot]) == [state]
+    for row in (2, 4):
         assert torch.equal(after[row].view(torch.int32), before[row].view(torch.int32))
 
 
@@ -87,7 +99,7 @@ def test_step_without_live_rows_launches_nothing(device, impl):
 
 
 @pytest.mark.parametrize("device,impl", CASES)
-def test_moving_a_slot_between_groups_clears_the_old_state(device, impl):
+def test_moving_a_slot_between_channels_clears_the_old_state(device, impl):
     core = ChannelCore(4, device, impl)
     core.assign(2, CHANNEL, CHANNEL.walk(AFTER))
     core.flush()
@@ -159,18 +171,35 @@ def test_snapshot_retires_open_slots_but_not_reused_ones(device, impl):
 
 
 @pytest.mark.parametrize("device,impl", CASES)
-def test_many_channels_idle_groups_are_dropped_and_rebuilt(device, impl):
+def test_idle_channels_are_dropped_and_live_states_renumbered(device, impl):
     core = ChannelCore(4, device, impl)
-    channels = [CHANNEL.ending_on([30 + i]) for i in range(20)]
+    # Slot 1 keeps a named channel half way through its forced opening all along.
+    kept = NAMED_LONGER.ending_on([40])
+    kept_state = kept.walk(AFTER + [13, 14])
+    core.assign(0, CHANNEL.ending_on([29]), START)  # numbered before `kept`, soon idle
+    core.assign(1, kept, kept_state)
+    core.flush()
+    numbered = int(core.states[1])
+    channels = [CHANNEL.ending_on([30 + i]).extended([18 + i % 2, 17]) for i in range(20)]
     for channel in channels:
         core.assign(0, channel, START)
         core.flush()
-    assert len(core._groups) <= 17  # idle ones go once there are more than 16
-    core.assign(1, channels[0], START)  # its group may have been dropped: rebuilt
+    assert core.num_channels <= MAX_IDLE_CHANNELS + 2  # idle ones go beyond MAX_IDLE_CHANNELS
+    assert core.states_of([1]) == [kept_state]
+    assert int(core.states[1]) != numbered  # renumbered on the device
+    core.assign(2, channels[0], START)  # dropped by now: registered again
     core.flush()
     before = logits_for(4, device)
     after = before.clone()
-    assert core.apply(after, np.arange(4)) == 2
+    assert core.apply(after, np.arange(4)) == 1
     expect(after[0].cpu(), before[0].cpu(), channels[-1], START)
-    expect(after[1].cpu(), before[1].cpu(), channels[0], START)
-    assert after[1, 30 + 19].item() != float("-inf")  # slot 1 does not get slot 0's stop id
+    expect(after[1].cpu(), before[1].cpu(), kept, kept_state)
+    expect(after[2].cpu(), before[2].cpu(), channels[0], START)
+    assert after[2, 30 + 19].item() != float("-inf")  # slot 2 does not get slot 0's stop id
+    # The renumbered state still advances through the rest of its opening.
+    token_ids = torch.zeros(4, 8, dtype=torch.int32)
+    total = torch.tensor([0, 4, 0, 0], dtype=torch.int32)
+    core.assign(1, kept, kept_state, scanned=0)
+    core.flush()
+    core.advance(token_ids.to(device), total.to(device), np.array([1]))
+    assert core.states_of([1]) == [kept.walk([0] * 4, kept_state)]

@@ -221,3 +221,61 @@ def test_open_channel_is_forgotten_and_then_costs_no_launch(tokenizer):
 
 def channel_opening():
     return ["<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="']
+
+
+def named_channel_of(tokenizer, *name_pieces):
+    channel = required_channel_for(tokenizer)
+    return channel.extended(ids(tokenizer, *name_pieces, '"'))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_named_required_and_plain_rows_share_one_launch(tokenizer, impl, monkeypatch):
+    import atom_plugin.parsers.processor_core as core_module
+
+    launched = []
+
+    def counting(*args, **kwargs):
+        launched.append(core_module_apply(*args, **kwargs))
+        return launched[-1]
+
+    core_module_apply = core_module.apply_required_channel
+    monkeypatch.setattr(core_module, "apply_required_channel", counting)
+    channel = required_channel_for(tokenizer)
+    weather = named_channel_of(tokenizer, "get_weather")
+    longer = named_channel_of(tokenizer, "get_weather", "city")  # shares the first name id
+    own_ids = named_channel_of(tokenizer, "tools", "response")  # the channel's own ids
+    t = dict(zip(["close", "resp", "sep", "open", "tools", "sure", "weather", "eom", "city"],
+                 ids(tokenizer, "<|close|>", "response", "<|sep|>", "<|open|>", "tools", "Sure",
+                     "get_weather", "<|end_of_msg|>", "city"), strict=True))  # fmt: skip
+    batch = Batch(tokenizer, impl)
+    prompt = ids(tokenizer, "Hi", "<|close|>", "response", "<|sep|>")
+    channels, lens = {}, {}
+    for name, chan in (("req", channel), ("w", weather), ("wc", longer), ("own", own_ids)):
+        slot, wants = batch.add(name, prompt, SamplingParams(extra_args=channel_extra_args(chan)))
+        assert wants
+        channels[slot], lens[slot] = chan, len(prompt)
+    plain, _ = batch.add("plain", prompt, SamplingParams())
+    lens[plain] = len(prompt)
+    slots = list(channels)
+    # req waits; w opened the tools channel itself; wc and own are at the trigger.
+    batch.commit(slots[0], [t["sure"]])
+    batch.commit(slots[1], [t["sure"], t["open"], t["tools"], t["sep"]])
+    batch.commit(slots[2], [t["close"], t["resp"], t["sep"]])
+    batch.commit(slots[3], [t["close"], t["resp"], t["sep"], *ids(tokenizer, *channel_opening())])
+    drafts = {
+        slots[0]: [t["close"], t["resp"], t["sep"]],
+        slots[1]: [t["open"], t["eom"], t["weather"]],  # breaks where `call` is forced
+        slots[2]: [t["open"], t["tools"], t["sep"]],
+        slots[3]: [t["tools"], t["resp"], t["eom"]],  # the name, then the end where `"` is
+        plain: [t["eom"]],
+    }
+    check_step(batch, channels, drafts, lens)
+    assert launched == [True]
+    # The verifier accepted what followed each channel; another step, again one launch.
+    batch.commit(slots[0], [t["close"], t["resp"], t["sep"], t["open"]])
+    batch.commit(slots[1], [t["open"]])
+    batch.commit(slots[2], [t["open"], t["tools"], t["sep"], t["open"]])
+    batch.commit(slots[3], [t["tools"], t["resp"], ids(tokenizer, '"')[0]])
+    drafts = {s: [t["city"], t["eom"]] for s in [*slots, plain]}
+    check_step(batch, channels, drafts, lens, seed=1)
+    assert launched == [True, True]

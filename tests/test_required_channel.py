@@ -188,3 +188,100 @@ def test_forced_outputs_match_the_reference(channel, wishes):
 def test_k3_pieces_match_the_reference(output):
     for n in range(len(output) + 1):
         assert machine(K3, output[:n]) == reference(K3, output[:n])
+
+
+# ---- named tool choices: the opening goes on with the name's ids and the closing quote ----
+NAME_IDS = [20, 21, 22, OPEN, CLOSE, SEP, RESPONSE, TOOLS, CALL, TOOL_ATTR, QUOTE, WORD]
+NAMES = st.lists(st.sampled_from(NAME_IDS), min_size=1, max_size=6)  # ids may be the channel's
+OTHER_TOOL = [23, 24]
+
+
+def named(name: list[int]) -> RequiredChannel:
+    return K3.extended([*name, QUOTE])
+
+
+def opened_at(output: list[int]) -> tuple[int, int]:
+    """(index after the first `after` or head in the output, how much of the opening that is)."""
+    head = list(OPENING[:3])
+    for end in range(len(output) + 1):
+        if output[:end][-3:] == list(AFTER):
+            return end, 0
+        if output[:end][-3:] == head:
+            return end, 3
+    raise AssertionError(f"the tools channel never opened in {output}")
+
+
+def test_named_opening_is_the_required_one_then_the_name():
+    channel = named([20, 21])
+    assert channel.opening == (*OPENING, 20, 21, QUOTE)
+    assert channel.after == K3.after and channel.opens_at == 3 and channel.end_ids == K3.end_ids
+    assert channel.num_waiting == K3.num_waiting  # matching is the required channel's
+    assert K3.extended([]) == K3 and channel != named([20])
+    with pytest.raises(ValueError, match=r"end ids \[4\] are also channel ids"):
+        K3.extended([EOM, QUOTE])
+
+
+@settings(max_examples=300, deadline=None)
+@given(NAMES, st.lists(st.integers(0, 24), max_size=30))
+def test_named_every_prefix_matches_the_reference(name, output):
+    channel = named(name)
+    for n in range(len(output) + 1):
+        assert machine(channel, output[:n]) == reference(channel, output[:n])
+
+
+@settings(max_examples=300, deadline=None)
+@given(NAMES, st.lists(st.integers(0, 24), max_size=30))
+def test_named_agrees_with_required_until_the_name(name, output):
+    """Same waiting states and forced ids as `required`; where `required` lets go, the name."""
+    channel = named(name)
+    state, required = START, START
+    for token in output:
+        if required == UNCONSTRAINED:
+            break
+        assert channel.is_waiting(state) == K3.is_waiting(required)
+        assert channel.forced_token(state) == K3.forced_token(required)
+        assert channel.banned_tokens(state) == K3.banned_tokens(required)
+        state, required = channel.step(state, token), K3.step(required, token)
+    if required == UNCONSTRAINED:
+        tail = [channel.forced_token(channel.walk([0] * i, state)) for i in range(len(name) + 1)]
+        assert tail == [*name, QUOTE]
+
+
+PATHS = st.sampled_from(
+    [
+        [WORD, CLOSE, RESPONSE, SEP],  # the trigger: the whole opening is forced
+        [WORD, OPEN, TOOLS, SEP],  # the model opens the tools channel itself
+        [CLOSE, RESPONSE, SEP, OPEN, TOOLS, SEP],  # the trigger, then the model's own head
+        [OPEN, TOOLS, SEP, OPEN, CALL, TOOL_ATTR],  # the model's head and call opening
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(NAMES, PATHS, st.lists(st.integers(0, 24), max_size=12), st.data())
+def test_named_every_path_into_the_tools_channel_calls_the_named_tool(name, path, noise, data):
+    """The model tries to end or to call another tool; the first call is always the named one."""
+    wishes = [
+        *noise,
+        *path,
+        *data.draw(st.sampled_from([[OPEN, CALL, TOOL_ATTR, QUOTE, *OTHER_TOOL, QUOTE], [EOM]])),
+        *[WORD] * 30,
+    ]
+    channel = named(name)
+    out = follow(channel, wishes)
+    assert channel.walk(out) == UNCONSTRAINED
+    end, written = opened_at(out)
+    rest = list(channel.opening[written:])
+    assert out[end : end + len(rest)] == rest  # ... call tool="NAME"
+    assert rest[-len(name) - 1 :] == [*name, QUOTE]
+    assert EOM not in out[:end] and EOS not in out[:end]
+
+
+@settings(max_examples=100, deadline=None)
+@given(NAMES, NAMES)
+def test_names_sharing_a_prefix_are_different_channels(a, b):
+    assume(a != b)
+    first, second = named(a), named(a + b)
+    assert first != second and len({first, second}) == 2
+    assert first.walk([CLOSE, RESPONSE, SEP, *OPENING, *a]) == first.num_states - 1
+    assert second.forced_token(second.walk([CLOSE, RESPONSE, SEP, *OPENING, *a])) == b[0]

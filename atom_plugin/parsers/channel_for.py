@@ -5,6 +5,10 @@ on its own, as the model's encoder does: control tokens as special tokens, tag
 names as plain text. When the tokenizer cannot carry the channel faithfully it
 warns once and returns None, and then nothing is constrained.
 
+A named tool choice gets the same channel with the call opening completed:
+`named_channel(channel, tokenizer, name)` appends the name's ids and those of
+the attribute's closing quote, each piece encoded on its own again.
+
 The channel travels to the worker inside `SamplingParams.extra_args` under
 `EXTRA_ARGS_KEY` (a chat request's `vllm_xargs` is copied there), so the
 logits processors need neither the tokenizer nor the request's tools.
@@ -12,12 +16,20 @@ logits processors need neither the tokenizer nor the request's tools.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from atom_plugin.parsers.k3_grammar import CLOSE, CONTROL_TOKENS, END_OF_MSG, OPEN, SEP
+from atom_plugin.parsers.k3_grammar import (
+    CLOSE,
+    CONTROL_TOKENS,
+    END_OF_MSG,
+    OPEN,
+    SEP,
+    escape_attr,
+)
 from atom_plugin.parsers.required_channel import RequiredChannel
 
 logger = logging.getLogger("atom_plugin.parsers")
@@ -29,6 +41,7 @@ EXTRA_ARGS_KEY = "atom_required_channel"
 AFTER_PIECES: tuple[str, ...] = (CLOSE, "response", SEP)
 HEAD_PIECES: tuple[str, ...] = (OPEN, "tools", SEP)
 OPENING_PIECES: tuple[str, ...] = (*HEAD_PIECES, OPEN, 'call tool="')
+NAME_END_PIECE = '"'
 
 _warned: set[str] = set()
 
@@ -85,9 +98,77 @@ def required_channel_for(tokenizer: Any) -> RequiredChannel | None:
         return None
 
 
+class ToolChoiceError(ValueError):
+    """A named tool choice that the channel cannot force (the server answers 400)."""
+
+
+def _field(value: Any, key: str) -> Any:
+    return value.get(key) if isinstance(value, Mapping) else getattr(value, key, None)
+
+
+def named_tool(tool_choice: Any) -> str | None:
+    """The function a named tool choice names, or None for any other choice.
+
+    Chat Completions: `{"type": "function", "function": {"name": N}}`; Responses:
+    `{"type": "function", "name": N}`; the same as vLLM's request objects.
+    """
+    if tool_choice is None or isinstance(tool_choice, str):
+        return None
+    if _field(tool_choice, "type") != "function":
+        return None
+    function = _field(tool_choice, "function")
+    name = _field(function, "name") if function is not None else _field(tool_choice, "name")
+    return name if isinstance(name, str) else None
+
+
+def tool_names(tools: Sequence[Any] | None) -> list[str]:
+    """The names of a request's function tools (Chat Completions or Responses shape)."""
+    names = []
+    for tool in tools or ():
+        if _field(tool, "type") not in (None, "function"):
+            continue
+        function = _field(tool, "function")
+        name = _field(function, "name") if function is not None else _field(tool, "name")
+        if isinstance(name, str):
+            names.append(name)
+    return names
+
+
 def wants_channel(tool_choice: Any, tools: Sequence[Any] | None, tool_format: str | None) -> bool:
-    """The gate: only `tool_choice="required"`, with tools, in a K3 tool-call format."""
-    return tool_choice == "required" and bool(tools) and tool_format in K3_FORMATS
+    """The gate: `tool_choice="required"` or a named function, with tools, in a K3 format."""
+    forces_a_call = tool_choice == "required" or named_tool(tool_choice) is not None
+    return forces_a_call and bool(tools) and tool_format in K3_FORMATS
+
+
+def named_channel(channel: RequiredChannel, tokenizer: Any, name: str) -> RequiredChannel:
+    """`channel` forcing the call opening through `tool="NAME"` (the name escaped as K3 does).
+
+    A name holding a control token cannot be an attribute value: ToolChoiceError.
+    """
+    inside = [token for token in CONTROL_TOKENS if token in name]
+    if inside or not name:
+        raise ToolChoiceError(
+            f"tool_choice names the function {name!r}, which cannot be forced as a Kimi-K3 "
+            f"call: {'it holds the control token(s) ' + ', '.join(inside) if inside else 'empty'}"
+        )
+    return channel.extended(_encode_pieces(tokenizer, (escape_attr(name), NAME_END_PIECE)))
+
+
+def channel_for_choice(
+    channel: RequiredChannel, tokenizer: Any, tool_choice: Any, tools: Sequence[Any] | None
+) -> RequiredChannel:
+    """The channel for a request that passed the gate: `channel` itself for `required`,
+    the named channel for a named choice; a name not among `tools` is a ToolChoiceError."""
+    name = named_tool(tool_choice)
+    if name is None:
+        return channel
+    names = tool_names(tools)
+    if name not in names:
+        raise ToolChoiceError(
+            f"tool_choice names the function {name!r}, which is not one of the request's "
+            f"tools: {', '.join(repr(n) for n in names) or 'none'}"
+        )
+    return named_channel(channel, tokenizer, name)
 
 
 def channel_extra_args(channel: RequiredChannel) -> dict[str, str]:
@@ -119,8 +200,20 @@ def channel_from_extra_args(extra_args: Mapping[str, Any] | None) -> RequiredCha
 
 
 def request_channel(params: Any) -> RequiredChannel | None:
-    """A request's channel (from its `SamplingParams`) with the engine's stop ids banned too."""
-    channel = channel_from_extra_args(params.extra_args)
-    if channel is None:
+    """A request's channel (from its `SamplingParams`) with the engine's stop ids banned too.
+
+    Requests of one server repeat a few channels (one per tool name and stop ids):
+    those are parsed once.
+    """
+    raw = (params.extra_args or {}).get(EXTRA_ARGS_KEY)
+    if raw is None:
         return None
-    return channel.ending_on(params.all_stop_token_ids)
+    stop_ids = tuple(sorted(params.all_stop_token_ids))
+    if isinstance(raw, str):
+        return _parsed_channel(raw, stop_ids)
+    return channel_from_extra_args(params.extra_args).ending_on(stop_ids)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_channel(raw: str, stop_ids: tuple[int, ...]) -> RequiredChannel:
+    return channel_from_extra_args({EXTRA_ARGS_KEY: raw}).ending_on(stop_ids)

@@ -1,11 +1,13 @@
 """The required channel applied to a step's logits: one Triton kernel and its torch reference.
 
-Each logits row has its own state (see required_channel.py):
+Each logits row has its own state (see required_channel.py), numbered in the
+state space that the step's channels share (channel_tables.py), so one launch
+serves rows of different channels (required, named, different stop ids):
 - forced rows: every logit becomes -inf except the forced id, which is set to
   0.0. The row is only written, never read: any finite value gives the forced
   id probability 1 once the rest is -inf, and 0.0 stays finite whatever the
   model produced there (-inf, NaN). Logprobs are taken before this mask.
-- waiting rows: the end ids become -inf, nothing else changes.
+- waiting rows: the end ids of the row's channel become -inf, nothing else changes.
 - unconstrained rows (and rows of requests without a channel, whose state is
   UNCONSTRAINED): untouched, bit for bit.
 
@@ -87,9 +89,9 @@ def _channel_logits_kernel(
                 tl.store(base + offs, tl.where(offs == forced, zero, minus_inf), mask=offs < hi)
         elif tile == 0:
             offs = tl.arange(0, E_BLOCK)
-            ends = tl.load(end_ids_ptr + offs, mask=offs < E, other=0)
+            ends = tl.load(end_ids_ptr + state * E + offs, mask=offs < E, other=-1)
             minus_inf = tl.full([E_BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
-            tl.store(base + ends, minus_inf, mask=offs < E)
+            tl.store(base + ends, minus_inf, mask=ends >= 0)
 
 
 def tiles_per_row(num_rows: int, vocab: int, block: int = BLOCK, programs: int = PROGRAMS) -> int:
@@ -176,10 +178,13 @@ def apply_channel_torch(
     columns = torch.arange(vocab, device=logits.device)
     masked = torch.where(columns == forced.unsqueeze(1), 0.0, float("-inf")).to(logits.dtype)
     logits.copy_(torch.where(is_forced, masked, logits))
-    if tables.num_end_ids:
-        ends = tables.end_ids.long()
-        banned = logits[:, ends]
-        logits[:, ends] = torch.where(waiting.unsqueeze(1), float("-inf"), banned).to(logits.dtype)
+    # Each waiting row bans its own state's end ids (-1 pads): a boolean mask, so
+    # repeated columns cannot race as a scatter of values could.
+    ends = tables.end_ids[safe].long()
+    hit = waiting.unsqueeze(1) & (ends >= 0)
+    banned = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=logits.device)
+    banned.scatter_(1, torch.where(hit, ends, vocab), True)
+    logits.masked_fill_(banned[:, :vocab], float("-inf"))
 
 
 def _check_spec(row_pos: torch.Tensor | None, row_tokens: torch.Tensor | None) -> bool:

@@ -1,11 +1,13 @@
 """The per-step core shared by the V1 and MRV2 logits processors.
 
 It keeps each request slot's channel state on the device and applies the
-channel kernel to a step's logits. Requests may carry different channels (the
-engine's stop ids differ per request): each distinct channel is a group with
-its own tables and its own `states` tensor, in which slots outside the group
-are UNCONSTRAINED, so one launch per group leaves every other row untouched.
-Usually there is one group.
+channel kernel to a step's logits. Requests may carry different channels (a
+named tool choice forces its tool's name, and the engine's stop ids differ per
+request): all channels the server has seen share one state space
+(channel_tables.py), so each slot's state is one int in one `states` tensor and
+a step launches the kernel once whatever its mix of channels. A new channel
+costs one host-side compile of the shared tables (a few small arrays), as a
+new channel did before; a request whose channel is known costs a lookup.
 
 What the host knows decides whether anything is launched: a slot is live from
 the moment it gets a channel until the host learns it became UNCONSTRAINED.
@@ -19,25 +21,16 @@ UNCONSTRAINED is absorbing.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from atom_plugin.parsers.channel_kernel import advance_states, apply_required_channel
-from atom_plugin.parsers.channel_tables import ChannelTables, compile_channel
+from atom_plugin.parsers.channel_tables import ChannelTables, compile_channels, state_bases
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
 
-MAX_IDLE_GROUPS = 16
-
-
-@dataclass
-class _Group:
-    gid: int  # this group's number in ChannelCore._gid
-    tables: ChannelTables
-    states: torch.Tensor  # [max_slots] int32; UNCONSTRAINED outside the group
-    scanned: torch.Tensor  # [max_slots] int32; output positions folded into states
-    snapshot: torch.Tensor | None = None  # host buffer of the asynchronous copy (MRV2)
+# Channels kept in the tables while no slot uses them; beyond this many, a flush drops them.
+MAX_IDLE_CHANNELS = 16
 
 
 class ChannelCore:
@@ -49,17 +42,23 @@ class ChannelCore:
         self.max_slots = max_slots
         self.device = torch.device(device)
         self.impl = impl
-        self._groups: dict[RequiredChannel, _Group] = {}
-        self._by_gid: dict[int, _Group] = {}
-        # Per slot, the gid of its group or -1: step-wide checks are numpy ops.
-        self._gid = np.full(max_slots, -1, dtype=np.int64)
-        self._next_gid = 0
+        # The channels in table order, each one's base, and the tables once compiled.
+        self._channels: list[RequiredChannel] = []
+        self._index: dict[RequiredChannel, int] = {}
+        self._bases: list[int] = []
+        self._tables: ChannelTables | None = None
+        # Per slot, the index of its channel or -1: step-wide checks are numpy ops.
+        self._slot_channel = np.full(max_slots, -1, dtype=np.int64)
+        # Global states (UNCONSTRAINED for slots without a channel) and scanned output positions.
+        self.states = torch.full((max_slots,), UNCONSTRAINED, dtype=torch.int32, device=self.device)
+        self.scanned = torch.zeros_like(self.states)
         self._epoch = np.zeros(max_slots, dtype=np.int64)
-        # The last snapshot's completion event (reused) and the slot epochs it saw.
+        # The last snapshot: its host buffer, completion event (reused) and the slot epochs it saw.
+        self._snapshot: torch.Tensor | None = None
         self._snapshot_event = torch.cuda.Event() if self.device.type == "cuda" else None
         self._snapshot_epochs: np.ndarray | None = None
-        # Staged host writes: (channel, slot, state, scanned), applied by flush().
-        self._staged: list[tuple[RequiredChannel, int, int, int]] = []
+        # Staged host writes per slot: (channel or None, local state, scanned), applied by flush().
+        self._staged: dict[int, tuple[RequiredChannel | None, int, int]] = {}
 
     # ---- host side: who has which channel ---------------------------------
     def assign(
@@ -67,41 +66,46 @@ class ChannelCore:
     ) -> None:
         """Give `slot` a channel in `state` (or none); takes effect at `flush()`."""
         self._check_slot(slot)
-        old = self.channel_of(slot)
         self._epoch[slot] += 1
-        if old is not None:
-            self._staged.append((old, slot, UNCONSTRAINED, 0))
         if channel is None or state == UNCONSTRAINED:
-            self._gid[slot] = -1
+            self._slot_channel[slot] = -1
+            self._staged[slot] = (None, UNCONSTRAINED, 0)
             return
-        if channel not in self._groups:
-            self._new_group(channel)
-        self._gid[slot] = self._groups[channel].gid
-        self._staged.append((channel, slot, state, scanned))
+        channel._check_state(state)
+        self._slot_channel[slot] = self._register(channel)
+        self._staged[slot] = (channel, state, scanned)
 
     def channel_of(self, slot: int) -> RequiredChannel | None:
-        gid = int(self._gid[slot])
-        return None if gid < 0 else self._by_gid[gid].tables.channel
+        index = int(self._slot_channel[slot])
+        return None if index < 0 else self._channels[index]
 
     def is_live(self, slots: Iterable[int] | np.ndarray) -> bool:
         """Whether any of `slots` may still be constrained (host knowledge only)."""
-        return bool((self._gid[np.asarray(slots, dtype=np.int64)] >= 0).any())
+        return bool((self._slot_channel[np.asarray(slots, dtype=np.int64)] >= 0).any())
+
+    @property
+    def num_channels(self) -> int:
+        """Channels in the shared tables (for tests and debugging)."""
+        return len(self._channels)
 
     def flush(self) -> None:
         """Write the staged assignments to the device (a few small copies, no sync)."""
         if not self._staged:
             return
-        by_group: dict[RequiredChannel, dict[int, tuple[int, int]]] = {}
-        for channel, slot, state, scanned in self._staged:
-            by_group.setdefault(channel, {})[slot] = (state, scanned)
+        self._drop_idle_channels()
+        if self._tables is None or len(self._tables.channels) != len(self._channels):
+            self._tables = compile_channels(self._channels, self.device)
+        slots, states, scanned = [], [], []
+        for slot, (channel, state, seen) in self._staged.items():
+            slots.append(slot)
+            states.append(
+                UNCONSTRAINED if channel is None else self._bases[self._index[channel]] + state
+            )
+            scanned.append(seen)
         self._staged.clear()
-        for channel, writes in by_group.items():
-            group = self._groups[channel]
-            slots = self._h2d(list(writes))
-            values = list(writes.values())
-            group.states[slots] = self._h2d([s for s, _ in values], torch.int32)
-            group.scanned[slots] = self._h2d([n for _, n in values], torch.int32)
-        self._drop_empty_groups()
+        index = self._h2d(slots)
+        self.states[index] = self._h2d(states, torch.int32)
+        self.scanned[index] = self._h2d(scanned, torch.int32)
 
     # ---- device side -------------------------------------------------------
     def advance(
@@ -114,29 +118,19 @@ class ChannelCore:
         """Fold committed tokens token_ids[s, scanned[s]:total_len[s]] into each live state.
 
         `slots` (the step's slots on the device, e.g. MRV2's `idx_mapping`) saves a copy:
-        the Triton kernel leaves slots outside a group as they are (UNCONSTRAINED). The
-        torch reference loops as long as the longest span, so it gets only members.
+        the Triton kernel leaves UNCONSTRAINED slots as they are. The torch reference
+        loops as long as the longest span, so it gets only slots with a channel.
         """
         impl = self.impl or ("torch" if self.device.type == "cpu" else "triton")
-        step_gids = self._gid[np.asarray(slots_np, dtype=np.int64)]
-        for group in self._groups.values():
-            in_group = step_gids == group.gid
-            if not in_group.any():
-                continue
-            if slots is None or impl == "torch":
-                members = np.asarray(slots_np, dtype=np.int64)[in_group]
-                group_slots = self._h2d(members.tolist(), torch.int32)
-            else:
-                group_slots = slots
-            advance_states(
-                group.tables,
-                group.states,
-                group.scanned,
-                token_ids,
-                total_len,
-                group_slots,
-                impl=impl,
-            )
+        step = np.asarray(slots_np, dtype=np.int64)
+        members = self._slot_channel[step] >= 0
+        if not members.any() or self._tables is None:
+            return
+        if slots is None or impl == "torch":
+            slots = self._h2d(step[members].tolist(), torch.int32)
+        advance_states(
+            self._tables, self.states, self.scanned, token_ids, total_len, slots, impl=impl
+        )
 
     def apply(
         self,
@@ -146,44 +140,42 @@ class ChannelCore:
         row_pos: torch.Tensor | None = None,
         row_tokens: torch.Tensor | None = None,
     ) -> int:
-        """Mask `logits` in place for the step's slots; returns the number of launches.
+        """Mask `logits` in place for the step's slots; returns the number of launches (0 or 1).
 
         `slots_np` are the step's request slots on the host; without `row_slot`,
         logits row r belongs to slot r.
         """
-        launches = 0
-        step_gids = self._gid[np.asarray(slots_np, dtype=np.int64)]
-        for group in self._groups.values():
-            if not (step_gids == group.gid).any():
-                continue
-            launches += apply_required_channel(
+        if self._tables is None:
+            return 0
+        return int(
+            apply_required_channel(
                 logits,
-                group.tables,
-                group.states,
-                live=True,
+                self._tables,
+                self.states,
+                live=self.is_live(slots_np),
                 row_slot=row_slot,
                 row_pos=row_pos,
                 row_tokens=row_tokens,
                 impl=self.impl,
             )
-        return launches
+        )
 
     def states_of(self, slots: Iterable[int]) -> list[int]:
-        """The device states of `slots` (syncs; for tests and debugging)."""
+        """The device states of `slots` in their channels' local numbers (syncs; for tests)."""
         out = []
         for slot in slots:
-            gid = int(self._gid[slot])
-            out.append(UNCONSTRAINED if gid < 0 else int(self._by_gid[gid].states[slot]))
+            index = int(self._slot_channel[slot])
+            state = int(self.states[slot])
+            out.append(UNCONSTRAINED if index < 0 or state < 0 else state - self._bases[index])
         return out
 
     # ---- learning of UNCONSTRAINED slots without a sync (MRV2) -------------
     def snapshot(self) -> None:
-        """Start an asynchronous copy of every group's states to the host."""
-        for group in self._groups.values():
-            if group.snapshot is None:
-                pin = self.device.type == "cuda"
-                group.snapshot = torch.empty(self.max_slots, dtype=torch.int32, pin_memory=pin)
-            group.snapshot.copy_(group.states, non_blocking=True)
+        """Start an asynchronous copy of the states to the host."""
+        if self._snapshot is None:
+            pin = self.device.type == "cuda"
+            self._snapshot = torch.empty(self.max_slots, dtype=torch.int32, pin_memory=pin)
+        self._snapshot.copy_(self.states, non_blocking=True)
         self._snapshot_epochs = self._epoch.copy()
         if self._snapshot_event is not None:
             self._snapshot_event.record()
@@ -195,33 +187,46 @@ class ChannelCore:
         if self._snapshot_event is not None and not self._snapshot_event.query():
             return
         same_request = self._snapshot_epochs == self._epoch
-        for group in self._groups.values():
-            if group.snapshot is None:  # made after the snapshot
-                continue
-            done = (
-                (self._gid == group.gid) & (group.snapshot.numpy() == UNCONSTRAINED) & same_request
-            )
-            self._gid[done] = -1
+        done = (self._slot_channel >= 0) & (self._snapshot.numpy() == UNCONSTRAINED) & same_request
+        self._slot_channel[done] = -1
         self._snapshot_epochs = None
 
     # ---- helpers -----------------------------------------------------------
-    def _new_group(self, channel: RequiredChannel) -> None:
-        full = torch.full((self.max_slots,), UNCONSTRAINED, dtype=torch.int32, device=self.device)
-        group = _Group(
-            self._next_gid, compile_channel(channel, self.device), full, torch.zeros_like(full)
-        )
-        self._next_gid += 1
-        self._groups[channel] = self._by_gid[group.gid] = group
+    def _register(self, channel: RequiredChannel) -> int:
+        index = self._index.get(channel)
+        if index is None:
+            index = self._index[channel] = len(self._channels)
+            self._bases.append(sum(c.num_states for c in self._channels))
+            self._channels.append(channel)
+        return index
 
-    def _drop_empty_groups(self) -> None:
-        # Groups (and their tables) are kept for reuse unless there are many.
-        if len(self._groups) <= MAX_IDLE_GROUPS:
+    def _drop_idle_channels(self) -> None:
+        """Drop channels no slot holds once there are many, renumbering the device states.
+
+        A slot without a channel holds UNCONSTRAINED on the device, so only states of
+        kept channels are renumbered (one gather on the device, no sync).
+        """
+        used = set(self._slot_channel[self._slot_channel >= 0].tolist())
+        if len(self._channels) - len(used) <= MAX_IDLE_CHANNELS:
             return
-        used = set(self._gid[self._gid >= 0].tolist())
-        staged = {channel for channel, *_ in self._staged}
-        for channel, group in list(self._groups.items()):
-            if group.gid not in used and channel not in staged:
-                del self._groups[channel], self._by_gid[group.gid]
+        kept = sorted(used)
+        channels = [self._channels[i] for i in kept]
+        bases = state_bases(channels)
+        # renumber[1 + old global state] = new global state (UNCONSTRAINED -> UNCONSTRAINED).
+        renumber = np.full(1 + sum(c.num_states for c in self._channels), UNCONSTRAINED, np.int32)
+        for new, old in enumerate(kept):
+            size = self._channels[old].num_states
+            first = 1 + self._bases[old]
+            renumber[first : first + size] = np.arange(bases[new], bases[new] + size)
+        table = self._h2d(renumber.tolist(), torch.int32)
+        self.states.copy_(table[self.states.long() + 1])
+        moved = np.full(len(self._channels), -1, dtype=np.int64)
+        moved[kept] = np.arange(len(kept))
+        live = self._slot_channel >= 0
+        self._slot_channel[live] = moved[self._slot_channel[live]]
+        self._channels, self._bases = channels, bases
+        self._index = {c: i for i, c in enumerate(channels)}
+        self._tables = None
 
     def _h2d(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         host = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")

@@ -164,6 +164,17 @@ class RequiredChannel:
         extra = _ids("stop_ids", stop_ids)
         return RequiredChannel(self.after, self.opening, self.opens_at, self.end_ids | set(extra))
 
+    def extended(self, tail: Iterable[int]) -> RequiredChannel:
+        """The same channel with `tail` forced after its opening.
+
+        A named tool choice is the required channel whose opening goes on with
+        the tool's name and the attribute's closing quote: every path into the
+        tools channel (the trigger after `after`, or the model writing the head
+        itself) then forces the whole named call opening.
+        """
+        extra = _ids("tail", tail)
+        return RequiredChannel(self.after, self.opening + extra, self.opens_at, self.end_ids)
+
     def _check_state(self, state: int) -> None:
         if isinstance(state, bool) or not isinstance(state, int):
             raise TypeError(f"state must be an int, got {state!r}")

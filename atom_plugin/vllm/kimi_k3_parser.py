@@ -1,12 +1,14 @@
 """vLLM tool parser `atom_kimi_k3`: vLLM's `kimi_k3` with the required channel.
 
-For `tool_choice="required"` with tools, vLLM's `kimi_k3` asks xgrammar for a
-structural tag (a grammar over the whole turn). This parser instead attaches
-the required channel to the request (`vllm_xargs`, which vLLM copies into
-`SamplingParams.extra_args`); the plugin's logits processors then force the
-tools channel open where the model would end its message. Set
-`ATOM_K3_STRUCTURAL_TAG=1` to keep vLLM's structural tag instead. Named tool
-choices and `auto` with strict tools keep the structural tag either way.
+For `tool_choice="required"` or a named function with tools, vLLM's `kimi_k3`
+asks xgrammar for a structural tag (a grammar over the whole turn). This parser
+instead attaches the required channel to the request (`vllm_xargs`, which vLLM
+copies into `SamplingParams.extra_args`); the plugin's logits processors then
+force the tools channel open where the model would end its message, and for a
+named choice the call opening through the tool's name. A name that is not one
+of the request's tools is refused with a 400. Set `ATOM_K3_STRUCTURAL_TAG=1` to
+keep vLLM's structural tag instead. `auto` with strict tools keeps the
+structural tag either way.
 
 Output is read by the plugin's own K3 parser (`atom_plugin.parsers.k3_tool_parser`),
 which also splits off the think channel and never raises on malformed output.
@@ -25,10 +27,14 @@ from vllm.entrypoints.generate.base.protocol import (
     FunctionCall,
     ToolCall,
 )
+from vllm.exceptions import VLLMValidationError
 from vllm.tool_parsers.kimi_k3_tool_parser import KimiK3ToolParser
 
 from atom_plugin.parsers.channel_for import (
+    ToolChoiceError,
     channel_extra_args,
+    channel_for_choice,
+    named_tool,
     required_channel_for,
     wants_channel,
 )
@@ -76,7 +82,7 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         self._sent_calls = 0
 
     def uses_channel(self, request: Any) -> bool:
-        """The gate, for this server: required + tools + a derivable channel + no tag wanted."""
+        """The gate, for this server: required or named + tools + a derivable channel + no tag."""
         return (
             self.channel is not None
             and not keep_structural_tag()
@@ -84,18 +90,37 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
             and request.extract_structured_outputs() is None
         )
 
+    def channel_for(self, request: Any) -> RequiredChannel:
+        """The channel of a request that uses one; a name it cannot force is vLLM's 400."""
+        try:
+            return channel_for_choice(
+                self.channel, self.model_tokenizer, request.tool_choice, request.tools
+            )
+        except ToolChoiceError as err:
+            raise VLLMValidationError(
+                str(err), parameter="tool_choice", value=named_tool(request.tool_choice)
+            ) from err
+
     def get_structural_tag(self, request: Any, **kwargs: Any):
         # vLLM asks for the tag before adjust_request; the channel replaces it.
         if self.uses_channel(request):
+            self.channel_for(request)  # a bad name is refused before anything else happens
             return None
         return super().get_structural_tag(request, **kwargs)
 
     def adjust_request(self, request: Any) -> Any:
-        request = super().adjust_request(request)
         structured = getattr(request, "structured_outputs", None)
         has_tag = structured is not None and structured.structural_tag is not None
-        if self.uses_channel(request) and not has_tag:
-            request.vllm_xargs = {**(request.vllm_xargs or {}), **channel_extra_args(self.channel)}
+        if not self.uses_channel(request) or has_tag:
+            return super().adjust_request(request)
+        # vLLM's kimi_k3 refuses named choices that have no structural tag (it has no
+        # other way to force the call); the channel forces it, so only the marker
+        # settings of its required path are kept: the markers reach the parser verbatim.
+        channel = self.channel_for(request)
+        request.skip_special_tokens = False
+        if hasattr(request, "spaces_between_special_tokens"):
+            request.spaces_between_special_tokens = False
+        request.vllm_xargs = {**(request.vllm_xargs or {}), **channel_extra_args(channel)}
         return request
 
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
