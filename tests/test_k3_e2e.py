@@ -1,11 +1,13 @@
-"""End to end on vLLM (CPU) with the scripted GPT-2: the required channel makes a tool call.
+"""End to end on vLLM (CPU) with the scripted GPT-2: the channel makes the tool call.
 
 The script writes a short reply, closes the response channel and then tries to
 close the whole message (`<|close|>message<|sep|><|end_of_msg|>`). Positions after
-that hold the rest of a call (`get_weather" index="0"<|sep|>...`), written for
-the case where the plugin forced `<|open|>tools<|sep|><|open|>call tool="` in place
-of the close. So with tool_choice="required" the reply holds a tool call, and
-with "auto" (no channel) it does not.
+that hold the rest of a call of `get_time` (`get_time" index="0"<|sep|>...`),
+written for the case where the plugin forced `<|open|>tools<|sep|><|open|>call
+tool="` in place of the close. So with tool_choice="required" the reply is a call
+of the tool the script picks (`get_time`); with the named choice `get_weather` the
+name is forced too and the reply is a call of `get_weather`; with "auto" (no
+channel) there is no call.
 
 Both engines are real vLLM with the plugin installed: its platform hook adds the
 processor for the runner in use and its general hook registers `atom_kimi_k3`.
@@ -23,7 +25,7 @@ import textwrap
 import pytest
 from models.scripted_gpt2 import build_scripted_dir
 
-from atom_plugin.parsers.k3_tool_parser import parse_k3
+from atom_plugin.parsers.k3_tool_parser import K3StreamParser, parse_k3
 from tests.engine import engine_env as shared_engine_env
 
 pytestmark = pytest.mark.vllm
@@ -32,17 +34,19 @@ TOOLS = [
     {
         "type": "function",
         "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
+            "name": name,
+            "description": f"{name} for a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
         },
     }
+    for name in ("get_weather", "get_time")
 ]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES = [{"role": "user", "content": "Hi"}]
 OPENING = ["<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="']
 CLOSE_MESSAGE = ["<|close|>", "message", "<|sep|>", "<|end_of_msg|>"]
 CALL_REST = [
-    "get_weather", '"', ' index="', "0", '"', "<|sep|>",
+    "get_time", '"', ' index="', "0", '"', "<|sep|>",
     "<|open|>", "argument", ' key="', "city", '"', ' type="', "string", '"', "<|sep|>",
     "Paris", "<|close|>", "argument", "<|sep|>",
     "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>",
@@ -68,30 +72,49 @@ def model_dir(tmp_path_factory):
     return str(path), len(prompt_ids)
 
 
-def expect_required(content, tool_calls):
-    assert [call["name"] for call in tool_calls] == ["get_weather"]
+def expect_call(content, tool_calls, name):
+    assert [call["name"] for call in tool_calls] == [name]
     assert json.loads(tool_calls[0]["arguments"]) == {"city": "Paris"}
     assert content == "Sure"
+
+
+# The tool each choice's reply calls: the script's own for required, the named one else.
+CALLED = {"required": "get_time", "named": "get_weather"}
+CHOICES = {"required": "required", "named": NAMED}
 
 
 OFFLINE = textwrap.dedent(
     """
     import json, sys
     from vllm import LLM, SamplingParams
-    from atom_plugin.parsers.channel_for import channel_extra_args, required_channel_for
+    from vllm.sampling_params import RequestOutputKind
+    from atom_plugin.parsers.channel_for import (
+        channel_extra_args, channel_for_choice, required_channel_for)
 
     if __name__ == "__main__":
-        model, messages, tools, max_len = json.loads(sys.argv[1])
+        model, messages, tools, named, max_len = json.loads(sys.argv[1])
         llm = LLM(model=model, dtype="float32", max_model_len=max_len, enforce_eager=True,
                   max_num_seqs=4)
-        channel = required_channel_for(llm.get_tokenizer())
+        tokenizer = llm.get_tokenizer()
+        channel = required_channel_for(tokenizer)
+        named = channel_for_choice(channel, tokenizer, named, tools)
         base = dict(max_tokens=60, temperature=0.0, skip_special_tokens=False,
                     spaces_between_special_tokens=False)
         params = [SamplingParams(**base, logprobs=1, extra_args=channel_extra_args(channel)),
-                  SamplingParams(**base)]
-        outs = llm.chat([messages, messages], params, tools=tools, use_tqdm=False)
+                  SamplingParams(**base),
+                  SamplingParams(**base, extra_args=channel_extra_args(named))]
+        outs = llm.chat([messages] * 3, params, tools=tools, use_tqdm=False)
+        # Streaming on the same engine: the named request again, its output in deltas.
+        engine = llm.llm_engine
+        engine.add_request("stream", {"prompt_token_ids": outs[2].prompt_token_ids},
+                           SamplingParams(**base, output_kind=RequestOutputKind.DELTA,
+                                          extra_args=channel_extra_args(named)))
+        deltas = []
+        while engine.has_unfinished_requests():
+            deltas += [o.outputs[0].text for o in engine.step() if o.outputs]
         print("RESULT " + json.dumps({
             "texts": [o.outputs[0].text for o in outs],
+            "deltas": deltas,
             "prompt_lens": [len(o.prompt_token_ids) for o in outs],
             "sampled_logprobs": [lp[t].logprob for t, lp in
                                  zip(outs[0].outputs[0].token_ids, outs[0].outputs[0].logprobs)],
@@ -101,9 +124,18 @@ OFFLINE = textwrap.dedent(
 )
 
 
-def test_offline_chat_required_calls_a_tool_auto_does_not(model_dir):
+def streamed_calls(chunks):
+    """Content and calls from the plugin's K3 stream parser, fed chunk by chunk."""
+    parser, content, calls = K3StreamParser(), "", []
+    for delta in [*(parser.feed(chunk) for chunk in chunks), parser.finish()]:
+        content += delta.content
+        calls += [{"name": c.name, "arguments": c.arguments_json} for c in delta.tool_calls]
+    return content or None, calls
+
+
+def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir):
     path, prompt_len = model_dir
-    spec = json.dumps([path, MESSAGES, TOOLS, MAX_MODEL_LEN])
+    spec = json.dumps([path, MESSAGES, TOOLS, NAMED, MAX_MODEL_LEN])
     proc = subprocess.run(
         [sys.executable, "-c", OFFLINE, spec],
         capture_output=True,
@@ -114,15 +146,21 @@ def test_offline_chat_required_calls_a_tool_auto_does_not(model_dir):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
     result = json.loads(lines[0][len("RESULT ") :])
-    assert result["prompt_lens"] == [prompt_len, prompt_len]
+    assert result["prompt_lens"] == [prompt_len] * 3
     assert "atom_plugin.vllm.k3_logits_v1:AtomK3LogitsProcessorV1" in result["processors"]
-    required, auto = (parse_k3(text) for text in result["texts"])
-    expect_required(
-        required.content or None,
-        [{"name": c.name, "arguments": c.arguments_json} for c in required.tool_calls],
-    )
+    required, auto, named = (parse_k3(text) for text in result["texts"])
+    for parsed, choice in ((required, "required"), (named, "named")):
+        expect_call(
+            parsed.content or None,
+            [{"name": c.name, "arguments": c.arguments_json} for c in parsed.tool_calls],
+            CALLED[choice],
+        )
     assert "".join(OPENING) in result["texts"][0]
+    assert "".join(OPENING) + 'get_weather"' in result["texts"][2]
     assert auto.tool_calls == () and auto.content == "Sure"
+    # Streamed in-process: the same text in several deltas, the same named call.
+    assert len(result["deltas"]) > 1 and "".join(result["deltas"]) == result["texts"][2]
+    expect_call(*streamed_calls(result["deltas"]), "get_weather")
     # Logprobs are the model's, from before the mask: a forced id that the script did not
     # want has a low logprob (after the mask it would be 0), every other id a high one.
     logprobs = result["sampled_logprobs"]
@@ -164,14 +202,15 @@ def chat(server, tool_choice, **kw):
     )
 
 
-def test_serve_required_returns_a_tool_call(server):
-    response = chat(server, "required")
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_serve_required_and_named_return_their_calls(server, choice):
+    response = chat(server, CHOICES[choice])
     assert response.usage.prompt_tokens == server[2]
     message = response.choices[0].message
     calls = [
         {"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls
     ]
-    expect_required(message.content, calls)
+    expect_call(message.content, calls, CALLED[choice])
 
 
 def test_serve_auto_answers_without_a_tool_call(server):
@@ -180,9 +219,10 @@ def test_serve_auto_answers_without_a_tool_call(server):
     assert message.content == "Sure"
 
 
-def test_serve_required_streaming_gives_the_same_call(server):
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_serve_streaming_gives_the_same_call(server, choice):
     content, names, arguments = "", [], []
-    for chunk in chat(server, "required", stream=True):
+    for chunk in chat(server, CHOICES[choice], stream=True):
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
@@ -193,7 +233,16 @@ def test_serve_required_streaming_gives_the_same_call(server):
                 arguments.append("")
             if call.function and call.function.arguments:
                 arguments[-1] += call.function.arguments
-    expect_required(
+    expect_call(
         content or None,
         [{"name": n, "arguments": a} for n, a in zip(names, arguments, strict=True)],
+        CALLED[choice],
     )
+
+
+def test_serve_refuses_a_name_that_is_not_a_tool(server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(server, {"type": "function", "function": {"name": "get_city"}})
+    assert err.value.status_code == 400 and "tool_choice" in str(err.value)

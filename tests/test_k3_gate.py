@@ -23,6 +23,7 @@ from atom_plugin.parsers.channel_for import (
     channel_from_extra_args,
     named_tool,
     required_channel_for,
+    tool_names,
     wants_channel,
 )
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED
@@ -449,3 +450,14 @@ def test_own_structured_outputs_keep_the_tag(tokenizer, formats, extra):
     params = parser_cls(tokenizer, TOOLS).adjust_request(request).to_sampling_params(16, {})
     assert EXTRA_ARGS_KEY not in (params.extra_args or {})
     assert params.structured_outputs.structural_tag is not None
+
+
+def test_tool_names_in_every_request_shape():
+    tools = [
+        *TOOLS,
+        {"type": "function", "name": "flat"},  # Responses
+        {"type": "custom", "name": "not_a_function"},
+        {"type": "namespace", "name": "crm", "tools": [{"type": "function", "name": "find"}]},
+    ]
+    assert tool_names(tools) == ["get_weather", "flat", "crm__find"]
+    assert tool_names(None) == []

@@ -121,16 +121,23 @@ def named_tool(tool_choice: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def tool_names(tools: Sequence[Any] | None) -> list[str]:
-    """The names of a request's function tools (Chat Completions or Responses shape)."""
+def tool_names(tools: Sequence[Any] | None, namespace: str = "") -> list[str]:
+    """The names of a request's function tools (Chat Completions or Responses shape).
+
+    A Responses namespace's tools are named `<namespace>__<name>`, as vLLM flattens them.
+    """
     names = []
     for tool in tools or ():
-        if _field(tool, "type") not in (None, "function"):
+        kind = _field(tool, "type")
+        if kind == "namespace" and isinstance(_field(tool, "name"), str):
+            names += tool_names(_field(tool, "tools"), f"{namespace}{_field(tool, 'name')}__")
+            continue
+        if kind not in (None, "function"):
             continue
         function = _field(tool, "function")
         name = _field(function, "name") if function is not None else _field(tool, "name")
         if isinstance(name, str):
-            names.append(name)
+            names.append(namespace + name)
     return names
 
 

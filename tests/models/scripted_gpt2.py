@@ -52,6 +52,7 @@ PIECES = [
     "1",
     " ",
     "\n",
+    "get_time",
 ]
 
 # K3's prompt format: tools are declared first (by name, so the prompt's length
