@@ -348,6 +348,7 @@ def build_cases(vocab: int, device, xgr) -> list[Case]:
                 kernel_args,
             )
         )
+    cases.append(mixed_case(vocab, device, channel, end_ids, xgr_case, fill, copy, empty))
     for batch in (1, 64, 256):
         history = torch.randint(0, 1000, (batch, 4096), dtype=torch.int32, device=device)
         states = torch.full((batch,), START, dtype=torch.int32, device=device)
@@ -371,6 +372,51 @@ def build_cases(vocab: int, device, xgr) -> list[Case]:
             )
         )
     return cases
+
+
+MIXED_BATCH = 256
+NAMED_EVERY = 4  # rows 0, 4, 8, ...: named requests; rows 1, 5, ...: required; the rest free
+
+
+def mixed_case(vocab, device, channel, end_ids, xgr_case, fill, copy, empty) -> Case:
+    """Batch 256 through the processors' core: 64 named requests (64 different names of
+    1-4 ids, each forcing its name's first id), 64 required requests waiting, 128 rows
+    without a channel. One launch whatever the mix; xgrammar gets the same masks."""
+    from atom_plugin.parsers.processor_core import ChannelCore
+
+    text = min(2000, vocab // 4) + 16  # ordinary ids for the names, past the tag names
+    core = ChannelCore(MIXED_BATCH, device, impl="triton")
+    masks: list[tuple[str, object]] = []
+    forced_rows = 0
+    for slot in range(MIXED_BATCH):
+        if slot % NAMED_EVERY == 0:
+            n = slot // NAMED_EVERY
+            name = [text + n, *range(text + 100, text + 100 + n % 4)]  # 1..4 ids
+            named = channel.extended([*name, channel.opening[-1]])
+            core.assign(slot, named, named.num_waiting + len(channel.opening))
+            masks.append(("only", name[0]))
+            forced_rows += 1
+        elif slot % NAMED_EVERY == 1:
+            core.assign(slot, channel, START)
+            masks.append(("ban", end_ids))
+        else:
+            masks.append(("all", None))
+    core.flush()
+    slots = torch.arange(MIXED_BATCH).numpy()
+    x = torch.randn(MIXED_BATCH, vocab, device=device, dtype=torch.float32)
+    return Case(
+        "mixed256",
+        f"mixed batch {MIXED_BATCH}: {forced_rows} named requests (one forced row each, "
+        f"{forced_rows} names), {forced_rows} required waiting, {MIXED_BATCH - 2 * forced_rows} "
+        f"without a channel; {core.num_channels} channels, through ChannelCore.apply",
+        MIXED_BATCH,
+        forced_rows,
+        lambda: core.apply(x, slots),
+        xgr_case(x, masks),
+        [empty, fill(x, forced_rows), copy(x)],
+        "- (named not covered)",
+        "1 launch",
+    )
 
 
 def run(args: argparse.Namespace) -> str:
@@ -409,7 +455,7 @@ def run(args: argparse.Namespace) -> str:
             ours_dev, ours_eager = timed(case.ours)
         if case.xgrammar is not None:
             xgr_dev, xgr_eager = timed(case.xgrammar)
-        elif case.key.startswith(("waiting", "forced", "verify")):
+        elif case.key.startswith(("waiting", "forced", "verify", "mixed")):
             xgr_dev = xgr_eager = "not available"
         else:
             xgr_dev = xgr_eager = "-"
