@@ -203,3 +203,23 @@ def test_idle_channels_are_dropped_and_live_states_renumbered(device, impl):
     core.flush()
     core.advance(token_ids.to(device), total.to(device), np.array([1]))
     assert core.states_of([1]) == [kept.walk([0] * 4, kept_state)]
+
+
+@pytest.mark.parametrize("device,impl", CASES)
+def test_every_channel_idle_leaves_no_tables_and_no_launch(device, impl):
+    core = ChannelCore(2, device, impl)
+    core.assign(0, CHANNEL, START)
+    core.flush()
+    for i in range(MAX_IDLE_CHANNELS + 2):  # requests come and go within one step
+        core.assign(0, CHANNEL.ending_on([30 + i]), START)
+    core.assign(0, None)
+    core.flush()  # no slot holds any of the 19 channels: all dropped
+    assert core.num_channels == 0 and core.states_of([0, 1]) == [UNCONSTRAINED] * 2
+    before = logits_for(2, device)
+    after = before.clone()
+    assert core.apply(after, np.arange(2)) == 0
+    assert torch.equal(after.view(torch.int32), before.view(torch.int32))
+    core.assign(1, NAMED, START)  # and back to work
+    core.flush()
+    assert core.apply(after, np.arange(2)) == 1
+    expect(after[1].cpu(), before[1].cpu(), NAMED, START)

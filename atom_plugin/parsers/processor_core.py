@@ -46,7 +46,8 @@ class ChannelCore:
         self._channels: list[RequiredChannel] = []
         self._index: dict[RequiredChannel, int] = {}
         self._bases: list[int] = []
-        self._tables: ChannelTables | None = None
+        self._tables: ChannelTables | None = None  # None until flushed, or with no channel
+        self._stale = False  # channels registered or dropped since the tables were built
         # Per slot, the index of its channel or -1: step-wide checks are numpy ops.
         self._slot_channel = np.full(max_slots, -1, dtype=np.int64)
         # Global states (UNCONSTRAINED for slots without a channel) and scanned output positions.
@@ -93,8 +94,9 @@ class ChannelCore:
         if not self._staged:
             return
         self._drop_idle_channels()
-        if self._tables is None or len(self._tables.channels) != len(self._channels):
-            self._tables = compile_channels(self._channels, self.device)
+        if self._stale:
+            self._tables = compile_channels(self._channels, self.device) if self._channels else None
+            self._stale = False
         slots, states, scanned = [], [], []
         for slot, (channel, state, seen) in self._staged.items():
             slots.append(slot)
@@ -198,6 +200,7 @@ class ChannelCore:
             index = self._index[channel] = len(self._channels)
             self._bases.append(sum(c.num_states for c in self._channels))
             self._channels.append(channel)
+            self._stale = True
         return index
 
     def _drop_idle_channels(self) -> None:
@@ -226,7 +229,7 @@ class ChannelCore:
         self._slot_channel[live] = moved[self._slot_channel[live]]
         self._channels, self._bases = channels, bases
         self._index = {c: i for i, c in enumerate(channels)}
-        self._tables = None
+        self._stale = True
 
     def _h2d(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         host = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
