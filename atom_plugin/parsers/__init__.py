@@ -4,7 +4,12 @@ The Triton parts (`channel_kernel`, `spec_rows`) are imported from their
 modules, so importing this package never compiles or loads a kernel.
 """
 
-from atom_plugin.parsers.channel_tables import ChannelTables, compile_channel, next_states
+from atom_plugin.parsers.channel_tables import (
+    ChannelTables,
+    compile_channel,
+    compile_channels,
+    next_states,
+)
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
 
 __all__ = [
@@ -13,5 +18,6 @@ __all__ = [
     "ChannelTables",
     "RequiredChannel",
     "compile_channel",
+    "compile_channels",
     "next_states",
 ]

@@ -60,10 +60,6 @@ class ChannelTables:
         """Columns of `end_ids` (the most end ids of any channel, at least 1)."""
         return self.end_ids.shape[1]
 
-    def base(self, channel: RequiredChannel) -> int:
-        """The global number of `channel`'s START."""
-        return self.bases[self.channels.index(channel)]
-
     def check_vocab(self, vocab: int) -> None:
         """Refuse logits too narrow for the channels' ids (the kernel would write past a row)."""
         if self.max_id >= vocab:
