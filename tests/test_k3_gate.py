@@ -461,3 +461,17 @@ def test_tool_names_in_every_request_shape():
     ]
     assert tool_names(tools) == ["get_weather", "flat", "crm__find"]
     assert tool_names(None) == []
+
+
+def test_responses_named_choice_gets_the_named_channel(tokenizer, formats):
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    request = ResponsesRequest(
+        input="hi", model="m", tools=tools, tool_choice={"type": "function", "name": "get_weather"}
+    )
+    parser_cls = ParserManager.get_parser(tool_parser_name="atom_kimi_k3", enable_auto_tools=True)
+    params = parser_cls(tokenizer, request.tools).adjust_request(request).to_sampling_params(16, {})
+    want = required_channel_for(tokenizer).extended(ids(tokenizer, "get_weather", '"'))
+    assert channel_from_extra_args(params.extra_args) == want
+    assert params.structured_outputs is None and params.skip_special_tokens is False
