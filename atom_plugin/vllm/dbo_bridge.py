@@ -91,6 +91,12 @@ class VllmUBatchView:
         self._wait(COMPUTE, on=COMM)
 
 
+class _NotStarted:
+    """The table slot of a micro-batch that has not started: holds a receive hook for it."""
+
+    recv_hook = None
+
+
 @contextlib.contextmanager
 def registered(ctx: UBatchContext):
     """Make vLLM's `dbo_*` functions see this thread as micro-batch `ctx.id`.
@@ -101,9 +107,14 @@ def registered(ctx: UBatchContext):
     tid = threading.get_ident()
     view = VllmUBatchView(ctx)
     ubatching._NUM_UBATCHES = NUM_UBATCHES
-    if len(ubatching._CURRENT_CONTEXTS) < NUM_UBATCHES:
-        ubatching._CURRENT_CONTEXTS.extend([None] * (NUM_UBATCHES - len(ubatching._CURRENT_CONTEXTS)))
-    ubatching._CURRENT_CONTEXTS[ctx.id] = view
+    missing = NUM_UBATCHES - len(ubatching._CURRENT_CONTEXTS)
+    ubatching._CURRENT_CONTEXTS.extend([None] * max(0, missing))
+    slots = ubatching._CURRENT_CONTEXTS
+    if isinstance(slots[ctx.id], _NotStarted):
+        view.recv_hook = slots[ctx.id].recv_hook
+    slots[ctx.id] = view
+    if slots[1 - ctx.id] is None:
+        slots[1 - ctx.id] = _NotStarted()  # dbo_register_recv_hook may name it already
     ubatching._THREAD_ID_TO_CONTEXT[tid] = ctx.id
     try:
         yield view
