@@ -15,7 +15,9 @@ at a fraction of the unsplit step it times:
   `prepare_ubatch_prefill` cuts the attention metadata at the same ranges) on
   the runner's threads, with one compute stream (the runner's default) and with
   one per micro-batch, each for the model's `per_comm` and `staged` hand-overs.
-References in the same run: the unsplit step's GPU time without communication
+References in the same run: the runner alone (a split step with the model's
+hand-overs and no kernels: the threads' share of the split's fixed cost), the
+unsplit step's GPU time without communication
 (the step recorded as a graph, so the launches cost nothing: the compute), the
 stand-in communication alone, and the ideal overlap max(compute, comm alone).
 Where the eager unsplit step takes longer than its GPU time, the host's
@@ -62,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tbo_harness.batches import blocks_needed, make_batch, run_step, run_unsplit  # noqa: E402
 from tbo_harness.model import KVCaches, LocalComm, TboTestModel  # noqa: E402
 
+import atom_plugin.tbo as tbo  # noqa: E402
 from atom_plugin.tbo import BatchShape, ForwardMode, MicroBatchRunner, TboConfig  # noqa: E402
 from atom_plugin.tbo.split import prefill_ubatch_ranges  # noqa: E402
 
@@ -160,6 +163,19 @@ def measure(batch, caches, comm_fraction, compute_ms, rate_per_ms, model, runner
     return row
 
 
+def runner_alone_ms(runner: MicroBatchRunner, layers: int, iters: int, device) -> float:
+    """One split step of the runner with the model's `per_comm` hand-overs (two
+    communication steps per layer, each a switch to the comm stream and a yield back to
+    compute) and no kernels: the split's fixed cost on the host."""
+
+    def ubatch(ctx):
+        for _ in range(2 * layers):
+            tbo.switch_to_comm()
+            tbo.yield_and_switch_to_compute()
+
+    return median_ms(lambda: runner.run(ubatch, [None, None]), iters, device)
+
+
 def measure_size(tokens, args, model, rate_per_ms, runners, device) -> list[dict]:
     """The rows of one step size, one per communication fraction."""
     batch, caches = prefill_batch(model.cfg, tokens, device)
@@ -236,8 +252,10 @@ def main(argv=None) -> int:
         MicroBatchRunner(device.type, timeout_s=300, compute_streams=2) as two_streams,
     ):
         runners = {1: one_stream, 2: two_streams}
+        alone = {s: runner_alone_ms(r, cfg.layers, args.iters, device) for s, r in runners.items()}
         for t in args.tokens:
             for row in measure_size(t, args, model, rate_per_ms, runners, device):
+                row.update(runner_alone_ms=alone[1], runner_alone_2s_ms=alone[2])
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
             gc.collect()  # the step's caches and graph pool before the next size
@@ -253,6 +271,8 @@ def main(argv=None) -> int:
         f"sixteenths of the new tokens after {'/'.join(map(str, PREFIX))} cached, the 3rd "
         f"straddling the cut; stand-in comm: spin, {rate_per_ms:.3g} cycles/ms; expert "
         f"parallel: one rank of {args.ep_ranks}; median of {args.iters} steps",
+        f"the runner alone (these hand-overs, no kernels): {alone[1]:.3f} ms on one compute "
+        f"stream, {alone[2]:.3f} ms on two",
     ]
     table = markdown(rows, header, COLUMNS)
     print(table)

@@ -18,7 +18,8 @@ def test_cpu_smoke_run_splits_at_the_midpoint_and_matches(tmp_path, monkeypatch)
     run = MicroBatchRunner.run
 
     def counting_run(self, fn, forward_contexts):
-        seen.append(tuple(m.num_actual_tokens for m in forward_contexts))
+        if forward_contexts[0] is not None:  # not the runner-alone reference
+            seen.append(tuple(m.num_actual_tokens for m in forward_contexts))
         return run(self, fn, forward_contexts)
 
     monkeypatch.setattr(MicroBatchRunner, "run", counting_run)
@@ -35,11 +36,12 @@ def test_cpu_smoke_run_splits_at_the_midpoint_and_matches(tmp_path, monkeypatch)
         assert r["split_vs_unsplit_rel_err"] <= 1e-4
         for name, *_ in tbo_prefill.SPLITS:
             assert r[f"{name}_ms"] > 0 and r[f"unsplit_over_{name}"] > 0
+        assert r["runner_alone_ms"] > 0 and r["runner_alone_2s_ms"] > 0
     # each split column: one equality check and 1 + 3 warm-up timed steps, per token count
     per_size = len(tbo_prefill.SPLITS) * 5
     assert seen == [(8, 8)] * per_size + [(18, 19)] * per_size
     table = md.read_text()
-    assert "TBO prefill step (eager), CPU" in table
+    assert "TBO prefill step (eager), CPU" in table and "the runner alone" in table
     assert [line.split(" | ")[0] for line in table.splitlines() if line[:3] in ("| 1", "| 3")] == [
         "| 16",
         "| 37",
