@@ -4,7 +4,7 @@ The prefill counterpart of `benchmarks/tbo.py` (decode), for the threshold
 below which a prefill step stays unsplit (`TboConfig.prefill_min_tokens`).
 Prefill steps are not recorded as graphs, so every column is an eager step.
 
-For total new tokens {256, ..., 8192} the step holds four requests of mixed
+For total new tokens {256, ..., 16384} the step holds four requests of mixed
 lengths (3/16, 1/16, 7/16 and 5/16 of the tokens; two of them continue a
 cached prefix, as chunked prefill does) and the token midpoint falls inside the
 third, so one request straddles the cut. With the stand-in communication off or
@@ -32,7 +32,7 @@ GPU one rank of W expert-parallel ranks, as there.
 Before timing, every split column's hidden states and KV caches are checked
 against the unsplit step's (relative max error reported; above 5% it aborts).
 
-    python -m benchmarks.tbo_prefill [--tokens 256 512 1024 2048 4096 8192] [--comm 0 0.3 0.5]
+    python -m benchmarks.tbo_prefill [--tokens 256 512 ... 16384] [--comm 0 0.3 0.5]
                                      [--ep-ranks 1|2|4|8] [--out table.md] [--json rows.json]
     python -m benchmarks.tbo_prefill --device cpu --model tiny --tokens 16 32 --comm 0  # smoke
 """
@@ -68,7 +68,7 @@ import atom_plugin.tbo as tbo  # noqa: E402
 from atom_plugin.tbo import BatchShape, ForwardMode, MicroBatchRunner, TboConfig  # noqa: E402
 from atom_plugin.tbo.split import prefill_ubatch_ranges  # noqa: E402
 
-TOKENS = (256, 512, 1024, 2048, 4096, 8192)
+TOKENS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
 SHARES = (3, 1, 7, 5)  # sixteenths of the step's new tokens per request: the cut falls in the 3rd
 PREFIX = (0, 512, 256, 0)  # cached tokens per request before this step
 MAX_REL_ERROR = 0.05

@@ -6,7 +6,7 @@
 # The tbo stage runs benchmarks/tbo.py as one rank of 1 and of 8 expert-parallel
 # ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192, communication off,
 # at 30% (the condition) and at 50% of the step. The tbo_prefill stage times an
-# eager prefill step (256..8192 new tokens) split at the token midpoint vs unsplit, for the
+# eager prefill step (256..16384 new tokens) split at the token midpoint vs unsplit, for the
 # same ranks and communication fractions.
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
 set -uo pipefail
