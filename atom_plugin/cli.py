@@ -47,7 +47,7 @@ def _tbo_setting_line() -> str:
     d = PluginSettings()
     return (
         "two-batch overlap: --additional-config "
-        f"'{{\"atom_plugin\": {{\"tbo\": \"{'|'.join(TBO_MODES)}\"}}}}' (default {d.tbo}; "
+        f'\'{{"atom_plugin": {{"tbo": "{"|".join(TBO_MODES)}"}}}}\' (default {d.tbo}; '
         f"tbo_decode_min_requests={d.tbo_decode_min_requests}, "
         f"tbo_prefill_min_tokens={d.tbo_prefill_min_tokens})"
     )

@@ -38,7 +38,14 @@ def test_vllm_yields_alternate_the_micro_batches_with_their_forward_contexts():
         out = runner.run(ubatch, contexts, on_resume=dbo_bridge.install_forward_context)
     assert out == [0, 1]
     assert [(i, p) for i, p, _ in log] == [
-        (0, "a"), (1, "a"), (0, "b"), (1, "b"), (0, "c"), (1, "c"), (0, "d"), (1, "d")
+        (0, "a"),
+        (1, "a"),
+        (0, "b"),
+        (1, "b"),
+        (0, "c"),
+        (1, "c"),
+        (0, "d"),
+        (1, "d"),
     ]
     assert all(name == f"ubatch-{i}" for i, _, name in log)
     assert not ubatching.dbo_enabled()  # nothing left registered

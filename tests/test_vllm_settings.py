@@ -41,8 +41,14 @@ def test_bad_settings_are_refused_by_name(raw, message):
     [
         ({"tbo": "sometimes"}, "tbo='sometimes' is not one of off, prefill, decode, all"),
         ({"tbo": True}, "tbo must be a string"),
-        ({"tbo": "all", "tbo_decode_min_requests": 0}, "tbo_decode_min_requests must be a positive"),
-        ({"tbo": "all", "tbo_prefill_min_tokens": 1.5}, "tbo_prefill_min_tokens must be a positive"),
+        (
+            {"tbo": "all", "tbo_decode_min_requests": 0},
+            "tbo_decode_min_requests must be a positive",
+        ),
+        (
+            {"tbo": "all", "tbo_prefill_min_tokens": 1.5},
+            "tbo_prefill_min_tokens must be a positive",
+        ),
         ({"tbo": "all", "tbo_decode_min_requests": 2}, "decode_min_requests must be an int >= 3"),
         ({"tbo_decode_min_requests": "64"}, "must be a positive integer, not '64'"),
     ],

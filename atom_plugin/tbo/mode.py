@@ -56,7 +56,9 @@ class TboConfig:
             raise ValueError(f"TBO mode {mode!r} is not one of {', '.join(TBO_MODES)}")
         if mode == "off":
             return None
-        return cls(decode=mode in ("decode", "all"), prefill=mode in ("prefill", "all"), **thresholds)
+        return cls(
+            decode=mode in ("decode", "all"), prefill=mode in ("prefill", "all"), **thresholds
+        )
 
     def decode_splits(self, num_reqs: int) -> bool:
         """Whether a decode batch (or bucket) of `num_reqs` requests splits under this config."""
@@ -201,7 +203,9 @@ class ForwardMode:
                 counts = _agreed_counts([decode_ubatch_ranges(bucket, qlen).tokens])
                 return cls(DECODE, True, True, bucket, qlen, bucket, counts, bucket * qlen)
             return cls(DECODE, True, False, bucket, qlen, None, None, bucket * qlen)
-        if _decode_may_split(qlen, config) and all(config.decode_splits(s.num_reqs) for s in shapes):
+        if _decode_may_split(qlen, config) and all(
+            config.decode_splits(s.num_reqs) for s in shapes
+        ):
             counts = _agreed_counts(decode_ubatch_ranges(s.num_reqs, qlen).tokens for s in shapes)
             return cls(DECODE, False, True, None, qlen, mine.num_reqs, counts, sum(counts))
         return cls(DECODE, False, False, None, qlen, None, None, max_reqs * qlen)

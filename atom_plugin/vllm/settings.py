@@ -16,8 +16,8 @@ CONFIG_KEY = "atom_plugin"
 
 # Defaults below which a step stays unsplit; docs/benchmarks.md ("TBO thresholds")
 # holds the H200 measurements they come from.
-DEFAULT_TBO_DECODE_MIN_REQUESTS = 128
-DEFAULT_TBO_PREFILL_MIN_TOKENS = 1024
+DEFAULT_TBO_DECODE_MIN_REQUESTS = 192
+DEFAULT_TBO_PREFILL_MIN_TOKENS = 12288
 
 
 @dataclass(frozen=True)

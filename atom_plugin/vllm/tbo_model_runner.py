@@ -91,13 +91,15 @@ class TboModelRunnerMixin:
         # and vLLM's dbo_* functions must not see them (its MoE asserts as much).
         self._tbo_vllm_yields = dbo_bridge.model_yields(self.parallel_config)
         # Steps run, by kind: "decode" and "prefill" split, "unsplit" otherwise;
-        # "straddled": split prefill steps with a request on both sides of the cut.
+        # "straddled": split prefill steps with a request on both sides of the cut;
+        # "vetoed": steps this rank kept whole for a request reading blocks written now.
         self.tbo_steps: collections.Counter[str] = collections.Counter()
         self._tbo_in_step = False
         self._tbo_step: SplitStep | None = None
 
     def tbo_stats(self) -> dict[str, int]:
-        return {k: self.tbo_steps[k] for k in ("decode", "prefill", "unsplit", "straddled")}
+        kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed")
+        return {k: self.tbo_steps[k] for k in kinds}
 
     # -- builders: one per micro-batch ---------------------------------------------
     def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
@@ -145,6 +147,7 @@ class TboModelRunnerMixin:
     def _tbo_batch_shape(self, query_lens: list[int]) -> BatchShape:
         shape = BatchShape.from_query_lens(query_lens)
         if shape.kind == "prefill" and self._tbo_prefix_hazard(query_lens):
+            self.tbo_steps["vetoed"] += 1
             shape = replace(shape, splittable=False)
         return shape
 
@@ -241,7 +244,9 @@ class TboModelRunnerMixin:
             self.vllm_config,
             dp_metadata=dp_metadata,
             cudagraph_runtime_mode=CUDAGraphMode.NONE,
-            slot_mapping={name: m[ts] for name, m in slot_mapping.items()} if slot_mapping else None,
+            slot_mapping={name: m[ts] for name, m in slot_mapping.items()}
+            if slot_mapping
+            else None,
             additional_kwargs=step_context.additional_kwargs,
             skip_compiled=step_context.skip_compiled,
             is_padding=None if step_context.is_padding is None else step_context.is_padding[ts],

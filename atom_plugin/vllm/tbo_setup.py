@@ -63,12 +63,15 @@ def install_tbo(device_type: str, vllm_config, settings: PluginSettings, chosen_
     if runner is None:
         raise ValueError(f"atom_plugin tbo={settings.tbo!r}: no micro-batch runner is registered")
     vllm_config.parallel_config.worker_cls = TBO_WORKERS[device_type]
+    splits = []
+    if config.decode:
+        splits.append(f"decode steps of >= {config.decode_min_requests} requests")
+    if config.prefill:
+        splits.append(f"prefill steps of >= {config.prefill_min_tokens} tokens")
     logger.info(
-        "atom-plugin: two-batch overlap %s (decode steps of >= %d requests, prefill steps of "
-        ">= %d tokens split), micro-batch runner %s, worker %s",
+        "atom-plugin: two-batch overlap %s (%s split), micro-batch runner %s, worker %s",
         settings.tbo,
-        config.decode_min_requests if config.decode else 0,
-        config.prefill_min_tokens if config.prefill else 0,
+        " and ".join(splits),
         runner.name,
         TBO_WORKERS[device_type],
     )
