@@ -1,7 +1,8 @@
 """`vllm serve` with TBO on answers completions and chat (streaming too) as with TBO off.
 
-Requests go one at a time, each asking for three choices (`n=3`, `top_k=1`: the argmax, as greedy): vLLM adds
-the three child requests at once, so the batches repeat from server to server
+Requests go one at a time, each asking for three choices (`n=3`, `top_k=1`: the
+argmax, as greedy): vLLM adds the three child requests at once, so the batches repeat
+from server to server
 whatever the arrival times, and every decode step holds three requests (a split).
 `/collective_rpc` (vLLM's dev mode) reads the split counts from the worker.
 """

@@ -63,8 +63,8 @@ def gather_batch_shapes(
     settings = {cfg for _, cfg in decoded}
     if len(settings) != 1:
         raise ValueError(
-            "data-parallel ranks run different TBO settings "
-            f"(decode, prefill, prefill_min_tokens, decode_min_requests per rank: {[cfg for _, cfg in decoded]})"
+            "data-parallel ranks run different TBO settings (decode, prefill, "
+            f"prefill_min_tokens, decode_min_requests per rank: {[cfg for _, cfg in decoded]})"
         )
     return [s for s, _ in decoded]
 
