@@ -33,10 +33,24 @@ def _info(_args: argparse.Namespace) -> int:
         print(f"  {spec.name} -> {spec.class_path}")
     runner = manager.microbatch_runner(pm)
     print(f"micro-batch runner: {runner.name if runner else '(none)'}")
+    print(_tbo_setting_line())
     print("health probes:")
     for spec in manager.health_probes(pm):
         print(f"  {spec.smi}")
     return 0
+
+
+def _tbo_setting_line() -> str:
+    from atom_plugin.tbo.mode import TBO_MODES
+    from atom_plugin.vllm.settings import PluginSettings
+
+    d = PluginSettings()
+    return (
+        "two-batch overlap: --additional-config "
+        f'\'{{"atom_plugin": {{"tbo": "{"|".join(TBO_MODES)}"}}}}\' (default {d.tbo}; '
+        f"tbo_decode_min_requests={d.tbo_decode_min_requests}, "
+        f"tbo_prefill_min_tokens={d.tbo_prefill_min_tokens})"
+    )
 
 
 def _hooks_of(pm, plugin) -> list[str]:

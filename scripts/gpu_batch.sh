@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The H200 batch behind docs/benchmarks.md and the `gpu` tests: run from the repo
 # root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
-#   bash scripts/gpu_batch.sh tests k3 tbo attention mla (any subset, in order)
+#   bash scripts/gpu_batch.sh tests k3 tbo tbo_prefill attention mla (any subset, in order)
 #   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
 # The tbo stage runs benchmarks/tbo.py as one rank of 1 and of 8 expert-parallel
 # ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192, communication off,
-# at 30% (the condition) and at 50% of the step.
+# at 30% (the condition) and at 50% of the step. The tbo_prefill stage times an
+# eager prefill step (256..16384 new tokens) split at the token midpoint vs unsplit, for the
+# same ranks and communication fractions.
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -37,6 +39,13 @@ for what in "$@"; do
             --out "$OUT/$name.md" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || status=1
         done
       done ;;
+    tbo_prefill)
+      stage tbo_prefill "prefill step: split at the token midpoint vs unsplit (eager)"
+      for ep in ${TBO_EP_RANKS:-1 8}; do
+        name=tbo_prefill_ep$ep
+        timeout 240 python3 -m benchmarks.tbo_prefill --ep-ranks $ep --comm 0 0.3 0.5 \
+          --out "$OUT/$name.md" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || status=1
+      done ;;
     dp)
       stage dp "two GPUs over NCCL: TBO on == off (eager and replay), step time on vs off"
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -57,7 +66,7 @@ for what in "$@"; do
       stage mla "MLA decode launch configurations (TMA, warp specialization) and the default"
       timeout 400 python3 -m benchmarks.attention_mla --sweep --json "$OUT/mla.json" \
         --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: tests k3 tbo attention mla dp" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: tests k3 tbo tbo_prefill attention mla dp" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

@@ -24,3 +24,19 @@ def tiny_llama(tmp_path_factory):
     from scripts.tiny_llama import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory):
+    """A tiny random-weight Mixtral (4 experts, top 2, head size 64) built locally once."""
+    from tests.models.tiny_moe import build_tiny_moe
+
+    return build_tiny_moe(tmp_path_factory.mktemp("tiny-moe"))
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek(tmp_path_factory):
+    """A tiny DeepSeek-V2-style MLA model (latent 512 + 64) built locally once."""
+    from tests.models.tiny_deepseek import build_tiny_deepseek
+
+    return build_tiny_deepseek(tmp_path_factory.mktemp("tiny-deepseek"))

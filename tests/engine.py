@@ -27,6 +27,7 @@ GENERATE = textwrap.dedent(
         result = {
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "platform": type(current_platform).__name__,
+            "rpc": {name: llm.collective_rpc(name) for name in spec.get("rpc", [])},
         }
         print("RESULT " + json.dumps(result), flush=True)
     """
@@ -39,10 +40,16 @@ def engine_env(**extra: str | None) -> dict[str, str]:
 
 
 def generate(
-    llm_kwargs: dict, prompts: list, sampling: dict, env: dict | None = None, timeout: float = 600
+    llm_kwargs: dict,
+    prompts: list,
+    sampling: dict,
+    env: dict | None = None,
+    timeout: float = 600,
+    rpc: tuple[str, ...] = (),
 ) -> dict:
-    """Greedy (or other) generation in a fresh process; returns tokens and the platform class."""
-    spec = json.dumps({"llm": llm_kwargs, "prompts": prompts, "sampling": sampling})
+    """Greedy (or other) generation in a fresh process; returns tokens, the platform class
+    and, under "rpc", each worker method in `rpc` called on every worker after generating."""
+    spec = json.dumps({"llm": llm_kwargs, "prompts": prompts, "sampling": sampling, "rpc": rpc})
     proc = subprocess.run(
         [sys.executable, "-c", GENERATE, spec],
         capture_output=True,

@@ -28,6 +28,8 @@ def test_info_lists_version_platform_and_every_hook():
         "ATOM_AITER_MLA (mla) -> atom_plugin.vllm.attention_mla:AtomAiterMLABackend",
         "atom_kimi_k3 -> ",
         "micro-batch runner: ",
+        "two-batch overlap: --additional-config "
+        """'{"atom_plugin": {"tbo": "off|prefill|decode|all"}}'""",
     ):
         assert line in out
     assert "micro-batch runner: (none)" not in out

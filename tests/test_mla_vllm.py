@@ -17,13 +17,6 @@ PROMPTS = [
 GREEDY = {"max_tokens": 24, "temperature": 0.0}
 
 
-@pytest.fixture(scope="module")
-def tiny_deepseek(tmp_path_factory):
-    from tests.models.tiny_deepseek import build_tiny_deepseek
-
-    return build_tiny_deepseek(tmp_path_factory.mktemp("tiny-deepseek"))
-
-
 def _llm(model, backend, **extra):
     return {
         "model": str(model),

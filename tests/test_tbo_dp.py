@@ -33,6 +33,8 @@ SCENARIOS_4 = [
     ([dec(25), pre(40), dec(3), dec(17)], KEYS),  # a prefill rank: nobody splits
     ([pre(40), pre(9, 3), pre(100, 5), pre(2, 1)], []),  # prefill split, counts = max halves
     ([dec(100), dec(2), dec(64), dec(70)], KEYS),  # past the largest bucket: eager, 2 < 3
+    # one rank's step must stay whole (a prefix hit on blocks written now): nobody splits
+    ([pre(40), BatchShape(3, 90, None, splittable=False), pre(100, 5), pre(9, 3)], []),
 ]
 SCENARIOS_2 = [(shapes[:2], keys) for shapes, keys in SCENARIOS_4]
 
@@ -57,7 +59,7 @@ def test_ranks_agree_through_one_all_gather(world, scenarios, tmp_path):
         assert len({(m.split, m.replay, m.bucket, m.ubatch_num_tokens) for m in modes}) == 1
     if world == 4:
         split = [per_rank[0][i][0].split for i in range(len(scenarios))]
-        assert split == [True, True, False, True, False, True, False]
+        assert split == [True, True, False, True, False, True, False, False]
     if world == 2:
         # Different TBO settings raise on every rank, after the same one collective.
         for rank in range(2):

@@ -24,6 +24,7 @@ from atom_plugin.tbo import (
     decode_ubatch_request_ranges,
     maybe_create_ubatch_slices,
     plan_request_graphs,
+    replay_splits,
 )
 from atom_plugin.tbo.graphs import DecodeGraphBuffers, pad_decode_rows
 from atom_plugin.tbo.ubatch_metadata import ubatch_metadata
@@ -247,3 +248,23 @@ def test_bad_decide_arguments_raise():
         ForwardMode.decide([decode_shape(4)], 2, TboConfig())
     with pytest.raises(ValueError, match="prefill_min_tokens"):
         TboConfig(prefill_min_tokens=1)
+
+
+def test_modes_and_the_decode_threshold():
+    assert TboConfig.for_mode("off") is None
+    config = TboConfig.for_mode("decode", decode_min_requests=64, prefill_min_tokens=512)
+    assert (config.decode, config.prefill) == (True, False)
+    assert not config.decode_splits(63) and config.decode_splits(64)
+    assert not ForwardMode.decide([decode_shape(63)], 0, config).split
+    assert ForwardMode.decide([decode_shape(64)], 0, config).split
+    assert not replay_splits(GraphKey(32, 1), config) and replay_splits(GraphKey(64, 1), config)
+    with pytest.raises(ValueError, match="TBO mode 'some' is not one of off, prefill, decode, all"):
+        TboConfig.for_mode("some")
+    with pytest.raises(ValueError, match="decode_min_requests must be an int >= 3, got 2"):
+        TboConfig(decode_min_requests=2)
+
+
+def test_one_unsplittable_rank_keeps_every_rank_whole():
+    shapes = [BatchShape(2, 40, None), BatchShape(3, 90, None, splittable=False)]
+    assert ForwardMode.decide(shapes[:1], 0, TboConfig()).split
+    assert not any(ForwardMode.decide(shapes, r, TboConfig()).split for r in range(2))

@@ -34,3 +34,36 @@ def test_opt_in_is_read():
 def test_bad_settings_are_refused_by_name(raw, message):
     with pytest.raises(ValueError, match=message):
         PluginSettings.from_vllm_config(config(atom_plugin=raw))
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"tbo": "sometimes"}, "tbo='sometimes' is not one of off, prefill, decode, all"),
+        ({"tbo": True}, "tbo must be a string"),
+        (
+            {"tbo": "all", "tbo_decode_min_requests": 0},
+            "tbo_decode_min_requests must be a positive",
+        ),
+        (
+            {"tbo": "all", "tbo_prefill_min_tokens": 1.5},
+            "tbo_prefill_min_tokens must be a positive",
+        ),
+        ({"tbo": "all", "tbo_decode_min_requests": 2}, "decode_min_requests must be an int >= 3"),
+        ({"tbo_decode_min_requests": "64"}, "must be a positive integer, not '64'"),
+    ],
+)
+def test_bad_tbo_settings_are_refused_by_name(raw, message):
+    with pytest.raises(ValueError, match=message):
+        PluginSettings.from_vllm_config(config(atom_plugin=raw))
+
+
+def test_tbo_modes_map_to_the_steps_that_split():
+    def tbo(mode):
+        return PluginSettings.from_dict({"tbo": mode}).tbo_config()
+
+    assert tbo("off") is None
+    assert (tbo("prefill").prefill, tbo("prefill").decode) == (True, False)
+    assert (tbo("decode").prefill, tbo("decode").decode) == (False, True)
+    assert (tbo("all").prefill, tbo("all").decode) == (True, True)
+    assert tbo("all").decode_min_requests == PluginSettings().tbo_decode_min_requests

@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 from atom_plugin.tbo.mode import BatchShape, ForwardMode, GraphKey, TboConfig
 
-# num_reqs, num_tokens, decode_query_len (0 = none), decode, prefill, prefill_min_tokens
-_FIELDS = 6
+# num_reqs, num_tokens, decode_query_len (0 = none), splittable, then the config:
+# decode, prefill, prefill_min_tokens, decode_min_requests
+_FIELDS = 8
 
 
 def _encode(shape: BatchShape, config: TboConfig) -> torch.Tensor:
@@ -25,17 +26,19 @@ def _encode(shape: BatchShape, config: TboConfig) -> torch.Tensor:
             shape.num_reqs,
             shape.num_tokens,
             shape.decode_query_len or 0,
+            int(shape.splittable),
             int(config.decode),
             int(config.prefill),
             config.prefill_min_tokens,
+            config.decode_min_requests,
         ],
         dtype=torch.int64,
     )
 
 
-def _decode_row(row: list[int]) -> tuple[BatchShape, tuple[int, int, int]]:
-    num_reqs, num_tokens, qlen, *cfg = row
-    return BatchShape(num_reqs, num_tokens, qlen or None), tuple(cfg)
+def _decode_row(row: list[int]) -> tuple[BatchShape, tuple[int, ...]]:
+    num_reqs, num_tokens, qlen, splittable, *cfg = row
+    return BatchShape(num_reqs, num_tokens, qlen or None, bool(splittable)), tuple(cfg)
 
 
 def gather_batch_shapes(
@@ -60,8 +63,8 @@ def gather_batch_shapes(
     settings = {cfg for _, cfg in decoded}
     if len(settings) != 1:
         raise ValueError(
-            "data-parallel ranks run different TBO settings "
-            f"(decode, prefill, prefill_min_tokens per rank: {[cfg for _, cfg in decoded]})"
+            "data-parallel ranks run different TBO settings (decode, prefill, "
+            f"prefill_min_tokens, decode_min_requests per rank: {[cfg for _, cfg in decoded]})"
         )
     return [s for s, _ in decoded]
 

@@ -9,7 +9,7 @@ its micro-batches to the same token counts.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from atom_plugin.tbo.split import (
     MIN_SPLIT_TOKENS,
@@ -21,6 +21,9 @@ from atom_plugin.tbo.split import (
 
 IDLE, DECODE, PREFILL = "idle", "decode", "prefill"
 MIXED = "mixed"  # ranks disagree on the kind of step: nobody splits, nobody replays
+# The user-facing TBO setting (ATOM's --enable-tbo values): which steps may split.
+TBO_MODES: tuple[str, ...] = ("off", "prefill", "decode", "all")
+MIN_DECODE_SPLIT_REQUESTS = 3  # decode_bucket_splits: a bucket of <= 2 never splits
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -31,14 +34,35 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 @dataclass(frozen=True)
 class TboConfig:
-    """Which steps may split. `prefill_min_tokens` is the smallest prefill batch that splits."""
+    """Which steps may split, and the smallest of each kind that does.
+
+    `decode_min_requests`: the smallest decode batch (requests; the bucket on a
+    replay) that splits; `prefill_min_tokens`: the smallest prefill batch.
+    """
 
     decode: bool = True
     prefill: bool = True
     prefill_min_tokens: int = MIN_SPLIT_TOKENS
+    decode_min_requests: int = MIN_DECODE_SPLIT_REQUESTS
 
     def __post_init__(self) -> None:
         _check_int("prefill_min_tokens", self.prefill_min_tokens, MIN_SPLIT_TOKENS)
+        _check_int("decode_min_requests", self.decode_min_requests, MIN_DECODE_SPLIT_REQUESTS)
+
+    @classmethod
+    def for_mode(cls, mode: str, **thresholds: int) -> TboConfig | None:
+        """The config for a `TBO_MODES` setting (None for "off")."""
+        if mode not in TBO_MODES:
+            raise ValueError(f"TBO mode {mode!r} is not one of {', '.join(TBO_MODES)}")
+        if mode == "off":
+            return None
+        return cls(
+            decode=mode in ("decode", "all"), prefill=mode in ("prefill", "all"), **thresholds
+        )
+
+    def decode_splits(self, num_reqs: int) -> bool:
+        """Whether a decode batch (or bucket) of `num_reqs` requests splits under this config."""
+        return decode_bucket_splits(num_reqs) and num_reqs >= self.decode_min_requests
 
 
 @dataclass(frozen=True)
@@ -59,11 +83,14 @@ class BatchShape:
 
     `decode_query_len` is the common query length when every request is a
     decode (1, or 1 + speculative tokens); None for prefill or mixed batches.
+    `splittable` False vetoes the split for every rank (e.g. a request reads
+    blocks another request of this step is writing: `atom_plugin.tbo.hazards`).
     """
 
     num_reqs: int
     num_tokens: int
     decode_query_len: int | None = None
+    splittable: bool = True
 
     def __post_init__(self) -> None:
         _check_int("num_reqs", self.num_reqs, 0)
@@ -152,6 +179,8 @@ class ForwardMode:
         if not 0 <= rank < len(shapes):
             raise ValueError(f"rank {rank} is not in [0, {len(shapes)})")
         kind, qlen = _global_kind(shapes)
+        if not all(s.splittable for s in shapes):
+            config = replace(config, decode=False, prefill=False)
         if kind == DECODE:
             return cls._decide_decode(shapes, shapes[rank], qlen, config, graph_keys)
         if (
@@ -175,7 +204,7 @@ class ForwardMode:
                 return cls(DECODE, True, True, bucket, qlen, bucket, counts, bucket * qlen)
             return cls(DECODE, True, False, bucket, qlen, None, None, bucket * qlen)
         if _decode_may_split(qlen, config) and all(
-            decode_bucket_splits(s.num_reqs) for s in shapes
+            config.decode_splits(s.num_reqs) for s in shapes
         ):
             counts = _agreed_counts(decode_ubatch_ranges(s.num_reqs, qlen).tokens for s in shapes)
             return cls(DECODE, False, True, None, qlen, mine.num_reqs, counts, sum(counts))
@@ -195,7 +224,7 @@ def _decode_may_split(query_len: int, config: TboConfig) -> bool:
 
 def replay_splits(key: GraphKey, config: TboConfig) -> bool:
     """Whether the request graph `key` is recorded (and replayed) as two micro-batches."""
-    return _decode_may_split(key.query_len, config) and decode_bucket_splits(key.bucket)
+    return _decode_may_split(key.query_len, config) and config.decode_splits(key.bucket)
 
 
 def plan_request_graphs(

@@ -59,7 +59,7 @@ class _Step:
     """The hand-off state of one `run` call; `chain_turns`: the micro-batches compute on
     two streams, so `take_turn` blocks need an event to keep their order."""
 
-    def __init__(self, chain_turns: bool) -> None:
+    def __init__(self, chain_turns: bool, on_resume: Callable | None = None) -> None:
         self.batons = [threading.Event() for _ in range(NUM_UBATCHES)]
         self.done = [threading.Event() for _ in range(NUM_UBATCHES)]
         self.finished = [False] * NUM_UBATCHES
@@ -69,6 +69,7 @@ class _Step:
         self.lock = threading.Lock()
         self.chain_turns = chain_turns
         self.turn_event: Any = None  # end of the last `take_turn` block issued, either micro-batch
+        self.on_resume = on_resume  # called with the context each time a micro-batch gets control
 
     def fail(self, ubatch: int, error: BaseException) -> None:
         with self.lock:
@@ -102,6 +103,8 @@ class UBatchContext:
         step.batons[self.id].clear()
         if step.abort.is_set():
             raise _Aborted
+        if step.on_resume is not None:
+            step.on_resume(self)
 
     def yield_to_other(self) -> None:
         """Let the other micro-batch run until it yields back (no-op once it has finished)."""
@@ -336,8 +339,18 @@ class MicroBatchRunner:
                 step.batons[1 - ubatch].set()
                 step.done[ubatch].set()
 
-    def run(self, fn: Callable[[UBatchContext], Any], forward_contexts: Sequence[Any]) -> list[Any]:
-        """Run `fn` once per micro-batch (0 first, then alternating at yield points)."""
+    def run(
+        self,
+        fn: Callable[[UBatchContext], Any],
+        forward_contexts: Sequence[Any],
+        on_resume: Callable[[UBatchContext], None] | None = None,
+    ) -> list[Any]:
+        """Run `fn` once per micro-batch (0 first, then alternating at yield points).
+
+        `on_resume(ctx)` runs on the micro-batch's thread each time it gets
+        control (at its start and after every yield): a host that keeps
+        per-micro-batch state in globals (vLLM's forward context) swaps it in there.
+        """
         if self._closed:
             raise RuntimeError("the micro-batch runner is closed")
         if self._broken is not None:
@@ -349,7 +362,7 @@ class MicroBatchRunner:
                 f"need {NUM_UBATCHES} forward contexts (one per micro-batch), "
                 f"got {len(forward_contexts)}"
             )
-        step = _Step(chain_turns=self._ubatch1_stream is not None)
+        step = _Step(chain_turns=self._ubatch1_stream is not None, on_resume=on_resume)
         compute = torch.cuda.current_stream(self.device) if self._cuda else None
         forked = [s for s in (self.comm_stream, self._ubatch1_stream) if s is not None]
         for s in forked:

@@ -8,6 +8,7 @@ from vllm.logger import init_logger
 from atom_plugin import manager
 from atom_plugin.vllm.registration import backend_for, dotted
 from atom_plugin.vllm.settings import PluginSettings
+from atom_plugin.vllm.tbo_setup import install_tbo
 
 logger = init_logger("vllm.atom_plugin")
 
@@ -42,10 +43,13 @@ class AtomPlatformMixin:
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
+        chosen_worker = vllm_config.parallel_config.worker_cls  # before vLLM fills in "auto"
         super().check_and_update_config(vllm_config)
+        settings = PluginSettings.from_vllm_config(vllm_config)  # a bad setting stops here
         model_config = vllm_config.model_config
         if model_config is None:
             return
+        install_tbo(cls.device_type, vllm_config, settings, chosen_worker)
         runner = cls.model_runner(vllm_config)
         # vLLM's loaders take "module:Class" here (not the dotted enum form).
         wanted = [s.class_path for s in manager.logits_processors() if s.runner == runner]
