@@ -92,9 +92,9 @@ OFFLINE = textwrap.dedent(
         channel_extra_args, channel_for_choice, required_channel_for)
 
     if __name__ == "__main__":
-        model, messages, tools, named, max_len = json.loads(sys.argv[1])
+        model, messages, tools, named, max_len, additional = json.loads(sys.argv[1])
         llm = LLM(model=model, dtype="float32", max_model_len=max_len, enforce_eager=True,
-                  max_num_seqs=4)
+                  max_num_seqs=4, additional_config=additional)
         tokenizer = llm.get_tokenizer()
         channel = required_channel_for(tokenizer)
         named = channel_for_choice(channel, tokenizer, named, tools)
@@ -119,6 +119,7 @@ OFFLINE = textwrap.dedent(
             "sampled_logprobs": [lp[t].logprob for t, lp in
                                  zip(outs[0].outputs[0].token_ids, outs[0].outputs[0].logprobs)],
             "processors": llm.llm_engine.vllm_config.model_config.logits_processors,
+            "tbo": llm.collective_rpc("atom_tbo_stats") if additional else None,
         }), flush=True)
     """
 )
@@ -133,9 +134,15 @@ def streamed_calls(chunks):
     return content or None, calls
 
 
-def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir):
+# With TBO every decode step of the three requests splits (1 + 2): the K3 channel sees
+# the joined logits, as in an unsplit step.
+TBO_DECODE = {"atom_plugin": {"tbo": "decode", "tbo_decode_min_requests": 3}}
+
+
+@pytest.mark.parametrize("tbo", [None, TBO_DECODE], ids=["tbo-off", "tbo-decode"])
+def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir, tbo):
     path, prompt_len = model_dir
-    spec = json.dumps([path, MESSAGES, TOOLS, NAMED, MAX_MODEL_LEN])
+    spec = json.dumps([path, MESSAGES, TOOLS, NAMED, MAX_MODEL_LEN, tbo or {}])
     proc = subprocess.run(
         [sys.executable, "-c", OFFLINE, spec],
         capture_output=True,
@@ -169,6 +176,9 @@ def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir):
     for i, logprob in enumerate(logprobs):
         assert (logprob < -1.0) if i in unwanted else (logprob > -0.5), (i, logprobs)
     assert result["texts"][1] == "Sure<|close|>response<|sep|><|close|>message<|sep|>"
+    if tbo:
+        [stats] = result["tbo"]
+        assert stats["decode"] > 0, stats
 
 
 @pytest.fixture(scope="module")
