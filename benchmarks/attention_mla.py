@@ -118,7 +118,7 @@ def run_mla_benchmarks(
 def _bench_shape(
     batch, context, config, with_sdpa, flush, copy_gbps, device, num_splits=None
 ) -> dict:
-    from atom_plugin.backends.mla_reference import mla_token_plan
+    from atom_plugin.backends.mla_plan import mla_token_plan
     from atom_plugin.backends.triton_mla import mla_decode_triton
 
     meta, q, cache = make_decode_batch(batch, context, device=device)

@@ -33,7 +33,7 @@ def compiled_kernels(jit_fn) -> list:
 
 def main() -> int:
     from atom_plugin.backends import triton_mla
-    from atom_plugin.backends.mla_reference import mla_token_plan
+    from atom_plugin.backends.mla_plan import mla_token_plan
 
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)

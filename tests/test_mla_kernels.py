@@ -14,9 +14,9 @@ from hypothesis import strategies as st  # noqa: E402
 from mla_cases import FP8, make_mla_batch, tolerance  # noqa: E402
 
 from atom_plugin.backends import mla_ops, triton_mla  # noqa: E402
+from atom_plugin.backends.mla_plan import mla_token_plan  # noqa: E402
 from atom_plugin.backends.mla_reference import (  # noqa: E402
     mla_decode_reference,
-    mla_token_plan,
     write_mla_kv_reference,
 )
 from atom_plugin.backends.triton_mla import mla_decode_triton, write_mla_kv_triton  # noqa: E402

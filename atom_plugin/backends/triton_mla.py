@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from atom_plugin.backends.checks import is_fp8
-from atom_plugin.backends.mla_reference import check_mla_shapes, mla_token_plan
+from atom_plugin.backends.mla_plan import check_mla_shapes, mla_token_plan
 from atom_plugin.backends.triton_common import (
     MAX_SPLITS,
     cdiv,

@@ -34,7 +34,7 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
 from atom_plugin.backends import mla_ops
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
-from atom_plugin.backends.mla_reference import mla_token_plan
+from atom_plugin.backends.mla_plan import mla_token_plan
 from atom_plugin.backends.select import select_kernel_impl
 from atom_plugin.tbo.split import decode_ubatch_request_ranges
 from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
