@@ -14,7 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 from mla_cases import FP8, make_mla_batch, tolerance  # noqa: E402
 
 from atom_plugin.backends import mla_ops, triton_mla  # noqa: E402
-from atom_plugin.backends.mla_plan import mla_token_plan  # noqa: E402
+from atom_plugin.backends.mla_plan import mla_token_plan, plan_mla_decode  # noqa: E402
 from atom_plugin.backends.mla_reference import (  # noqa: E402
     mla_decode_reference,
     write_mla_kv_reference,
@@ -141,6 +141,47 @@ def test_triton_decode_dcp_token_kv_lens():
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
+
+
+@INTERPRETER_ONLY
+@pytest.mark.parametrize(
+    "heads,splits,cfg,tokens",
+    [
+        (16, None, None, 4),  # 16 heads x up to 4 tokens of a request in one program
+        (16, 2, {"BLOCK_N": 16}, 4),  # a split holding one key: the earlier rows see none
+        (16, 3, {"BLOCK_N": 16, "tma": True}, 4),
+        (16, 1, {"BLOCK_M": 32}, 2),  # 4-token rows in two chunks of 2 tokens
+        (32, 2, {"BLOCK_H": 16, "BLOCK_M": 16}, 1),  # no packing: a program per token
+    ],
+)
+def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens):
+    """Speculative rows (causal) with a request's tokens packed into one program's query
+    rows; NaN in every unused cache row, so a key read past a row's mask shows."""
+    reqs = [(2, 17), (4, 33), (1, 1), (3, 3), (4, 48)]
+    b = make_mla_batch(
+        reqs, heads=heads, lora=32, rope=16, pad_rows=2, pad_tokens=2, nan_unused=True
+    )
+    plan = plan_mla_decode(
+        b.meta, b.q.shape[0], heads, kernel_impl="triton", config=cfg, num_splits=splits
+    )
+    assert plan.launch.tokens == tokens  # the packing this case is about is what runs
+    want_out, want_lse = _run(mla_decode_reference, b, 32)
+    out, lse = _run(mla_decode_triton, b, 32, plan=plan)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+    torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+    assert not out.isnan().any()
+
+
+def test_plan_copies_into_persistent_buffers():
+    """A CUDA graph reads the token plan at fixed addresses: the builder's buffers."""
+    b = make_mla_batch([(1, 5), (3, 10)], heads=4, lora=16, rope=16, pad_rows=1)
+    bufs = (torch.full((8,), 99, dtype=torch.int32), torch.full((8,), 99, dtype=torch.int32))
+    plan = plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=bufs)
+    assert plan.token_req.data_ptr() == bufs[0].data_ptr()
+    assert bufs[0].tolist()[:4] == [0, 1, 1, 1] and bufs[1].tolist()[:4] == [5, 8, 9, 10]
+    assert plan.launch is None
+    with pytest.raises(ValueError, match="plan buffers hold 2 tokens, the step has 4"):
+        plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=(bufs[0][:2], bufs[1][:2]))
 
 
 @INTERPRETER_ONLY
@@ -298,11 +339,10 @@ def test_gpu_triton_fp8_cache_and_write():
 @pytest.mark.parametrize(
     "cfg,cache_dtype,col_offset,match",
     [
-        ({"tma": True, "BLOCK_N": 16}, FP8[0], 8, "cache dtype"),
         ({"tma": True, "BLOCK_N": 32}, torch.float32, 8, "BLOCK_N=32 does not divide"),
         ({"tma": True, "BLOCK_N": 16}, torch.bfloat16, 4, "16-byte aligned"),
         ({"tma": "yes"}, torch.float32, 8, "tma must be None, True or False, got 'yes'"),
-        ({"BLOCK_M": 16}, torch.float32, 8, r"unknown MLA decode config keys \['BLOCK_M'\]"),
+        ({"BLOCK_K": 16}, torch.float32, 8, r"unknown MLA decode config keys \['BLOCK_K'\]"),
     ],
 )
 def test_triton_decode_config_errors(cfg, cache_dtype, col_offset, match):
@@ -338,8 +378,9 @@ def test_gpu_tma_chosen_where_the_cache_allows():
         (64, 64, 2),  # batch 32 x 4K on 132 SMs: one full wave, the sweep's fastest
         (64, 512, 2),  # batch 32 x 32K
         (256, 64, 1),  # batch 128 x 4K: two waves already
-        (2, 64, 64),  # batch 1 x 4K: as many splits as fit in one wave
-        (2, 512, 64),  # batch 1 x 32K, capped at MAX_SPLITS
+        (2, 64, 64),  # batch 1 x 4K: as many splits as there are key tiles
+        (2, 512, 64),  # batch 1 x 32K: 128 programs, one wave
+        (1, 512, 128),  # one head group at batch 1 x 32K
         (4096, 8, 1),
         (1, 1, 1),
     ],
@@ -361,12 +402,107 @@ def test_gpu_one_split_writes_the_output(splits):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
-def test_benchmark_roofline_caps_at_the_compute_bound():
-    """benchmarks/attention_mla's roofline: 128 heads x (2*576 + 2*512) FLOP per 1,152-byte
-    row; compute-bound on an H200's measured rates, copy-bound with compute to spare."""
-    from benchmarks.attention_mla import roofline_frac_copy
+def test_benchmark_targets_follow_the_issue():
+    """benchmarks/attention_mla's per-shape targets: 16 heads by copy bandwidth, 64 by
+    the lesser limit, 128 by TFLOP/s; one-token shapes only."""
+    from benchmarks.attention_mla import target_met, target_of
 
-    flop_per_byte = 128 * (2 * 576 + 2 * 512) / 1152
-    assert roofline_frac_copy(4243, 779) == pytest.approx(779e12 / flop_per_byte / 4243e9)
-    assert roofline_frac_copy(4243, 779) == pytest.approx(0.7594, abs=1e-4)
-    assert roofline_frac_copy(8000, 5000) == 1.0
+    assert target_of(16, 32, 4096, 1) == "85% copy" and target_of(16, 1, 32768, 1) == "50% copy"
+    assert target_of(16, 1, 4096, 1) is None and target_of(16, 32, 8192, 2) is None
+    assert target_of(64, 128, 4096, 1) == "70% limit" and target_of(64, 1, 4096, 1) is None
+    assert target_of(128, 32, 32768, 1) == "550 TFLOP/s"
+    row = {"target": "85% copy", "frac_copy": 0.84, "frac_limit": 0.9, "tflops": 100}
+    assert target_met(row) is False and target_met({**row, "frac_copy": 0.85}) is True
+    assert target_met({"target": "70% limit", "frac_limit": 0.71}) is True
+    assert target_met({"target": "550 TFLOP/s", "tflops": 549}) is False
+
+
+# ---- every path of the new plan at DeepSeek sizes on the GPU ----
+
+# context 1, page - 1, page, page + 1 (page 64), long ones, and 2-token causal rows
+EDGE_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 9000), (1, 777), (2, 2051), (2, 64), (2, 65)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [64, 16])  # TMA tiles / pointer loads only
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_gpu_decode_edges(heads, cache, block_size):
+    """Shuffled tables, padding rows (context 0) and tokens, NaN in every unused cache
+    row, fp8 with a non-unit scale (0.5), at the planned split count, one split and 200
+    splits (the merge's loop over chunks of splits)."""
+    b = make_mla_batch(
+        EDGE_REQS,
+        heads=heads,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0] if cache == "fp8" else None,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+        nan_unused=True,
+        col_offset=16 if cache == "fp8" else 8,  # 16-byte aligned columns either way
+    )
+    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    for splits in (None, 1, 200):
+        plan = plan_mla_decode(b.meta, b.q.shape[0], heads, kernel_impl="triton", num_splits=splits)
+        assert plan.launch.tokens == (2 if heads == 16 else 1)  # 16 heads pack both tokens
+        tma = triton_mla._use_tma(None, b.kv_cache, 512, 64, plan.launch.block_n)
+        assert tma is (block_size % plan.launch.block_n == 0)
+        out, lse = _run(mla_decode_triton, b, 512, plan=plan)
+        T = b.meta.num_actual_tokens
+        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
+        torch.testing.assert_close(out, want_out, **tol)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_dcp_token_kv_lens(heads):
+    """Decode context parallelism: per-token local row counts, multi-token rows."""
+    b = make_mla_batch(
+        [(1, 300), (2, 1000), (2, 70)],
+        heads=heads,
+        block_size=64,
+        dtype=torch.bfloat16,
+        device="cuda",
+        nan_unused=True,
+    )
+    lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
+    want_out, want_lse = _run(mla_decode_reference, b, 512, token_kv_lens=lens)
+    out, lse = _run(mla_decode_triton, b, 512, token_kv_lens=lens)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_replays_from_a_cuda_graph():
+    """Captured once with the plan in persistent buffers and the split count planned for
+    the longest context, the graph replays a later step's plan (shorter contexts)."""
+    b = make_mla_batch(
+        [(1, 5000), (2, 3000), (1, 64)],
+        heads=16,
+        block_size=64,
+        dtype=torch.bfloat16,
+        device="cuda",
+        nan_unused=True,
+    )
+    T = b.q.shape[0]
+    bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
+    plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs)
+    assert plan.launch.num_splits > 1
+    out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    b.meta.seq_lens.copy_(torch.tensor([4000, 1500, 1], dtype=torch.int32))
+    plan_mla_decode(b.meta, T, 16, kernel_impl="triton", out=bufs)  # the next step's plan
+    graph.replay()
+    want, _ = _run(mla_decode_reference, b, 512)
+    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))

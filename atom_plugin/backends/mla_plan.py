@@ -1,9 +1,13 @@
 """MLA decode planning: what the metadata builder works out once per step and every
 layer's decode reads (which request each query token belongs to, how many cached rows
-it sees), and the shape checks every decode path shares. No kernel lives here.
+it sees, and the Triton kernels' launch: packing and KV split count), and the shape
+checks every decode path shares. Plan on the host, run on the device: nothing here
+reads the GPU back.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -64,3 +68,56 @@ def check_mla_shapes(
         )
     if kv_cache.stride(-1) != 1:
         raise ValueError("the MLA cache's last dimension must be contiguous (stride 1)")
+
+
+@dataclass(frozen=True)
+class MLADecodePlan:
+    """One step's decode plan, shared by every layer: per query token its request row
+    (-1: none) and visible cached rows (`mla_token_plan`), and the kernel path's launch
+    (`triton_mla.TritonMLALaunch` on the Triton path: packing, split count, tiles)."""
+
+    kernel_impl: str
+    token_req: torch.Tensor
+    token_kv_len: torch.Tensor
+    launch: object | None = None
+
+
+def plan_mla_decode(
+    meta,
+    num_tokens: int,
+    num_heads: int,
+    *,
+    kernel_impl: str,
+    token_kv_lens: torch.Tensor | None = None,
+    context: int | None = None,
+    config: dict | None = None,
+    num_splits: int | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> MLADecodePlan:
+    """Plan a decode step once, on the host, with no device reads: the token plan and,
+    for the Triton kernels, the launch. `context` is the key count the split rule plans
+    for (default `meta.max_seq_len`; a CUDA-graph capture passes the longest context the
+    graph may replay). `out` holds persistent buffers the token plan is copied into, so
+    a captured graph reads each step's plan at the same addresses."""
+    req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens)
+    if out is not None:
+        n = req.shape[0]
+        if out[0].shape[0] < n:
+            raise ValueError(f"plan buffers hold {out[0].shape[0]} tokens, the step has {n}")
+        out[0][:n].copy_(req)
+        out[1][:n].copy_(kv_len)
+        req, kv_len = out[0][:n], out[1][:n]
+    launch = None
+    if kernel_impl == "triton":
+        from atom_plugin.backends.triton_mla import plan_launch
+
+        launch = plan_launch(
+            meta.num_reqs,
+            meta.max_query_len,
+            num_heads,
+            meta.max_seq_len if context is None else context,
+            meta.query_start_loc.device,
+            config=config,
+            num_splits=num_splits,
+        )
+    return MLADecodePlan(kernel_impl, req, kv_len, launch)

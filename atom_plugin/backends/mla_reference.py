@@ -42,18 +42,22 @@ def mla_decode_reference(
     kv_lora_rank=512,
     kv_scale=None,
     token_kv_lens=None,
-    token_plan=None,
+    plan=None,
 ) -> torch.Tensor:
     """Absorbed MLA decode: output[t, h] = softmax(q[t,h] . K^T * scale) @ V over the keys
     token t sees (see `mla_token_plan`); returns lse [T, H] float32 (natural log, -inf
     for tokens that see no key; their output is zero). Tokens of no request are untouched.
+    `plan` (`mla_plan.plan_mla_decode`'s) supplies the token plan when the caller built it.
     """
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, _ = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
     if T == 0:
         return lse
-    req, kv_len = token_plan if token_plan is not None else mla_token_plan(meta, T, token_kv_lens)
+    if plan is not None:
+        req, kv_len = plan.token_req, plan.token_kv_len
+    else:
+        req, kv_len = mla_token_plan(meta, T, token_kv_lens)
     req_l, len_l = req.tolist(), kv_len.tolist()
     T = min(T, len(req_l))
     block_size = kv_cache.shape[1]

@@ -1,32 +1,38 @@
 """Triton MLA kernels: the latent cache write and a split-KV decode with a reduction.
 
-Decode stage 1 runs one program per (head group, KV split, query token). All heads
-share the latent rows, so a program loads each block of cached rows once and scores it
-against BLOCK_H heads with two matmuls (latent part and rope part), then accumulates
-P @ kv_c. Head groups are the fastest-varying grid axis, so the groups that read the
-same rows run next to each other and mostly hit L2. Stage 2 merges the splits with
-their log-sum-exps; with one split, stage 1 writes the output itself and stage 2 does
-not run. Correctness does not depend on the number of splits, so it is chosen per call
-from batch, heads and context to fill whole waves of the GPU.
+Decode stage 1 runs one program per (head group, KV split, request and token chunk).
+All heads share the latent rows, so a program loads each block of cached rows once and
+scores it against BLOCK_M query rows (BLOCK_H heads x the request's query tokens packed
+together, so a 16-head request with 2 speculative tokens reads its rows once, not twice)
+with two matmuls (latent part and rope part), then accumulates P @ kv_c. Each query row
+masks the keys it may not see (causal rows of one request see different counts). Head
+groups are the fastest-varying grid axis, so the groups that read the same rows run next
+to each other and mostly hit L2. Stage 2 merges the splits with their log-sum-exps, in
+chunks of splits; with one split, stage 1 writes the output itself and stage 2 does not
+run. Correctness does not depend on the number of splits; the per-step plan
+(`plan_launch`, called by `mla_plan.plan_mla_decode`) picks it from batch, heads and
+context.
 
-Where the cache allows it (a CUDA GPU with TMA, 16-bit or fp32 rows, BLOCK_N dividing
-the block size, 16-byte alignment) whole tiles load through TMA tensor descriptors: a
-tile never crosses a page, so it is one box of the cache viewed as rows. The last,
-partial tile of each split, and every tile otherwise, go through masked pointer loads.
+Where the cache allows it (a CUDA GPU with TMA, 16-bit, fp32 or fp8 rows, BLOCK_N
+dividing the block size, 16-byte alignment) whole tiles load through TMA tensor
+descriptors: a tile never crosses a page, so it is one box of the cache viewed as rows.
+The last, partial tile of each split, and every tile otherwise, go through masked
+pointer loads. An fp8 tile is widened to the query dtype unscaled (e4m3 values are exact
+in bf16); the per-tensor scale is folded into the score scale and the output.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from atom_plugin.backends.checks import is_fp8
-from atom_plugin.backends.mla_plan import check_mla_shapes, mla_token_plan
+from atom_plugin.backends.checks import FP8_DTYPES, is_fp8
+from atom_plugin.backends.mla_plan import check_mla_shapes, plan_mla_decode
 from atom_plugin.backends.triton_common import (
-    MAX_SPLITS,
     cdiv,
     device_has_tma,
     device_sm_count,
@@ -104,11 +110,12 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
 
 
 @triton.jit
-def _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
-    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows."""
+def _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
+    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows; `valid`
+    [rows, keys] says which keys each query row sees."""
     s = tl.dot(q_c, tl.trans(kv_c), input_precision=PRECISION)
     s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
-    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+    s = tl.where(valid, s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -124,7 +131,7 @@ def _mla_decode_stage1(
     KV_C_DESC,
     K_PE_DESC,
     BLOCK_TABLE,
-    TOK_REQ,
+    QSL,
     TOK_KV_LEN,
     MID_O,
     MID_LSE,
@@ -132,6 +139,7 @@ def _mla_decode_stage1(
     sm_scale,
     num_heads,
     num_splits,
+    token_chunks,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -148,6 +156,7 @@ def _mla_decode_stage1(
     BLOCK_DV: tl.constexpr,
     BLOCK_DPE: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -155,48 +164,62 @@ def _mla_decode_stage1(
 ):
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
-    t = tl.program_id(2)
-    req = tl.load(TOK_REQ + t)
-    if req < 0:
+    pid_r = tl.program_id(2)
+    r = pid_r // token_chunks
+    q_start = tl.load(QSL + r)
+    q_len = tl.load(QSL + r + 1) - q_start
+    first = (pid_r % token_chunks) * TOKENS
+    if first >= q_len:
         return
-    kv_len = tl.load(TOK_KV_LEN + t)
+    # query rows: TOKENS tokens of request r times BLOCK_H heads
+    offs_m = tl.arange(0, TOKENS * BLOCK_H)
+    tok = first + offs_m // BLOCK_H
+    head = pid_h * BLOCK_H + offs_m % BLOCK_H
+    mask_m = (tok < q_len) & (head < num_heads)
+    t = (q_start + tok).to(tl.int64)
+    row_len = tl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
+    kv_len = tl.max(row_len, 0)
     per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, kv_len)
 
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < num_heads
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_pe = tl.arange(0, BLOCK_DPE)
     mask_dv = offs_dv < LORA
     mask_pe = offs_pe < ROPE
-    q_row = Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
-    q_c = tl.load(q_row + offs_dv[None, :], mask=mask_h[:, None] & mask_dv[None, :], other=0.0)
+    q_row = Q + t[:, None] * stride_qt + head[:, None] * stride_qh
+    q_c = tl.load(q_row + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
     q_pe = tl.load(
-        q_row + LORA + offs_pe[None, :], mask=mask_h[:, None] & mask_pe[None, :], other=0.0
+        q_row + LORA + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0
     )
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
     if IS_FP8:
         kv_scale = tl.load(KV_SCALE)
+        qk_scale = qk_scale * kv_scale  # the tiles are widened unscaled
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
-    bt_row = BLOCK_TABLE + req.to(tl.int64) * stride_bt
+    # a finite start for the running max: a row that sees no key of a tile (a causal
+    # row's last tile) keeps alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN
+    m_i = tl.full([TOKENS * BLOCK_H], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([TOKENS * BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([TOKENS * BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    bt_row = BLOCK_TABLE + r.to(tl.int64) * stride_bt
     tail = start
     if TMA:
         # Whole tiles through TMA: a tile never crosses a page (BLOCK_N divides PAGE,
         # tiles start at multiples of BLOCK_N), so its rows are one box of the cache
         # viewed as [blocks * PAGE, LORA + ROPE]. Only the last, partial tile needs masks.
         tail = start + (end - start) // BLOCK_N * BLOCK_N
-        every = tl.full([BLOCK_N], 1, tl.int1)
         for n in range(start, tail, BLOCK_N):
             page = tl.load(bt_row + n // PAGE)
             row0 = page * PAGE + n % PAGE
             kv_c = KV_C_DESC.load([row0, 0])
             k_pe = K_PE_DESC.load([row0, 0])
+            if IS_FP8:
+                kv_c = kv_c.to(q_c.dtype)
+                k_pe = k_pe.to(q_c.dtype)
+            valid = (n + tl.arange(0, BLOCK_N))[None, :] < row_len[:, None]
             m_i, l_i, acc = _mla_tile(
-                q_c, q_pe, kv_c, k_pe, every, m_i, l_i, acc, qk_scale, PRECISION
+                q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION
             )
     for n in range(tail, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
@@ -212,17 +235,20 @@ def _mla_decode_stage1(
             other=0.0,
         )
         if IS_FP8:
-            kv_c = (kv_c.to(tl.float32) * kv_scale).to(q_c.dtype)
-            k_pe = (k_pe.to(tl.float32) * kv_scale).to(q_c.dtype)
-        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION)
+            kv_c = kv_c.to(q_c.dtype)
+            k_pe = k_pe.to(q_c.dtype)
+        valid = pos[None, :] < row_len[:, None]
+        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if IS_FP8:
+        out = out * kv_scale
     lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    mid = MID_O + t.to(tl.int64) * stride_mt + offs_h[:, None] * stride_mh + split * stride_ms
+    mid = MID_O + t[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
-    tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
+    tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
+    tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
 
 
 @triton.jit
@@ -245,30 +271,37 @@ def _mla_decode_stage2(
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
+    """Merge one (token, head)'s splits by their lse, BLOCK_S splits at a time."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
         return
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < num_splits
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < LORA
-    lse = tl.load(
-        MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh + offs_s,
-        mask=mask_s,
-        other=float("-inf"),
-    )
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m_safe)
-    denom = tl.sum(w, 0)
+    lse_row = MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh
     mid = MID_O + t.to(tl.int64) * stride_mt + h * stride_mh
-    parts = tl.load(
-        mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
-        mask=mask_s[:, None] & mask_dv[None, :],
-        other=0.0,
-    )
-    out = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+    m_vec = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        part = tl.load(lse_row + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+        m_vec = tl.maximum(m_vec, part)
+    m = tl.max(m_vec, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    w_sum = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        mask_s = offs_s < num_splits
+        w = tl.exp(tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf")) - m_safe)
+        parts = tl.load(
+            mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
+            mask=mask_s[:, None] & mask_dv[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * parts, 0)
+        w_sum += w
+    denom = tl.sum(w_sum, 0)
+    out = acc / tl.where(denom > 0, denom, 1.0)
     tl.store(
         OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
         out.to(OUT.dtype.element_ty),
@@ -280,14 +313,38 @@ def _mla_decode_stage2(
     )
 
 
+MAX_SPLITS = 256  # KV splits per request; stage 2 merges them BLOCK_S at a time
+MERGE_BLOCK_S = 16
+
+CONFIG_KEYS = ("BLOCK_H", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "per_sm")
+
+
 def default_config(num_heads: int) -> dict:
-    """Launch parameters. 64 heads per program, 64 keys per step, 8 warps was the
-    fastest of the H200 sweeps at 128 heads on every shape timed (docs/benchmarks.md).
-    `tma`: load whole tiles through TMA tensor descriptors - True requires it, False
-    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA."""
+    """Launch parameters per head count. `BLOCK_H`: heads per program; `BLOCK_M`: query
+    rows per program (heads x packed tokens of one request); `per_sm`: programs the split
+    rule assumes run at once on one SM. 64 heads, 64 keys per step, 8 warps was the
+    fastest of the H200 sweeps at 128 heads (docs/benchmarks.md). `tma`: load whole
+    tiles through TMA tensor descriptors - True requires it, False never, None (the
+    default) whenever the cache allows it on a CUDA GPU with TMA."""
     if num_heads <= 16:
-        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "tma": None}
-    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "tma": None}
+        return {
+            "BLOCK_H": 16,
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "num_warps": 4,
+            "num_stages": 3,
+            "tma": None,
+            "per_sm": 1,
+        }
+    return {
+        "BLOCK_H": 64,
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "num_warps": 8,
+        "num_stages": 2,
+        "tma": None,
+        "per_sm": 1,
+    }
 
 
 def _config(num_heads: int, config: dict | None) -> dict:
@@ -301,7 +358,60 @@ def _config(num_heads: int, config: dict | None) -> dict:
     return cfg
 
 
-TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp8 rows need a dequantize
+@dataclass(frozen=True)
+class TritonMLALaunch:
+    """The Triton decode's launch for one step, the same for every layer: grid
+    (head_groups, num_splits, num_reqs * token_chunks), `tokens` query tokens of a
+    request per program."""
+
+    block_h: int
+    tokens: int
+    token_chunks: int
+    head_groups: int
+    num_splits: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool | None
+
+
+def plan_launch(
+    num_reqs: int,
+    max_query_len: int,
+    num_heads: int,
+    context: int,
+    device: torch.device,
+    config: dict | None = None,
+    num_splits: int | None = None,
+) -> TritonMLALaunch:
+    """Host-only launch planning from the step's sizes (no device reads): heads and
+    tokens packed per program, and the split count for `context` keys per request."""
+    cfg = _config(num_heads, config)
+    block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
+    q_max = max(1, max_query_len)
+    tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
+    token_chunks = cdiv(q_max, tokens)
+    head_groups = cdiv(num_heads, block_h)
+    if num_splits is None:
+        programs = max(1, num_reqs * token_chunks * head_groups)
+        tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
+        num_splits = best_num_splits(programs, tiles, device_sm_count(device) * cfg["per_sm"])
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits} must lie in [1, {MAX_SPLITS}]")
+    return TritonMLALaunch(
+        block_h=block_h,
+        tokens=tokens,
+        token_chunks=token_chunks,
+        head_groups=head_groups,
+        num_splits=num_splits,
+        block_n=cfg["BLOCK_N"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+        tma=cfg["tma"],
+    )
+
+
+TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32) + FP8_DTYPES
 
 
 def _tma_problems(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int) -> list[str]:
@@ -351,38 +461,20 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
     )
 
 
-def _block_h(num_heads: int, cfg: dict) -> int:
-    return max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
-
-
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
 # key tiles; fitted to the H200 split sweep in docs/benchmarks.md.
 SPLIT_OVERHEAD_TILES = 3
 
 
-def decode_num_splits(num_tokens, num_heads, max_seq_len, device, config=None) -> int:
-    """The KV splits per query token that `mla_decode_triton` picks when not told."""
-    cfg = _config(num_heads, config)
-    head_groups = cdiv(num_heads, _block_h(num_heads, cfg))
-    return _num_splits(num_tokens * head_groups, max_seq_len, cfg, device)
-
-
-def _num_splits(programs: int, max_seq_len: int, cfg: dict, device) -> int:
-    """`best_num_splits` for `programs` (tokens x head groups) under a resolved config."""
-    tiles = max(1, cdiv(max_seq_len, cfg["BLOCK_N"]))
-    return best_num_splits(max(1, programs), tiles, device_sm_count(device))
-
-
 @functools.lru_cache(maxsize=4096)
-def best_num_splits(programs: int, tiles: int, num_sms: int) -> int:
+def best_num_splits(programs: int, tiles: int, slots: int) -> int:
     """The split count with the least waves x (tiles per split + fixed cost), fewer splits
-    on ties. A 64-head program fills an SM's shared memory, so a wave is `num_sms`
-    programs: a count that leaves the last wave mostly empty loses to one that does not
-    (the MHA rule, which aims at two waves, picked 5 splits at batch 32 where 2 run
-    1.3x faster)."""
+    on ties; a wave is `slots` programs (SMs x programs resident per SM). A count that
+    leaves the last wave mostly empty loses to one that does not (the MHA rule, which
+    aims at two waves, picked 5 splits at batch 32 where 2 run 1.3x faster)."""
 
     def cost(splits: int) -> int:
-        return cdiv(programs * splits, num_sms) * (cdiv(tiles, splits) + SPLIT_OVERHEAD_TILES)
+        return cdiv(programs * splits, slots) * (cdiv(tiles, splits) + SPLIT_OVERHEAD_TILES)
 
     return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
 
@@ -399,10 +491,12 @@ def mla_decode_triton(
     token_kv_lens=None,
     num_splits: int | None = None,
     config: dict | None = None,
-    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None,
+    plan=None,
 ) -> torch.Tensor:
     """Split-KV MLA decode; see `mla_reference.mla_decode_reference` for the semantics.
-    `token_plan` is `mla_token_plan`'s result when the caller built it once per step."""
+    `plan` is `mla_plan.plan_mla_decode`'s result when the caller (the metadata builder)
+    built it once per step; without it the plan is built here from `token_kv_lens`,
+    `num_splits` and `config`, which a plan already fixes."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, width = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
@@ -411,42 +505,54 @@ def mla_decode_triton(
     fp8 = is_fp8(kv_cache.dtype)
     if fp8 and kv_scale is None:
         raise ValueError("an fp8 MLA cache needs kv_scale")
+    if plan is None:
+        plan = plan_mla_decode(
+            meta,
+            T,
+            H,
+            kernel_impl="triton",
+            token_kv_lens=token_kv_lens,
+            config=config,
+            num_splits=num_splits,
+        )
+    elif config is not None or num_splits is not None or token_kv_lens is not None:
+        raise ValueError(
+            "config, num_splits and token_kv_lens go to plan_mla_decode; a plan already fixes them"
+        )
+    launch = plan.launch
+    if not isinstance(launch, TritonMLALaunch):
+        raise ValueError(f"the plan carries no Triton launch (kernel path {plan.kernel_impl!r})")
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if token_plan is None:
-        token_plan = mla_token_plan(meta, T, token_kv_lens)
-    req, kv_len = token_plan
+    req, kv_len = plan.token_req, plan.token_kv_len
     T = min(T, req.shape[0])  # tokens past the plan stay untouched
-    cfg = _config(H, config)
-    block_h = _block_h(H, cfg)
-    head_groups = cdiv(H, block_h)
-    if num_splits is None:
-        num_splits = _num_splits(T * head_groups, meta.max_seq_len, cfg, q.device)
+    splits = launch.num_splits
     rope = width - kv_lora_rank
-    if num_splits == 1:  # stage 1 writes the result itself: no partials, no merge
+    if splits == 1:  # stage 1 writes the result itself: no partials, no merge
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
-        mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+        mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q.device)
     block_table = meta.block_table
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    tma = _use_tma(cfg["tma"], kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
+    tma = _use_tma(launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n)
     descs = (kv_cache, kv_cache)  # unused without tma
     if tma:
-        descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
-    _mla_decode_stage1[(head_groups, num_splits, T)](
+        descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, launch.block_n)
+    _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
         q,
         kv_cache,
         *descs,
         block_table,
-        req,
+        meta.query_start_loc,
         kv_len,
         mid_o,
         mid_lse,
         kv_scale if fp8 else q,
         float(scale),
         H,
-        num_splits,
+        splits,
+        launch.token_chunks,
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),
@@ -462,15 +568,16 @@ def mla_decode_triton(
         ROPE=rope,
         BLOCK_DV=next_power_of_2(kv_lora_rank),
         BLOCK_DPE=max(16, next_power_of_2(rope)),
-        BLOCK_H=block_h,
-        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_H=launch.block_h,
+        TOKENS=launch.tokens,
+        BLOCK_N=launch.block_n,
         IS_FP8=fp8,
         PRECISION=precision,
         TMA=tma,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
-    if num_splits == 1:
+    if splits == 1:
         return lse
     _mla_decode_stage2[(H, T)](
         mid_o,
@@ -478,7 +585,7 @@ def mla_decode_triton(
         req,
         output,
         lse,
-        num_splits,
+        splits,
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -489,6 +596,6 @@ def mla_decode_triton(
         lse.stride(0),
         LORA=kv_lora_rank,
         BLOCK_DV=next_power_of_2(kv_lora_rank),
-        BLOCK_S=max(2, next_power_of_2(num_splits)),
+        BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
     )
     return lse
