@@ -110,6 +110,8 @@ def test_token_plan_causal_rows_and_padding():
         # whole tiles through TMA descriptors, the partial last tile of a split masked
         (SINGLE, 16, 3, {"tma": True, "BLOCK_N": 16}),
         (MULTI, 20, 1, {"tma": True, "BLOCK_N": 16}),
+        (SINGLE, 16, 70, {"BLOCK_N": 16}),  # most splits empty; the merge takes 2 chunks
+        ([(1, 4000), (2, 90)], 16, 100, {"BLOCK_N": 16}),  # 84 non-empty splits
     ],
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
@@ -343,6 +345,7 @@ def test_gpu_triton_fp8_cache_and_write():
         ({"tma": True, "BLOCK_N": 16}, torch.bfloat16, 4, "16-byte aligned"),
         ({"tma": "yes"}, torch.float32, 8, "tma must be None, True or False, got 'yes'"),
         ({"BLOCK_K": 16}, torch.float32, 8, r"unknown MLA decode config keys \['BLOCK_K'\]"),
+        ({"fp8_math": "fp32"}, torch.float32, 8, "fp8_math must be 'fp16' or 'bf16', got 'fp32'"),
     ],
 )
 def test_triton_decode_config_errors(cfg, cache_dtype, col_offset, match):
@@ -378,7 +381,7 @@ def test_gpu_tma_chosen_where_the_cache_allows():
         (64, 64, 2),  # batch 32 x 4K on 132 SMs: one full wave, the sweep's fastest
         (64, 512, 2),  # batch 32 x 32K
         (256, 64, 1),  # batch 128 x 4K: two waves already
-        (2, 64, 64),  # batch 1 x 4K: as many splits as there are key tiles
+        (2, 64, 64),  # batch 1 x 4K: as many splits as there are key tiles (capped: 64)
         (2, 512, 64),  # batch 1 x 32K: 128 programs, one wave
         (1, 512, 128),  # one head group at batch 1 x 32K
         (4096, 8, 1),
@@ -387,6 +390,15 @@ def test_gpu_tma_chosen_where_the_cache_allows():
 )
 def test_split_count_fills_whole_waves(programs, tiles, want):
     assert triton_mla.best_num_splits(programs, tiles, 132) == want
+
+
+def test_split_count_keeps_64_keys_per_split():
+    """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
+    not the 128 the wave rule alone would take."""
+    assert triton_mla.best_num_splits(1, 128, 264) == 128
+    assert triton_mla.best_num_splits(1, 128, 264, most=64) == 64
+    launch = triton_mla.plan_launch(1, 1, 16, 4096, torch.device("cpu"))
+    assert launch.num_splits <= 4096 // triton_mla.MIN_KEYS_PER_SPLIT
 
 
 @pytest.mark.gpu
@@ -455,6 +467,26 @@ def test_gpu_decode_edges(heads, cache, block_size):
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
         torch.testing.assert_close(out, want_out, **tol)
         torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_fp8_bf16_math(heads):
+    """The fp8 cache widened to bf16 instead of fp16 (config fp8_math='bf16')."""
+    b = make_mla_batch(
+        EDGE_REQS,
+        heads=heads,
+        block_size=64,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0],
+        device="cuda",
+        pad_rows=2,
+        nan_unused=True,
+        col_offset=16,
+    )
+    want_out, _ = _run(mla_decode_reference, b, 512)
+    out, _ = _run(mla_decode_triton, b, 512, config={"fp8_math": "bf16"})
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
 
 
 @pytest.mark.gpu

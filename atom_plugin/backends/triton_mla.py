@@ -159,6 +159,7 @@ def _mla_decode_stage1(
     TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr,
+    FP16_MATH: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
@@ -196,6 +197,11 @@ def _mla_decode_stage1(
     if IS_FP8:
         kv_scale = tl.load(KV_SCALE)
         qk_scale = qk_scale * kv_scale  # the tiles are widened unscaled
+        if FP16_MATH:
+            # e4m3 -> fp16 is one instruction per pair (-> bf16 is several); the query
+            # is clamped to fp16's range, the matmuls accumulate in fp32 as before
+            q_c = tl.clamp(q_c.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            q_pe = tl.clamp(q_pe.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     # a finite start for the running max: a row that sees no key of a tile (a causal
     # row's last tile) keeps alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN
@@ -209,6 +215,7 @@ def _mla_decode_stage1(
         # tiles start at multiples of BLOCK_N), so its rows are one box of the cache
         # viewed as [blocks * PAGE, LORA + ROPE]. Only the last, partial tile needs masks.
         tail = start + (end - start) // BLOCK_N * BLOCK_N
+        every = tl.full([1, BLOCK_N], 1, tl.int1)  # one token per program: whole tiles
         for n in range(start, tail, BLOCK_N):
             page = tl.load(bt_row + n // PAGE)
             row0 = page * PAGE + n % PAGE
@@ -217,7 +224,10 @@ def _mla_decode_stage1(
             if IS_FP8:
                 kv_c = kv_c.to(q_c.dtype)
                 k_pe = k_pe.to(q_c.dtype)
-            valid = (n + tl.arange(0, BLOCK_N))[None, :] < row_len[:, None]
+            if TOKENS == 1:
+                valid = every
+            else:
+                valid = (n + tl.arange(0, BLOCK_N))[None, :] < row_len[:, None]
             m_i, l_i, acc = _mla_tile(
                 q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION
             )
@@ -237,7 +247,10 @@ def _mla_decode_stage1(
         if IS_FP8:
             kv_c = kv_c.to(q_c.dtype)
             k_pe = k_pe.to(q_c.dtype)
-        valid = pos[None, :] < row_len[:, None]
+        if TOKENS == 1:
+            valid = mask_n[None, :]
+        else:
+            valid = pos[None, :] < row_len[:, None]
         m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
 
     has = l_i > 0
@@ -271,70 +284,74 @@ def _mla_decode_stage2(
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    """Merge one (token, head)'s splits by their lse, BLOCK_S splits at a time."""
+    """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse, BLOCK_S
+    splits at a time with a running max (one pass when they all fit)."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
         return
-    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < LORA
     lse_row = MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh
     mid = MID_O + t.to(tl.int64) * stride_mt + h * stride_mh
-    m_vec = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        part = tl.load(lse_row + offs_s, mask=offs_s < num_splits, other=float("-inf"))
-        m_vec = tl.maximum(m_vec, part)
-    m = tl.max(m_vec, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
+    denom = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    w_sum = tl.zeros([BLOCK_S], dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         mask_s = offs_s < num_splits
-        w = tl.exp(tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf")) - m_safe)
+        lse = tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(lse - m_safe)
         parts = tl.load(
             mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
             mask=mask_s[:, None] & mask_dv[None, :],
             other=0.0,
         )
-        acc += tl.sum(w[:, None] * parts, 0)
-        w_sum += w
-    denom = tl.sum(w_sum, 0)
+        acc = acc * rescale + tl.sum(w[:, None] * parts, 0)
+        denom = denom * rescale + tl.sum(w, 0)
+        m = m_new
     out = acc / tl.where(denom > 0, denom, 1.0)
     tl.store(
         OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
         out.to(OUT.dtype.element_ty),
         mask=mask_dv,
     )
-    tl.store(
-        LSE + t.to(tl.int64) * stride_st + h,
-        tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
-    )
+    if tl.program_id(2) == 0:
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(
+            LSE + t.to(tl.int64) * stride_st + h,
+            tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
+        )
 
 
-MAX_SPLITS = 256  # KV splits per request; stage 2 merges them BLOCK_S at a time
-MERGE_BLOCK_S = 16
-
-CONFIG_KEYS = ("BLOCK_H", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "per_sm")
+MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
+MERGE_BLOCK_S = 64
+MERGE_BLOCK_DV = 128  # output columns per merge program when (tokens x heads) is small
+MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 
 
 def default_config(num_heads: int) -> dict:
     """Launch parameters per head count. `BLOCK_H`: heads per program; `BLOCK_M`: query
     rows per program (heads x packed tokens of one request); `per_sm`: programs the split
-    rule assumes run at once on one SM. 64 heads, 64 keys per step, 8 warps was the
-    fastest of the H200 sweeps at 128 heads (docs/benchmarks.md). `tma`: load whole
-    tiles through TMA tensor descriptors - True requires it, False never, None (the
-    default) whenever the cache allows it on a CUDA GPU with TMA."""
+    rule assumes run at once on one SM; `fp8_math`: the matmul dtype for an fp8 cache
+    ("fp16": e4m3 widens in one instruction per pair; "bf16"). At 16 heads, 32-key tiles
+    three stages deep, two programs per SM, were the fastest of the H200 sweep
+    (docs/benchmarks.md); at 64 and 128 heads, 64 heads x 64 keys per step on 8 warps.
+    `tma`: load whole tiles through TMA tensor descriptors - True requires it, False
+    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA."""
     if num_heads <= 16:
         return {
             "BLOCK_H": 16,
             "BLOCK_M": 64,
-            "BLOCK_N": 64,
+            "BLOCK_N": 32,
             "num_warps": 4,
             "num_stages": 3,
             "tma": None,
-            "per_sm": 1,
+            "per_sm": 2,
+            "fp8_math": "fp16",
         }
     return {
         "BLOCK_H": 64,
@@ -344,6 +361,7 @@ def default_config(num_heads: int) -> dict:
         "num_stages": 2,
         "tma": None,
         "per_sm": 1,
+        "fp8_math": "fp16",
     }
 
 
@@ -355,6 +373,8 @@ def _config(num_heads: int, config: dict | None) -> dict:
     cfg.update(config or {})
     if cfg["tma"] not in (None, True, False):
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
+    if cfg["fp8_math"] not in ("fp16", "bf16"):
+        raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
     return cfg
 
 
@@ -373,6 +393,7 @@ class TritonMLALaunch:
     num_warps: int
     num_stages: int
     tma: bool | None
+    fp16_math: bool  # for an fp8 cache
 
 
 def plan_launch(
@@ -395,7 +416,9 @@ def plan_launch(
     if num_splits is None:
         programs = max(1, num_reqs * token_chunks * head_groups)
         tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
-        num_splits = best_num_splits(programs, tiles, device_sm_count(device) * cfg["per_sm"])
+        slots = device_sm_count(device) * cfg["per_sm"]
+        most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
+        num_splits = best_num_splits(programs, tiles, slots, most)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits={num_splits} must lie in [1, {MAX_SPLITS}]")
     return TritonMLALaunch(
@@ -408,6 +431,7 @@ def plan_launch(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         tma=cfg["tma"],
+        fp16_math=cfg["fp8_math"] == "fp16",
     )
 
 
@@ -467,16 +491,17 @@ SPLIT_OVERHEAD_TILES = 3
 
 
 @functools.lru_cache(maxsize=4096)
-def best_num_splits(programs: int, tiles: int, slots: int) -> int:
+def best_num_splits(programs: int, tiles: int, slots: int, most: int = MAX_SPLITS) -> int:
     """The split count with the least waves x (tiles per split + fixed cost), fewer splits
-    on ties; a wave is `slots` programs (SMs x programs resident per SM). A count that
+    on ties, at most `most` (and at most `tiles`); a wave is `slots` programs (SMs x
+    programs resident per SM). A count that
     leaves the last wave mostly empty loses to one that does not (the MHA rule, which
     aims at two waves, picked 5 splits at batch 32 where 2 run 1.3x faster)."""
 
     def cost(splits: int) -> int:
         return cdiv(programs * splits, slots) * (cdiv(tiles, splits) + SPLIT_OVERHEAD_TILES)
 
-    return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
+    return min(range(1, max(1, min(tiles, most)) + 1), key=cost)
 
 
 def mla_decode_triton(
@@ -572,6 +597,7 @@ def mla_decode_triton(
         TOKENS=launch.tokens,
         BLOCK_N=launch.block_n,
         IS_FP8=fp8,
+        FP16_MATH=launch.fp16_math,
         PRECISION=precision,
         TMA=tma,
         num_warps=launch.num_warps,
@@ -579,7 +605,9 @@ def mla_decode_triton(
     )
     if splits == 1:
         return lse
-    _mla_decode_stage2[(H, T)](
+    dv = next_power_of_2(kv_lora_rank)
+    block_dv = dv if T * H >= device_sm_count(q.device) else min(dv, MERGE_BLOCK_DV)
+    _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
         mid_lse,
         req,
@@ -595,7 +623,7 @@ def mla_decode_triton(
         output.stride(1),
         lse.stride(0),
         LORA=kv_lora_rank,
-        BLOCK_DV=next_power_of_2(kv_lora_rank),
+        BLOCK_DV=block_dv,
         BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
     )
     return lse
