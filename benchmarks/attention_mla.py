@@ -45,15 +45,11 @@ FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
 # split count and at SWEEP_SPLITS (none by default: the split sweep behind the rule is in
 # docs/benchmarks.md), on SWEEP_SHAPES.
 SWEEP_CONFIGS = {
-    16: [{}, {"num_warps": 8}, {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}, {"fp8_math": "bf16"}],
-    64: [{}, {"fp8_math": "bf16"}],
-    128: [{}, {"fp8_math": "bf16"}],
+    16: [{}, {"num_stages": 2}, {"fp8_math": "bf16"}],
+    64: [{}, {"tma": None}, {"tma": None, "fp8_math": "fp16"}],
+    128: [{}, {"tma": None}],
 }
-SWEEP_SHAPES = {
-    16: ((1, 4096, 1), (32, 4096, 1), (128, 4096, 1)),
-    64: ((32, 4096, 1),),
-    128: ((32, 4096, 1),),
-}
+SWEEP_SHAPES = {16: ((1, 4096, 1),), 64: ((32, 4096, 1),), 128: ((32, 4096, 1),)}
 SWEEP_SPLITS: dict[int, tuple[int, ...]] = {}
 
 
@@ -125,6 +121,7 @@ class Shape:
             self.q.shape[0],
             self.heads,
             kernel_impl="triton",
+            kv_dtype=self.kv.dtype,
             config=config,
             num_splits=num_splits,
         )
@@ -361,6 +358,10 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", help="source file of the replaced kernel, timed beside")
@@ -368,7 +369,14 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", help="write the table as markdown here")
     p.add_argument("--sweep", action="store_true", help="time SWEEP_CONFIGS x splits too")
     p.add_argument("--heads", default=",".join(map(str, HEADS)), help="comma-separated")
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated")
+    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated")
+    p.add_argument("--caches", default=",".join(CACHES), help="comma-separated: bf16, fp8")
+    p.add_argument("--no-spec", action="store_true", help="leave out the SPEC_SHAPES rows")
     args = p.parse_args(argv)
+    bad = sorted(set(args.caches.split(",")) - set(CACHES))
+    if bad:
+        p.error(f"unknown caches {bad}; choose from {', '.join(CACHES)}")
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -383,9 +391,16 @@ def main(argv=None) -> int:
     if args.sweep:
         result["sweep"] = sweep(copy_gbps, flush)
     old = load_baseline(args.baseline) if args.baseline else None
-    heads = tuple(int(h) for h in args.heads.split(","))
     rows = run_mla_benchmarks(
-        heads, copy_gbps=copy_gbps, matmul_rate=matmul_rate, flush=flush, old=old
+        _ints(args.heads),
+        _ints(args.batches),
+        _ints(args.contexts),
+        tuple(args.caches.split(",")),
+        () if args.no_spec else SPEC_SHAPES,
+        copy_gbps=copy_gbps,
+        matmul_rate=matmul_rate,
+        flush=flush,
+        old=old,
     )
     result["rows"] = rows
     table = format_table(rows)

@@ -458,10 +458,18 @@ def test_gpu_decode_edges(heads, cache, block_size):
     want_out, want_lse = _run(mla_decode_reference, b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):
-        plan = plan_mla_decode(b.meta, b.q.shape[0], heads, kernel_impl="triton", num_splits=splits)
+        plan = plan_mla_decode(
+            b.meta,
+            b.q.shape[0],
+            heads,
+            kernel_impl="triton",
+            kv_dtype=b.kv_cache.dtype,
+            num_splits=splits,
+        )
         assert plan.launch.tokens == (2 if heads == 16 else 1)  # 16 heads pack both tokens
-        tma = triton_mla._use_tma(None, b.kv_cache, 512, 64, plan.launch.block_n)
-        assert tma is (block_size % plan.launch.block_n == 0)
+        tma = triton_mla._use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
+        fp8_pointer_loads = cache == "fp8" and heads > 16  # the default there
+        assert tma is (block_size % plan.launch.block_n == 0 and not fp8_pointer_loads)
         out, lse = _run(mla_decode_triton, b, 512, plan=plan)
         T = b.meta.num_actual_tokens
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
@@ -472,7 +480,8 @@ def test_gpu_decode_edges(heads, cache, block_size):
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 128])
 def test_gpu_fp8_bf16_math(heads):
-    """The fp8 cache widened to bf16 instead of fp16 (config fp8_math='bf16')."""
+    """fp8 tiles through TMA widened to bf16 (the default takes fp16 at 16 heads and
+    pointer loads above)."""
     b = make_mla_batch(
         EDGE_REQS,
         heads=heads,
@@ -485,7 +494,7 @@ def test_gpu_fp8_bf16_math(heads):
         col_offset=16,
     )
     want_out, _ = _run(mla_decode_reference, b, 512)
-    out, _ = _run(mla_decode_triton, b, 512, config={"fp8_math": "bf16"})
+    out, _ = _run(mla_decode_triton, b, 512, config={"fp8_math": "bf16", "tma": None})
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
 
 
@@ -523,6 +532,7 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     T = b.q.shape[0]
     bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
     plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs)
+    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S  # the chunked, column-split merge
     assert plan.launch.num_splits > 1
     out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
 

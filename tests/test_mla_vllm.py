@@ -114,6 +114,7 @@ def _builder_without_vllm_config():
     b.kernel_impl, b.dcp_world_size, b.dcp_rank, b.cp_kv_cache_interleave_size = "torch", 1, 0, 1
     b._block_table = None
     b.num_heads, b._plan_buffers, b._capture_context = 4, None, None
+    b._kv_dtype = torch.bfloat16
     return b
 
 

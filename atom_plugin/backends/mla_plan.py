@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_plugin.backends.checks import FP8_DTYPES
+
 
 def mla_token_plan(
     meta, num_tokens: int, token_kv_lens: torch.Tensor | None = None
@@ -90,6 +92,7 @@ def plan_mla_decode(
     kernel_impl: str,
     token_kv_lens: torch.Tensor | None = None,
     context: int | None = None,
+    kv_dtype: torch.dtype | None = None,
     config: dict | None = None,
     num_splits: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -97,8 +100,9 @@ def plan_mla_decode(
     """Plan a decode step once, on the host, with no device reads: the token plan and,
     for the Triton kernels, the launch. `context` is the key count the split rule plans
     for (default `meta.max_seq_len`; a CUDA-graph capture passes the longest context the
-    graph may replay). `out` holds persistent buffers the token plan is copied into, so
-    a captured graph reads each step's plan at the same addresses."""
+    graph may replay). `kv_dtype` is the cache's (the Triton launch differs for fp8).
+    `out` holds persistent buffers the token plan is copied into, so a captured graph
+    reads each step's plan at the same addresses."""
     req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens)
     if out is not None:
         n = req.shape[0]
@@ -117,6 +121,7 @@ def plan_mla_decode(
             num_heads,
             meta.max_seq_len if context is None else context,
             meta.query_start_loc.device,
+            fp8_cache=kv_dtype in FP8_DTYPES,
             config=config,
             num_splits=num_splits,
         )

@@ -283,9 +283,10 @@ def _mla_decode_stage2(
     LORA: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
 ):
-    """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse, BLOCK_S
-    splits at a time with a running max (one pass when they all fit)."""
+    """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse: all at
+    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
@@ -294,6 +295,30 @@ def _mla_decode_stage2(
     mask_dv = offs_dv < LORA
     lse_row = MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh
     mid = MID_O + t.to(tl.int64) * stride_mt + h * stride_mh
+    if ONE_CHUNK:
+        offs_s = tl.arange(0, BLOCK_S)
+        mask_s = offs_s < num_splits
+        lse = tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf"))
+        m = tl.max(lse, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp(lse - m_safe)
+        denom = tl.sum(w, 0)
+        parts = tl.load(
+            mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
+            mask=mask_s[:, None] & mask_dv[None, :],
+            other=0.0,
+        )
+        out = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+        tl.store(
+            OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
+            out.to(OUT.dtype.element_ty),
+            mask=mask_dv,
+        )
+        tl.store(
+            LSE + t.to(tl.int64) * stride_st + h,
+            tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
+        )
+        return
     m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
     denom = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
@@ -329,19 +354,21 @@ def _mla_decode_stage2(
 
 MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
 MERGE_BLOCK_S = 64
-MERGE_BLOCK_DV = 128  # output columns per merge program when (tokens x heads) is small
+MERGE_BLOCK_DV = 128  # output columns per merge program: many splits, few tokens x heads
 MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 
 
-def default_config(num_heads: int) -> dict:
-    """Launch parameters per head count. `BLOCK_H`: heads per program; `BLOCK_M`: query
-    rows per program (heads x packed tokens of one request); `per_sm`: programs the split
-    rule assumes run at once on one SM; `fp8_math`: the matmul dtype for an fp8 cache
-    ("fp16": e4m3 widens in one instruction per pair; "bf16"). At 16 heads, 32-key tiles
-    three stages deep, two programs per SM, were the fastest of the H200 sweep
-    (docs/benchmarks.md); at 64 and 128 heads, 64 heads x 64 keys per step on 8 warps.
-    `tma`: load whole tiles through TMA tensor descriptors - True requires it, False
-    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA."""
+def default_config(num_heads: int, fp8_cache: bool = False) -> dict:
+    """Launch parameters per head count and cache kind. `BLOCK_H`: heads per program;
+    `BLOCK_M`: query rows per program (heads x packed tokens of one request); `per_sm`:
+    programs the split rule assumes run at once on one SM; `fp8_math`: the matmul dtype
+    for an fp8 cache ("fp16": e4m3 widens in one instruction per pair; "bf16"). `tma`:
+    load whole tiles through TMA tensor descriptors - True requires it, False never,
+    None whenever the cache allows it on a CUDA GPU with TMA. The choices are the H200
+    sweeps' fastest (docs/benchmarks.md): at 16 heads 32-key tiles three stages deep, two
+    programs per SM, fp8 through TMA widened to fp16; at 64 and 128 heads 64 heads x 64
+    keys per step on 8 warps, fp8 through pointer loads widened to bf16 (fp16 and TMA
+    tiles were slower there)."""
     if num_heads <= 16:
         return {
             "BLOCK_H": 16,
@@ -359,14 +386,14 @@ def default_config(num_heads: int) -> dict:
         "BLOCK_N": 64,
         "num_warps": 8,
         "num_stages": 2,
-        "tma": None,
+        "tma": False if fp8_cache else None,
         "per_sm": 1,
-        "fp8_math": "fp16",
+        "fp8_math": "bf16",
     }
 
 
-def _config(num_heads: int, config: dict | None) -> dict:
-    cfg = default_config(num_heads)
+def _config(num_heads: int, fp8_cache: bool, config: dict | None) -> dict:
+    cfg = default_config(num_heads, fp8_cache)
     unknown = sorted(set(config or {}) - set(cfg))
     if unknown:
         raise ValueError(f"unknown MLA decode config keys {unknown}; valid keys: {sorted(cfg)}")
@@ -393,6 +420,7 @@ class TritonMLALaunch:
     num_warps: int
     num_stages: int
     tma: bool | None
+    fp8_cache: bool  # the cache kind the launch was planned for
     fp16_math: bool  # for an fp8 cache
 
 
@@ -402,12 +430,13 @@ def plan_launch(
     num_heads: int,
     context: int,
     device: torch.device,
+    fp8_cache: bool = False,
     config: dict | None = None,
     num_splits: int | None = None,
 ) -> TritonMLALaunch:
     """Host-only launch planning from the step's sizes (no device reads): heads and
     tokens packed per program, and the split count for `context` keys per request."""
-    cfg = _config(num_heads, config)
+    cfg = _config(num_heads, fp8_cache, config)
     block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
     q_max = max(1, max_query_len)
     tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
@@ -431,6 +460,7 @@ def plan_launch(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         tma=cfg["tma"],
+        fp8_cache=fp8_cache,
         fp16_math=cfg["fp8_math"] == "fp16",
     )
 
@@ -537,6 +567,7 @@ def mla_decode_triton(
             H,
             kernel_impl="triton",
             token_kv_lens=token_kv_lens,
+            kv_dtype=kv_cache.dtype,
             config=config,
             num_splits=num_splits,
         )
@@ -547,6 +578,11 @@ def mla_decode_triton(
     launch = plan.launch
     if not isinstance(launch, TritonMLALaunch):
         raise ValueError(f"the plan carries no Triton launch (kernel path {plan.kernel_impl!r})")
+    if launch.fp8_cache != fp8:
+        raise ValueError(
+            f"the plan was made for an {'fp8' if launch.fp8_cache else '16/32-bit'} cache, "
+            f"the cache is {kv_cache.dtype}"
+        )
     if q.stride(-1) != 1:
         q = q.contiguous()
     req, kv_len = plan.token_req, plan.token_kv_len
@@ -606,7 +642,9 @@ def mla_decode_triton(
     if splits == 1:
         return lse
     dv = next_power_of_2(kv_lora_rank)
-    block_dv = dv if T * H >= device_sm_count(q.device) else min(dv, MERGE_BLOCK_DV)
+    one_chunk = splits <= MERGE_BLOCK_S  # the merge as it was before 256 splits
+    few = T * H < device_sm_count(q.device)
+    block_dv = min(dv, MERGE_BLOCK_DV) if few and not one_chunk else dv
     _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
         mid_lse,
@@ -625,5 +663,6 @@ def mla_decode_triton(
         LORA=kv_lora_rank,
         BLOCK_DV=block_dv,
         BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
+        ONE_CHUNK=one_chunk,
     )
     return lse

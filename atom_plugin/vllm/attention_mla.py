@@ -169,6 +169,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 kernel_impl=self.kernel_impl,
                 token_kv_lens=token_kv_lens,
                 context=self._capture_context,
+                kv_dtype=self._kv_dtype,
                 out=self._plan_buffers[part] if self._plan_buffers else None,
             )
         return AtomMLADecodeMetadata(
