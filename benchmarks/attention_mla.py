@@ -41,13 +41,13 @@ PAGE = 64
 FP8_SCALE = 0.37  # a non-unit per-tensor scale
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
 
-# Alternatives to triton_mla.default_config (merged over it), each timed at the rule's
-# split count and at SWEEP_SPLITS (none by default: the split sweep behind the rule is in
-# docs/benchmarks.md), on SWEEP_SHAPES.
+# Alternatives to the default (triton_mla.plan_launch's choice; a config naming no kernel
+# tunes the packed one), each timed at the rule's split count and at SWEEP_SPLITS (none by
+# default: the split sweep behind the rule is in docs/benchmarks.md), on SWEEP_SHAPES.
 SWEEP_CONFIGS = {
-    16: [{}, {"num_stages": 2}, {"fp8_math": "bf16"}],
-    64: [{}, {"tma": None}, {"tma": None, "fp8_math": "fp16"}],
-    128: [{}, {"tma": None}],
+    16: [{}, {"kernel": "per_token"}, {"num_stages": 2}, {"fp8_math": "bf16"}],
+    64: [{}, {"kernel": "packed"}, {"kernel": "packed", "tma": None}],
+    128: [{}, {"kernel": "packed"}, {"kernel": "packed", "tma": None}],
 }
 SWEEP_SHAPES = {16: ((1, 4096, 1),), 64: ((32, 4096, 1),), 128: ((32, 4096, 1),)}
 SWEEP_SPLITS: dict[int, tuple[int, ...]] = {}
@@ -228,6 +228,7 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) 
         "batch": shape.batch,
         "context": shape.context,
         "q_len": shape.q_len,
+        "kernel": plan.launch.kernel,
         "num_splits": plan.launch.num_splits,
         "tokens_per_program": plan.launch.tokens,
         "us": us,
@@ -292,7 +293,7 @@ def _row_line(r: dict) -> str:
     return (
         f"H={r['heads']} {r['cache']} B={r['batch']} ctx={r['context']} q={r['q_len']}: "
         f"{r['us']:.1f} us, {100 * r['frac_copy']:.1f}% copy, {r['tflops']:.0f} TFLOP/s, "
-        f"{100 * r['frac_limit']:.1f}% limit, splits {r['num_splits']}{old}"
+        f"{100 * r['frac_limit']:.1f}% limit, {r['kernel']} x {r['num_splits']} splits{old}"
     )
 
 
@@ -341,9 +342,9 @@ def sweep(copy_gbps, flush, device="cuda") -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     lines = [
-        "| heads | cache | batch | context | q | us | old us | speedup | KV GB/s | of copy BW "
-        "| TFLOP/s | of matmul | of limit | SDPA us | target | met |",
-        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
+        "| heads | cache | batch | context | q | kernel | us | old us | speedup | KV GB/s "
+        "| of copy BW | TFLOP/s | of matmul | of limit | SDPA us | target | met |",
+        "|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
     ]
     for r in rows:
         old = f"{r['old_us']:.1f} | {r['speedup']:.2f}x" if "old_us" in r else "n/a | n/a"
@@ -351,8 +352,9 @@ def format_table(rows: list[dict]) -> str:
         met = {None: "", True: "met", False: "missed"}[r["met"]]
         lines.append(
             f"| {r['heads']} | {r['cache']} | {r['batch']} | {r['context']} | {r['q_len']} | "
-            f"{r['us']:.1f} | {old} | {r['kv_gbps']:.0f} | {100 * r['frac_copy']:.1f}% | "
-            f"{r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | {100 * r['frac_limit']:.1f}% | "
+            f"{r['kernel']} | {r['us']:.1f} | {old} | {r['kv_gbps']:.0f} | "
+            f"{100 * r['frac_copy']:.1f}% | {r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | "
+            f"{100 * r['frac_limit']:.1f}% | "
             f"{sdpa} | {r['target'] or ''} | {met} |"
         )
     return "\n".join(lines)

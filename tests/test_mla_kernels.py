@@ -111,6 +111,8 @@ def test_token_plan_causal_rows_and_padding():
         (SINGLE, 16, 3, {"tma": True, "BLOCK_N": 16}),
         (MULTI, 20, 1, {"tma": True, "BLOCK_N": 16}),
         (SINGLE, 16, 70, {"BLOCK_N": 16}),  # most splits empty; the merge takes 2 chunks
+        (MULTI, 16, 3, {"kernel": "per_token"}),  # the kernel from before packing
+        (SINGLE, 20, 2, {"kernel": "per_token", "tma": True, "BLOCK_N": 16}),
         ([(1, 4000), (2, 90)], 16, 100, {"BLOCK_N": 16}),  # 84 non-empty splits
     ],
 )
@@ -149,7 +151,7 @@ def test_triton_decode_dcp_token_kv_lens():
 @pytest.mark.parametrize(
     "heads,splits,cfg,tokens",
     [
-        (16, None, None, 4),  # 16 heads x up to 4 tokens of a request in one program
+        (16, None, {"kernel": "packed"}, 4),  # 16 heads x up to 4 tokens in one program
         (16, 2, {"BLOCK_N": 16}, 4),  # a split holding one key: the earlier rows see none
         (16, 3, {"BLOCK_N": 16, "tma": True}, 4),
         (16, 1, {"BLOCK_M": 32}, 2),  # 4-token rows in two chunks of 2 tokens
@@ -344,7 +346,7 @@ def test_gpu_triton_fp8_cache_and_write():
         ({"tma": True, "BLOCK_N": 32}, torch.float32, 8, "BLOCK_N=32 does not divide"),
         ({"tma": True, "BLOCK_N": 16}, torch.bfloat16, 4, "16-byte aligned"),
         ({"tma": "yes"}, torch.float32, 8, "tma must be None, True or False, got 'yes'"),
-        ({"BLOCK_K": 16}, torch.float32, 8, r"unknown MLA decode config keys \['BLOCK_K'\]"),
+        ({"BLOCK_K": 16}, torch.float32, 8, r"unknown packed MLA decode config keys \['BLOCK_K'\]"),
         ({"fp8_math": "fp32"}, torch.float32, 8, "fp8_math must be 'fp16' or 'bf16', got 'fp32'"),
     ],
 )
@@ -397,8 +399,41 @@ def test_split_count_keeps_64_keys_per_split():
     not the 128 the wave rule alone would take."""
     assert triton_mla.best_num_splits(1, 128, 264) == 128
     assert triton_mla.best_num_splits(1, 128, 264, most=64) == 64
-    launch = triton_mla.plan_launch(1, 1, 16, 4096, torch.device("cpu"))
+    launch = triton_mla.plan_launch(1, 1, 1, 16, 4096, torch.device("cpu"), config={})
     assert launch.num_splits <= 4096 // triton_mla.MIN_KEYS_PER_SPLIT
+
+
+@pytest.mark.parametrize(
+    "heads,reqs,context,packed_splits,want",
+    [
+        (16, 1, 4096, 64, "per_token"),  # the smallest step: the older kernel was 5% faster
+        (16, 1, 32768, 128, "packed"),
+        (16, 32, 4096, 8, "packed"),
+        (64, 1, 32768, 128, "packed"),  # more splits than the per-token merge takes
+        (64, 32, 32768, 4, "per_token"),
+        (128, 1, 32768, 64, "per_token"),
+    ],
+)
+def test_kernel_choice_follows_the_measurements(heads, reqs, context, packed_splits, want):
+    assert triton_mla.choose_kernel(heads, reqs, context, packed_splits) == want
+
+
+def test_plan_names_the_kernel_it_chose():
+    """Auto picks per the rule; a config naming no kernel tunes the packed one; a bad
+    name or an fp8 TMA request on the per-token kernel is refused."""
+    cpu = torch.device("cpu")
+    assert triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu).kernel == "per_token"
+    assert triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu, config={"num_stages": 2}).kernel == (
+        "packed"
+    )
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu, config={"kernel": "fast"})
+    with pytest.raises(ValueError, match="pointer loads only"):
+        triton_mla.plan_launch(
+            1, 1, 1, 64, 4096, cpu, fp8_cache=True, config={"kernel": "per_token", "tma": None}
+        )
+    with pytest.raises(ValueError, match=r"unknown per_token .* \['BLOCK_M'\]"):
+        triton_mla.plan_launch(1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8})
 
 
 @pytest.mark.gpu
@@ -466,7 +501,9 @@ def test_gpu_decode_edges(heads, cache, block_size):
             kv_dtype=b.kv_cache.dtype,
             num_splits=splits,
         )
-        assert plan.launch.tokens == (2 if heads == 16 else 1)  # 16 heads pack both tokens
+        # 16 heads pack both tokens; above, the per-token kernel runs at these sizes
+        assert plan.launch.kernel == ("packed" if heads == 16 else "per_token")
+        assert plan.launch.tokens == (2 if heads == 16 else 1)
         tma = triton_mla._use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
         fp8_pointer_loads = cache == "fp8" and heads > 16  # the default there
         assert tma is (block_size % plan.launch.block_n == 0 and not fp8_pointer_loads)
@@ -475,6 +512,10 @@ def test_gpu_decode_edges(heads, cache, block_size):
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
         torch.testing.assert_close(out, want_out, **tol)
         torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+    other = {"packed": "per_token", "per_token": "packed"}[plan.launch.kernel]
+    out, lse = _run(mla_decode_triton, b, 512, config={"kernel": other})
+    torch.testing.assert_close(out, want_out, **tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
 @pytest.mark.gpu

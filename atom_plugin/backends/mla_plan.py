@@ -117,6 +117,7 @@ def plan_mla_decode(
 
         launch = plan_launch(
             meta.num_reqs,
+            num_tokens,
             meta.max_query_len,
             num_heads,
             meta.max_seq_len if context is None else context,

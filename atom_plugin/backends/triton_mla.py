@@ -265,6 +265,119 @@ def _mla_decode_stage1(
 
 
 @triton.jit
+def _mla_decode_per_token(
+    Q,
+    KV,
+    KV_C_DESC,
+    K_PE_DESC,
+    BLOCK_TABLE,
+    TOK_REQ,
+    TOK_KV_LEN,
+    MID_O,
+    MID_LSE,
+    KV_SCALE,
+    sm_scale,
+    num_heads,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_bt,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    PAGE: tl.constexpr,
+    LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """The kernel this module had before request packing (one program per head group,
+    split and query token; fp8 tiles through pointer loads, dequantized in fp32). The
+    plan keeps it where the H200 runs measured it faster (`choose_kernel`)."""
+    pid_h = tl.program_id(0)
+    split = tl.program_id(1)
+    t = tl.program_id(2)
+    req = tl.load(TOK_REQ + t)
+    if req < 0:
+        return
+    kv_len = tl.load(TOK_KV_LEN + t)
+    per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, kv_len)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_pe = tl.arange(0, BLOCK_DPE)
+    mask_dv = offs_dv < LORA
+    mask_pe = offs_pe < ROPE
+    q_row = Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
+    q_c = tl.load(q_row + offs_dv[None, :], mask=mask_h[:, None] & mask_dv[None, :], other=0.0)
+    q_pe = tl.load(
+        q_row + LORA + offs_pe[None, :], mask=mask_h[:, None] & mask_pe[None, :], other=0.0
+    )
+    if IS_FP8:
+        kv_scale = tl.load(KV_SCALE)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
+    bt_row = BLOCK_TABLE + req.to(tl.int64) * stride_bt
+    tail = start
+    if TMA:
+        # Whole tiles through TMA: a tile never crosses a page (BLOCK_N divides PAGE,
+        # tiles start at multiples of BLOCK_N), so its rows are one box of the cache
+        # viewed as [blocks * PAGE, LORA + ROPE]. Only the last, partial tile needs masks.
+        tail = start + (end - start) // BLOCK_N * BLOCK_N
+        every = tl.full([BLOCK_N], 1, tl.int1)
+        for n in range(start, tail, BLOCK_N):
+            page = tl.load(bt_row + n // PAGE)
+            row0 = page * PAGE + n % PAGE
+            kv_c = KV_C_DESC.load([row0, 0])
+            k_pe = K_PE_DESC.load([row0, 0])
+            m_i, l_i, acc = _mla_tile(
+                q_c, q_pe, kv_c, k_pe, every[None, :], m_i, l_i, acc, qk_scale, PRECISION
+            )
+    for n in range(tail, end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        page = tl.load(bt_row + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
+        row = KV + page * stride_kb + (pos % PAGE).to(tl.int64) * stride_ks
+        kv_c = tl.load(
+            row[:, None] + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0
+        )
+        k_pe = tl.load(
+            row[:, None] + LORA + offs_pe[None, :],
+            mask=mask_n[:, None] & mask_pe[None, :],
+            other=0.0,
+        )
+        if IS_FP8:
+            kv_c = (kv_c.to(tl.float32) * kv_scale).to(q_c.dtype)
+            k_pe = (k_pe.to(tl.float32) * kv_scale).to(q_c.dtype)
+        m_i, l_i, acc = _mla_tile(
+            q_c, q_pe, kv_c, k_pe, mask_n[None, :], m_i, l_i, acc, qk_scale, PRECISION
+        )
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID_O + t.to(tl.int64) * stride_mt + offs_h[:, None] * stride_mh + split * stride_ms
+    out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
+    tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
+    tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit
 def _mla_decode_stage2(
     MID_O,
     MID_LSE,
@@ -358,17 +471,42 @@ MERGE_BLOCK_DV = 128  # output columns per merge program: many splits, few token
 MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 
 
-def default_config(num_heads: int, fp8_cache: bool = False) -> dict:
-    """Launch parameters per head count and cache kind. `BLOCK_H`: heads per program;
-    `BLOCK_M`: query rows per program (heads x packed tokens of one request); `per_sm`:
-    programs the split rule assumes run at once on one SM; `fp8_math`: the matmul dtype
-    for an fp8 cache ("fp16": e4m3 widens in one instruction per pair; "bf16"). `tma`:
-    load whole tiles through TMA tensor descriptors - True requires it, False never,
-    None whenever the cache allows it on a CUDA GPU with TMA. The choices are the H200
-    sweeps' fastest (docs/benchmarks.md): at 16 heads 32-key tiles three stages deep, two
-    programs per SM, fp8 through TMA widened to fp16; at 64 and 128 heads 64 heads x 64
-    keys per step on 8 warps, fp8 through pointer loads widened to bf16 (fp16 and TMA
-    tiles were slower there)."""
+PER_TOKEN_MAX_KEYS = 8192  # requests x context up to which 16 heads run per token
+
+
+def choose_kernel(num_heads: int, num_reqs: int, context: int, packed_splits: int) -> str:
+    """'packed' or 'per_token' (the kernel before packing), whichever the H200 runs
+    measured faster (docs/benchmarks.md): above 16 heads packing gains nothing at one
+    token per program, so the packed kernel runs only where its plan needs more than
+    MERGE_BLOCK_S splits (batch 1, long contexts: 1.19-1.22x at 64 heads x 32K; the
+    per-token kernel was 1-15% faster elsewhere, fp8 most); at 16 heads it runs
+    everywhere but the smallest steps (batch 1 x 4K: the per-token kernel 5% faster)."""
+    if num_heads > 16:
+        return "packed" if packed_splits > MERGE_BLOCK_S else "per_token"
+    return "per_token" if num_reqs * context <= PER_TOKEN_MAX_KEYS else "packed"
+
+
+def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packed") -> dict:
+    """Launch parameters per kernel, head count and cache kind. `BLOCK_H`: heads per
+    program; `BLOCK_M`: query rows per program (heads x packed tokens of one request);
+    `per_sm`: programs the split rule assumes run at once on one SM; `fp8_math`: the
+    matmul dtype for an fp8 cache ("fp16": e4m3 widens in one instruction per pair;
+    "bf16"). `tma`: load whole tiles through TMA tensor descriptors - True requires it,
+    False never, None whenever the cache allows it on a CUDA GPU with TMA. The packed
+    kernel's choices are the H200 sweeps' fastest (docs/benchmarks.md): at 16 heads
+    32-key tiles three stages deep, two programs per SM, fp8 through TMA widened to
+    fp16; above, 64 heads x 64 keys per step on 8 warps, fp8 through pointer loads
+    widened to bf16. The per-token kernel keeps its launch from before packing (its
+    fp8 tiles always take pointer loads)."""
+    if kernel == "per_token":
+        small = num_heads <= 16
+        return {
+            "BLOCK_H": 16 if small else 64,
+            "BLOCK_N": 32 if small else 64,
+            "num_warps": 4 if small else 8,
+            "num_stages": 2,
+            "tma": False if fp8_cache else None,
+        }
     if num_heads <= 16:
         return {
             "BLOCK_H": 16,
@@ -392,25 +530,37 @@ def default_config(num_heads: int, fp8_cache: bool = False) -> dict:
     }
 
 
-def _config(num_heads: int, fp8_cache: bool, config: dict | None) -> dict:
-    cfg = default_config(num_heads, fp8_cache)
-    unknown = sorted(set(config or {}) - set(cfg))
+KERNELS = ("packed", "per_token")
+
+
+def _config(num_heads: int, fp8_cache: bool, kernel: str, config: dict) -> dict:
+    cfg = default_config(num_heads, fp8_cache, kernel)
+    unknown = sorted(set(config) - set(cfg))
     if unknown:
-        raise ValueError(f"unknown MLA decode config keys {unknown}; valid keys: {sorted(cfg)}")
-    cfg.update(config or {})
+        raise ValueError(
+            f"unknown {kernel} MLA decode config keys {unknown}; valid keys: "
+            f"{sorted(cfg) + ['kernel']}"
+        )
+    cfg.update(config)
     if cfg["tma"] not in (None, True, False):
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
-    if cfg["fp8_math"] not in ("fp16", "bf16"):
+    if cfg.get("fp8_math", "fp16") not in ("fp16", "bf16"):
         raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
+    if kernel == "per_token" and fp8_cache and cfg["tma"] is not False:
+        raise ValueError(
+            f"the per_token kernel reads fp8 tiles through pointer loads only (tma={cfg['tma']})"
+        )
     return cfg
 
 
 @dataclass(frozen=True)
 class TritonMLALaunch:
-    """The Triton decode's launch for one step, the same for every layer: grid
-    (head_groups, num_splits, num_reqs * token_chunks), `tokens` query tokens of a
-    request per program."""
+    """The Triton decode's launch for one step, the same for every layer. `kernel`
+    'packed': grid (head_groups, num_splits, num_reqs * token_chunks), `tokens` query
+    tokens of a request per program; 'per_token': grid (head_groups, num_splits,
+    tokens of the step)."""
 
+    kernel: str
     block_h: int
     tokens: int
     token_chunks: int
@@ -426,6 +576,7 @@ class TritonMLALaunch:
 
 def plan_launch(
     num_reqs: int,
+    num_tokens: int,
     max_query_len: int,
     num_heads: int,
     context: int,
@@ -434,34 +585,55 @@ def plan_launch(
     config: dict | None = None,
     num_splits: int | None = None,
 ) -> TritonMLALaunch:
-    """Host-only launch planning from the step's sizes (no device reads): heads and
-    tokens packed per program, and the split count for `context` keys per request."""
-    cfg = _config(num_heads, fp8_cache, config)
-    block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
-    q_max = max(1, max_query_len)
-    tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
-    token_chunks = cdiv(q_max, tokens)
-    head_groups = cdiv(num_heads, block_h)
-    if num_splits is None:
-        programs = max(1, num_reqs * token_chunks * head_groups)
-        tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
-        slots = device_sm_count(device) * cfg["per_sm"]
-        most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
-        num_splits = best_num_splits(programs, tiles, slots, most)
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits={num_splits} must lie in [1, {MAX_SPLITS}]")
+    """Host-only launch planning from the step's sizes (no device reads): the kernel,
+    heads and tokens per program, and the split count for `context` keys per request.
+    `config` may name the kernel ('kernel': 'packed' or 'per_token'); a config that
+    names none tunes the packed kernel."""
+    config = dict(config or {})
+    kernel = config.pop("kernel", None if not config else "packed")
+    if kernel not in (None, *KERNELS):
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    sms = device_sm_count(device)
+    most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
+    if kernel in (None, "packed"):
+        cfg = _config(num_heads, fp8_cache, "packed", config)
+        block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
+        q_max = max(1, max_query_len)
+        tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
+        token_chunks = cdiv(q_max, tokens)
+        head_groups = cdiv(num_heads, block_h)
+        splits = num_splits
+        if splits is None:
+            programs = max(1, num_reqs * token_chunks * head_groups)
+            tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
+            splits = best_num_splits(programs, tiles, sms * cfg["per_sm"], most)
+        if kernel is None:
+            kernel = choose_kernel(num_heads, num_reqs, context, splits)
+    if kernel == "per_token":
+        cfg = _config(num_heads, fp8_cache, "per_token", config)
+        block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
+        tokens = token_chunks = 1
+        head_groups = cdiv(num_heads, block_h)
+        splits = num_splits
+        if splits is None:
+            programs = max(1, num_tokens * head_groups)
+            tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
+            splits = best_num_splits(programs, tiles, sms, MERGE_BLOCK_S)
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={splits} must lie in [1, {MAX_SPLITS}]")
     return TritonMLALaunch(
+        kernel=kernel,
         block_h=block_h,
         tokens=tokens,
         token_chunks=token_chunks,
         head_groups=head_groups,
-        num_splits=num_splits,
+        num_splits=splits,
         block_n=cfg["BLOCK_N"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         tma=cfg["tma"],
         fp8_cache=fp8_cache,
-        fp16_math=cfg["fp8_math"] == "fp16",
+        fp16_math=cfg.get("fp8_math") == "fp16",
     )
 
 
@@ -600,45 +772,83 @@ def mla_decode_triton(
     descs = (kv_cache, kv_cache)  # unused without tma
     if tma:
         descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, launch.block_n)
-    _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
-        q,
-        kv_cache,
-        *descs,
-        block_table,
-        meta.query_start_loc,
-        kv_len,
-        mid_o,
-        mid_lse,
-        kv_scale if fp8 else q,
-        float(scale),
-        H,
-        splits,
-        launch.token_chunks,
-        q.stride(0),
-        q.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        block_table.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        PAGE=kv_cache.shape[1],
-        LORA=kv_lora_rank,
-        ROPE=rope,
-        BLOCK_DV=next_power_of_2(kv_lora_rank),
-        BLOCK_DPE=max(16, next_power_of_2(rope)),
-        BLOCK_H=launch.block_h,
-        TOKENS=launch.tokens,
-        BLOCK_N=launch.block_n,
-        IS_FP8=fp8,
-        FP16_MATH=launch.fp16_math,
-        PRECISION=precision,
-        TMA=tma,
-        num_warps=launch.num_warps,
-        num_stages=launch.num_stages,
-    )
+    if launch.kernel == "per_token":
+        _mla_decode_per_token[(launch.head_groups, splits, T)](
+            q,
+            kv_cache,
+            *descs,
+            block_table,
+            req,
+            kv_len,
+            mid_o,
+            mid_lse,
+            kv_scale if fp8 else q,
+            float(scale),
+            H,
+            splits,
+            q.stride(0),
+            q.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            mid_o.stride(0),
+            mid_o.stride(1),
+            mid_o.stride(2),
+            mid_lse.stride(0),
+            mid_lse.stride(1),
+            PAGE=kv_cache.shape[1],
+            LORA=kv_lora_rank,
+            ROPE=rope,
+            BLOCK_DV=next_power_of_2(kv_lora_rank),
+            BLOCK_DPE=max(16, next_power_of_2(rope)),
+            BLOCK_H=launch.block_h,
+            BLOCK_N=launch.block_n,
+            IS_FP8=fp8,
+            PRECISION=precision,
+            TMA=tma,
+            num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )
+    else:
+        _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
+            q,
+            kv_cache,
+            *descs,
+            block_table,
+            meta.query_start_loc,
+            kv_len,
+            mid_o,
+            mid_lse,
+            kv_scale if fp8 else q,
+            float(scale),
+            H,
+            splits,
+            launch.token_chunks,
+            q.stride(0),
+            q.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            mid_o.stride(0),
+            mid_o.stride(1),
+            mid_o.stride(2),
+            mid_lse.stride(0),
+            mid_lse.stride(1),
+            PAGE=kv_cache.shape[1],
+            LORA=kv_lora_rank,
+            ROPE=rope,
+            BLOCK_DV=next_power_of_2(kv_lora_rank),
+            BLOCK_DPE=max(16, next_power_of_2(rope)),
+            BLOCK_H=launch.block_h,
+            TOKENS=launch.tokens,
+            BLOCK_N=launch.block_n,
+            IS_FP8=fp8,
+            FP16_MATH=launch.fp16_math,
+            PRECISION=precision,
+            TMA=tma,
+            num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )
     if splits == 1:
         return lse
     dv = next_power_of_2(kv_lora_rank)
