@@ -41,10 +41,13 @@ def main() -> int:
         shape = Shape(batch, context, heads, 1, cache)
         out = shape.new_out()
         for config in CONFIGS:
-            shape.run_new(out, shape.plan(config))
+            for kernel in ("packed", "per_token"):
+                if cache == "fp8" and kernel == "per_token" and config.get("tma"):
+                    continue  # the per-token kernel reads fp8 through pointer loads only
+                shape.run_new(out, shape.plan({**config, "kernel": kernel}))
     torch.cuda.synchronize()
     print("kernel | loads | regs | spills | shared bytes | warps | stages")
-    for name in ("_mla_decode_stage1", "_mla_decode_stage2"):
+    for name in ("_mla_decode_stage1", "_mla_decode_per_token", "_mla_decode_stage2"):
         kernels = compiled_kernels(getattr(triton_mla, name))
         if not kernels:
             print(f"{name}: no compiled kernels found (Triton's cache layout changed?)")

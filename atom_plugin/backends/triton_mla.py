@@ -7,18 +7,22 @@ together, so a 16-head request with 2 speculative tokens reads its rows once, no
 with two matmuls (latent part and rope part), then accumulates P @ kv_c. Each query row
 masks the keys it may not see (causal rows of one request see different counts). Head
 groups are the fastest-varying grid axis, so the groups that read the same rows run next
-to each other and mostly hit L2. Stage 2 merges the splits with their log-sum-exps, in
-chunks of splits; with one split, stage 1 writes the output itself and stage 2 does not
-run. Correctness does not depend on the number of splits; the per-step plan
-(`plan_launch`, called by `mla_plan.plan_mla_decode`) picks it from batch, heads and
-context.
+to each other and mostly hit L2. The kernel from before packing, one program per
+(head group, split, query token), stays beside it (`_mla_decode_per_token`) and runs
+where it measured faster (`choose_kernel`). Stage 2 merges the splits with their
+log-sum-exps, in chunks of splits; with one split, stage 1 writes the output itself and
+stage 2 does not run. Correctness does not depend on the number of splits; the per-step
+plan (`plan_launch`, called by `mla_plan.plan_mla_decode`) picks the kernel and the split
+count from batch, heads and context.
 
 Where the cache allows it (a CUDA GPU with TMA, 16-bit, fp32 or fp8 rows, BLOCK_N
 dividing the block size, 16-byte alignment) whole tiles load through TMA tensor
 descriptors: a tile never crosses a page, so it is one box of the cache viewed as rows.
 The last, partial tile of each split, and every tile otherwise, go through masked
-pointer loads. An fp8 tile is widened to the query dtype unscaled (e4m3 values are exact
-in bf16); the per-tensor scale is folded into the score scale and the output.
+pointer loads. The packed kernel widens an fp8 tile unscaled to fp16 or bf16
+(`fp8_math`; e4m3 values are exact in both) and folds the per-tensor scale into the score
+scale and the output; the per-token kernel reads fp8 through pointer loads only and
+dequantizes in fp32.
 """
 
 from __future__ import annotations
