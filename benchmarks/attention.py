@@ -301,7 +301,7 @@ def prefill_table(rows) -> str:
 def _mla_section(copy_gbps, matmul_rate, flush) -> str:
     try:
         rows = attention_mla.run_mla_benchmarks(
-            copy_gbps=copy_gbps, matmul_rate=matmul_rate, flush=flush
+            (128,), caches=("bf16",), copy_gbps=copy_gbps, matmul_rate=matmul_rate, flush=flush
         )
     except Exception as exc:  # keep the MHA report when the MLA run fails
         return f"MLA decode: benchmarks/attention_mla.py failed: {exc!r:.200}\n"

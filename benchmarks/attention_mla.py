@@ -1,25 +1,29 @@
-"""MLA decode benchmark: the plugin's Triton MLA decode against the physical limits
-measured in the same run and against torch SDPA over the same latent rows gathered
-contiguously (what a user without a paged MLA kernel would run).
+"""MLA decode benchmark: the plugin's Triton MLA decode at 16, 64 and 128 heads, bf16 and
+fp8 caches, one and two query tokens, against the physical limits measured in the same
+run, torch SDPA over the same latent rows gathered contiguously (what a user without a
+paged MLA kernel would run) and, when `--baseline` names its source file, the kernel
+this one replaced (timed on the same inputs, so "no shape slower" is checked in one run).
 
-Two limits apply. The device-to-device copy bandwidth bounds the KV read. The dense
-bf16 matmul rate (8192^3) bounds the arithmetic: with 128 heads sharing each latent
-row, a decode does FLOPS_PER_KEY_HEAD * 128 = 278,528 FLOP per 1,152-byte row (242
-FLOP/byte), so the kernel can read KV no faster than matmul rate / 242 - on an H200
-about as fast as the copy bandwidth allows, which is why the "roofline" column caps
-"of copy BW".
+Two limits apply. The device-to-device copy bandwidth bounds the KV read; the dense
+bf16 matmul rate (8192^3) bounds the arithmetic, FLOPS_PER_KEY_HEAD per key, head and
+query token. A shape's limit time is the larger of bytes / copy bandwidth and FLOP /
+matmul rate; "of limit" is that time over the kernel's.
 
-DeepSeek shapes: 128 heads, latent rows of 576 (kv_lora_rank 512 + rope 64), bf16,
-block size 64, shuffled block tables. "KV bytes" counts the latent rows read once per
-request; each measurement is one CUDA-graph replay timed with events, with L2 flushed
-before every replay.
+Latent rows of 576 (kv_lora_rank 512 + rope 64), block size 64, shuffled block tables,
+every request at the full context. "KV bytes" counts each request's rows once, at the
+cache's element size (fp8: 1 byte, one per-tensor scale). Each measurement is the median
+of 20 CUDA-graph replays timed with events, L2 flushed before every replay; the per-step
+plan is built outside the timed region, as the metadata builder builds it once per step.
 
-    python -m benchmarks.attention_mla [--json out.json] [--markdown out.md] [--sweep]
+    git show a3544c1:atom_plugin/backends/triton_mla.py > /tmp/mla_old.py
+    python -m benchmarks.attention_mla --baseline /tmp/mla_old.py [--sweep] \\
+        [--json out.json] [--markdown out.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -27,40 +31,33 @@ import torch
 
 from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, matmul_tflops, time_us
 
+HEADS = (16, 64, 128)
 BATCHES = (1, 32, 128)
 CONTEXTS = (4096, 32768)
-HEADS = 128
+SPEC_SHAPES = ((32, 8192, 2),)  # (batch, context, query tokens per request)
+CACHES = ("bf16", "fp8")
 LORA, ROPE = 512, 64
-TARGET = 0.75  # the issue's target: MLA decode at >= 75% of copy bandwidth
-
-# Alternatives to triton_mla.default_config (merged over it), timed on SWEEP_SHAPES. The
-# default loads whole tiles through TMA on this cache; {"tma": False} is the pointer-load
-# kernel it replaced. Earlier sweeps and their findings are in docs/benchmarks.md.
-SWEEP_CONFIGS = [
-    {"tma": False},
-    {"num_warps": 16},
-    {"num_stages": 3},
-    {"BLOCK_N": 32},
-    {"BLOCK_N": 32, "num_stages": 3},
-    {"BLOCK_H": 32, "num_warps": 4},
-    {"BLOCK_H": 128, "BLOCK_N": 32, "num_warps": 16},
-]
-SWEEP_SHAPES = ((1, 32768), (32, 32768), (128, 4096))
+PAGE = 64
+FP8_SCALE = 0.37  # a non-unit per-tensor scale
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
-BF16_BYTES = 2
-FLOP_PER_KV_BYTE = HEADS * FLOPS_PER_KEY_HEAD / ((LORA + ROPE) * BF16_BYTES)
 
-
-def roofline_frac_copy(copy_gbps: float, matmul_rate: float) -> float:
-    """The fastest KV read a decode can reach, as a fraction of the copy bandwidth: the
-    lesser of the copy bandwidth and the matmul rate over the FLOP each byte needs."""
-    compute_bound_gbps = matmul_rate * 1e12 / FLOP_PER_KV_BYTE / 1e9
-    return min(1.0, compute_bound_gbps / copy_gbps)
+# Alternatives to the default (triton_mla.plan_launch's choice; a config naming no kernel
+# tunes the packed one), each timed at the rule's split count and at SWEEP_SPLITS (none by
+# default: the split sweep behind the rule is in docs/benchmarks.md), on SWEEP_SHAPES.
+SWEEP_CONFIGS = {
+    16: [{}, {"kernel": "per_token"}, {"num_stages": 2}, {"fp8_math": "bf16"}],
+    64: [{}, {"kernel": "packed"}, {"kernel": "packed", "tma": None}],
+    128: [{}, {"kernel": "packed"}, {"kernel": "packed", "tma": None}],
+}
+SWEEP_SHAPES = {16: ((1, 4096, 1),), 64: ((32, 4096, 1),), 128: ((32, 4096, 1),)}
+SWEEP_SPLITS: dict[int, tuple[int, ...]] = {}
 
 
 def make_decode_batch(
-    batch, context, *, block_size=64, dtype=torch.bfloat16, device="cuda", seed=0
+    batch, context, heads, *, q_len=1, cache="bf16", block_size=PAGE, device="cuda", seed=0
 ):
+    """A uniform decode batch: `batch` requests of `q_len` causal query tokens at
+    `context` keys, block tables shuffled. Returns (meta, q, cache, kv_scale)."""
     from atom_plugin.backends.metadata import PagedAttentionMetadata
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -68,227 +65,355 @@ def make_decode_batch(
     num_blocks = batch * blocks_per + 1
     perm = torch.randperm(num_blocks, generator=gen)[: batch * blocks_per]
     table = perm.view(batch, blocks_per).to(torch.int32).to(device)
-    cache = torch.empty(num_blocks, block_size, LORA + ROPE, dtype=dtype, device=device)
-    cache.normal_(0, 1)
+    kv = torch.empty(num_blocks, block_size, LORA + ROPE, dtype=torch.bfloat16, device=device)
+    kv.normal_(0, 1)
+    kv_scale = None
+    if cache == "fp8":
+        kv_scale = torch.tensor([FP8_SCALE], device=device)
+        kv = (kv.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+    t = batch * q_len
     meta = PagedAttentionMetadata(
         num_reqs=batch,
-        num_actual_tokens=batch,
-        max_query_len=1,
+        num_actual_tokens=t,
+        max_query_len=q_len,
         max_seq_len=context,
-        num_decodes=batch,
-        num_decode_tokens=batch,
-        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        num_decodes=batch if q_len == 1 else 0,
+        num_decode_tokens=t if q_len == 1 else 0,
+        query_start_loc=torch.arange(0, t + 1, q_len, dtype=torch.int32, device=device),
         seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
         block_table=table,
-        slot_mapping=torch.full((batch,), -1, dtype=torch.int64, device=device),
+        slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
     )
-    q = torch.randn(batch, HEADS, LORA + ROPE, dtype=dtype, device=device) * 0.1
-    return meta, q, cache
+    q = torch.randn(t, heads, LORA + ROPE, dtype=torch.bfloat16, device=device) * 0.1
+    return meta, q, kv, kv_scale
+
+
+def load_baseline(path: str):
+    """The replaced kernel's module, from its source file (see the module docstring)."""
+    spec = importlib.util.spec_from_file_location("mla_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Shape:
+    """One benchmark shape's inputs, shared by every kernel timed on it."""
+
+    def __init__(self, batch, context, heads, q_len, cache, device="cuda"):
+        self.batch, self.context, self.heads, self.q_len = batch, context, heads, q_len
+        self.cache, self.device = cache, device
+        self.meta, self.q, self.kv, self.kv_scale = make_decode_batch(
+            batch, context, heads, q_len=q_len, cache=cache, device=device
+        )
+        self.scale = (128 + 64) ** -0.5
+        self.kv_bytes = batch * context * (LORA + ROPE) * self.kv.element_size()
+        self.flops = batch * q_len * heads * context * FLOPS_PER_KEY_HEAD
+
+    def new_out(self):
+        t = self.q.shape[0]
+        return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
+
+    def plan(self, config=None, num_splits=None):
+        from atom_plugin.backends.mla_plan import plan_mla_decode
+
+        return plan_mla_decode(
+            self.meta,
+            self.q.shape[0],
+            self.heads,
+            kernel_impl="triton",
+            kv_dtype=self.kv.dtype,
+            config=config,
+            num_splits=num_splits,
+        )
+
+    def run_new(self, out, plan):
+        from atom_plugin.backends.triton_mla import mla_decode_triton
+
+        return mla_decode_triton(
+            self.q,
+            self.kv,
+            self.meta,
+            scale=self.scale,
+            output=out,
+            kv_scale=self.kv_scale,
+            plan=plan,
+        )
+
+    def time_new(self, flush, config=None, num_splits=None):
+        out, plan = self.new_out(), self.plan(config, num_splits)
+        us = time_us(lambda: self.run_new(out, plan), flush=flush)
+        return us, out, plan
+
+    def time_old(self, old, flush):
+        from atom_plugin.backends.mla_plan import mla_token_plan
+
+        out = self.new_out()
+        token_plan = mla_token_plan(self.meta, self.q.shape[0])
+
+        def call():
+            return old.mla_decode_triton(
+                self.q,
+                self.kv,
+                self.meta,
+                scale=self.scale,
+                output=out,
+                kv_scale=self.kv_scale,
+                token_plan=token_plan,
+            )
+
+        return time_us(call, flush=flush), out
+
+    def sdpa(self):
+        """SDPA over the rows gathered contiguously (gather not timed): all heads as
+        one length-H query (times q_len tokens, causal) over one shared key/value head."""
+        b, ctx, h, ql = self.batch, self.context, self.heads, self.q_len
+        rows = self.kv[self.meta.block_table.long()].reshape(b, -1, LORA + ROPE)[:, :ctx]
+        k = rows.unsqueeze(1)
+        v = rows[..., :LORA].unsqueeze(1)
+        qq = self.q.view(b, ql * h, LORA + ROPE).unsqueeze(1)  # [B, 1, q_len * H, 576]
+        mask = None
+        if ql > 1:  # query token j sees ctx - q_len + j + 1 keys
+            j = torch.arange(ql, device=self.device).repeat_interleave(h)
+            mask = torch.arange(ctx, device=self.device)[None, :] <= (ctx - ql + j)[:, None]
+        f = torch.nn.functional.scaled_dot_product_attention
+        return lambda: f(qq, k, v, attn_mask=mask, scale=self.scale)
+
+    def time_sdpa(self, flush):
+        b, ql, h = self.batch, self.q_len, self.heads
+        try:
+            call = self.sdpa()
+            res = call()
+            us = time_us(call, flush=flush)
+        except Exception as exc:
+            return None, None, repr(exc)[:120]
+        return us, res.squeeze(1).reshape(b * ql, h, LORA), None
+
+
+def _maxdiff(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def target_of(heads: int, batch: int, context: int, q_len: int) -> str | None:
+    """The issue's target for a one-token shape, as a short label; None where none."""
+    if q_len != 1:
+        return None
+    if heads == 16 and batch >= 32:
+        return "85% copy"
+    if heads == 16 and batch == 1 and context >= 32768:
+        return "50% copy"
+    if heads == 64 and batch >= 32:
+        return "70% limit"
+    if heads == 128 and batch >= 32:
+        return "550 TFLOP/s"
+    return None
+
+
+def target_met(row: dict) -> bool | None:
+    t = row["target"]
+    if t is None:
+        return None
+    if t.endswith("copy"):
+        return row["frac_copy"] >= int(t.split("%")[0]) / 100
+    if t.endswith("limit"):
+        return row["frac_limit"] >= 0.70
+    return row["tflops"] >= 550
+
+
+def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) -> dict:
+    us, out, plan = shape.time_new(flush)
+    limit_us = max(shape.kv_bytes / (copy_gbps * 1e3), shape.flops / (matmul_rate * 1e6))
+    row = {
+        "heads": shape.heads,
+        "cache": shape.cache,
+        "batch": shape.batch,
+        "context": shape.context,
+        "q_len": shape.q_len,
+        "kernel": plan.launch.kernel,
+        "num_splits": plan.launch.num_splits,
+        "tokens_per_program": plan.launch.tokens,
+        "us": us,
+        "kv_gbps": shape.kv_bytes / (us * 1e-6) / 1e9,
+        "tflops": shape.flops / (us * 1e-6) / 1e12,
+        "limit_us": limit_us,
+        "frac_limit": limit_us / us,
+        "target": target_of(shape.heads, shape.batch, shape.context, shape.q_len),
+    }
+    row["frac_copy"] = row["kv_gbps"] / copy_gbps
+    row["frac_matmul"] = row["tflops"] / matmul_rate
+    row["met"] = target_met(row)
+    if old is not None:
+        row["old_us"], old_out = shape.time_old(old, flush)
+        row["speedup"] = row["old_us"] / us
+        row["maxdiff_vs_old"] = _maxdiff(out, old_out)
+    if with_sdpa and shape.cache == "bf16":
+        row["sdpa_us"], sdpa_out, err = shape.time_sdpa(flush)
+        if err:
+            row["sdpa_error"] = err
+        else:
+            row["maxdiff_vs_sdpa"] = _maxdiff(out, sdpa_out)
+    return row
 
 
 def run_mla_benchmarks(
+    heads=HEADS,
     batches=BATCHES,
     contexts=CONTEXTS,
+    caches=CACHES,
+    spec_shapes=SPEC_SHAPES,
     *,
     copy_gbps: float | None = None,
     matmul_rate: float | None = None,
     flush: L2Flusher | None = None,
-    config: dict | None = None,
+    old=None,
     with_sdpa: bool = True,
     device="cuda",
 ) -> list[dict]:
-    """One row per (batch, context): Triton MLA decode and torch SDPA timings, KV GB/s,
-    the fraction of the copy bandwidth and the TFLOP/s as a fraction of the matmul rate
-    (both limits measured here unless the caller measured them already)."""
+    """One row per (heads, cache, batch, context, query tokens); both limits measured
+    here unless the caller measured them already."""
     copy_gbps = copy_gbps or copy_bandwidth_gbps(device)
     matmul_rate = matmul_rate or matmul_tflops(device)
     flush = flush or L2Flusher(device)
+    shapes = [(b, c, 1) for b in batches for c in contexts] + list(spec_shapes)
     rows = []
-    for batch in batches:
-        for context in contexts:
-            rows.append(_bench_shape(batch, context, config, with_sdpa, flush, copy_gbps, device))
-            torch.cuda.empty_cache()
+    for h in heads:
+        for cache in caches:
+            for b, c, ql in shapes:
+                shape = Shape(b, c, h, ql, cache, device)
+                rows.append(bench_shape(shape, flush, copy_gbps, matmul_rate, old, with_sdpa))
+                print(_row_line(rows[-1]), flush=True)
+                del shape
+                torch.cuda.empty_cache()
     for row in rows:
         row["copy_gbps"], row["matmul_tflops"] = copy_gbps, matmul_rate
-        row["frac_matmul"] = row["tflops"] / matmul_rate
-        row["roofline_frac_copy"] = roofline_frac_copy(copy_gbps, matmul_rate)
     return rows
 
 
-def _bench_shape(
-    batch, context, config, with_sdpa, flush, copy_gbps, device, num_splits=None
-) -> dict:
-    from atom_plugin.backends.mla_reference import mla_token_plan
-    from atom_plugin.backends.triton_mla import mla_decode_triton
-
-    meta, q, cache = make_decode_batch(batch, context, device=device)
-    plan = mla_token_plan(meta, batch)  # built once per step by the metadata builder
-    out = torch.empty(batch, HEADS, LORA, dtype=q.dtype, device=device)
-    scale = (128 + 64) ** -0.5
-    kv_bytes = batch * context * (LORA + ROPE) * cache.element_size()
-    us = time_us(
-        lambda: mla_decode_triton(
-            q,
-            cache,
-            meta,
-            scale=scale,
-            output=out,
-            config=config,
-            token_plan=plan,
-            num_splits=num_splits,
-        ),
-        flush=flush,
+def _row_line(r: dict) -> str:
+    old = f" old {r['old_us']:.1f} us ({r['speedup']:.2f}x)" if "old_us" in r else ""
+    return (
+        f"H={r['heads']} {r['cache']} B={r['batch']} ctx={r['context']} q={r['q_len']}: "
+        f"{r['us']:.1f} us, {100 * r['frac_copy']:.1f}% copy, {r['tflops']:.0f} TFLOP/s, "
+        f"{100 * r['frac_limit']:.1f}% limit, {r['kernel']} x {r['num_splits']} splits{old}"
     )
-    swept = config or num_splits
-    row = {
-        "batch": batch,
-        "context": context,
-        "heads": HEADS,
-        "config": config,
-        "num_splits": num_splits,
-        "maxdiff_vs_default": _diff_vs_default(out, q, cache, meta, scale, plan) if swept else 0.0,
-        "us": us,
-        "kv_gbps": kv_bytes / (us * 1e-6) / 1e9,
-        "tflops": batch * HEADS * context * FLOPS_PER_KEY_HEAD / (us * 1e-6) / 1e12,
-    }
-    row["frac_copy"] = row["kv_gbps"] / copy_gbps
-    if with_sdpa:
-        row.update(_sdpa_row(meta, q, cache, scale, kv_bytes, flush, out))
-    return row
 
 
-def _diff_vs_default(out, q, cache, meta, scale, plan) -> float:
-    """Max abs difference between `out` (a swept configuration's) and the default's."""
-    from atom_plugin.backends.triton_mla import mla_decode_triton
-
-    ref = torch.empty_like(out)
-    mla_decode_triton(q, cache, meta, scale=scale, output=ref, token_plan=plan)
-    return (out.float() - ref.float()).abs().max().item()
-
-
-def _sdpa_row(meta, q, cache, scale, kv_bytes, flush, triton_out) -> dict:
-    """torch SDPA over the same rows gathered contiguously (gather not timed), checked
-    against the Triton kernel's output `triton_out` of the same inputs."""
-    b, ctx = q.shape[0], meta.max_seq_len
-    rows = cache[meta.block_table.long()].reshape(b, -1, LORA + ROPE)[:, :ctx]
-    # All heads share the latent rows, so the heads ride as a length-H query over one
-    # "head" of keys: no per-head copies of K and V.
-    k = rows.unsqueeze(1)  # [B, 1, ctx, 576]
-    v = rows[..., :LORA].unsqueeze(1)  # [B, 1, ctx, 512]
-    qq = q.unsqueeze(1)  # [B, 1, H, 576]
-    f = torch.nn.functional.scaled_dot_product_attention
-    try:
-        res = f(qq, k, v, scale=scale)
-        err = (res.squeeze(1).float() - triton_out.float()).abs().max().item()
-        us = time_us(lambda: f(qq, k, v, scale=scale), flush=flush)
-    except Exception as exc:
-        return {"sdpa_us": None, "sdpa_error": repr(exc)[:120]}
-    return {
-        "sdpa_us": us,
-        "sdpa_kv_gbps": kv_bytes / (us * 1e-6) / 1e9,
-        "sdpa_vs_triton_maxdiff": err,
-    }
-
-
-def sweep(copy_gbps, flush, shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, device="cuda") -> list:
+def sweep(copy_gbps, flush, device="cuda") -> list[dict]:
+    """Each SWEEP_CONFIGS entry at the rule's split count and at SWEEP_SPLITS."""
     results = []
-    for cfg in configs:
-        for batch, context in shapes:
-            try:
-                row = _bench_shape(batch, context, cfg, False, flush, copy_gbps, device)
-            except Exception as exc:
-                results.append({"config": cfg, "error": repr(exc)[:200]})
-                break
-            results.append(row)
-            torch.cuda.empty_cache()
-    return results
-
-
-SPLITS = (1, 2, 3, 4, 6, 8, 16, 32, 64)  # KV splits per request timed by --split-sweep
-
-
-def split_sweep(copy_gbps, flush, device="cuda") -> list:
-    """Every shape of the main table at each of SPLITS, the default configuration otherwise;
-    the split count the default rule picks is printed beside."""
-    results = []
-    for batch in BATCHES:
-        for context in CONTEXTS:
-            for splits in SPLITS:
-                results.append(
-                    _bench_shape(batch, context, None, False, flush, copy_gbps, device, splits)
-                )
-            torch.cuda.empty_cache()
+    for h, configs in SWEEP_CONFIGS.items():
+        for cache in CACHES:
+            for b, c, ql in SWEEP_SHAPES[h]:
+                shape = Shape(b, c, h, ql, cache, device)
+                ref = None
+                for cfg in configs:
+                    for splits in (None, *SWEEP_SPLITS.get(b, ())):
+                        try:
+                            us, out, plan = shape.time_new(flush, cfg or None, splits)
+                        except Exception as exc:
+                            results.append({"heads": h, "config": cfg, "error": repr(exc)[:200]})
+                            print(f"H={h} {cache} {cfg}: {exc!r:.200}", flush=True)
+                            break
+                        ref = out if ref is None else ref
+                        r = {
+                            "heads": h,
+                            "cache": cache,
+                            "batch": b,
+                            "context": c,
+                            "q_len": ql,
+                            "config": cfg,
+                            "num_splits": plan.launch.num_splits,
+                            "rule": splits is None,
+                            "us": us,
+                            "frac_copy": shape.kv_bytes / (us * 1e-6) / 1e9 / copy_gbps,
+                            "maxdiff_vs_first": _maxdiff(out, ref),
+                        }
+                        results.append(r)
+                        print(
+                            f"sweep H={h} {cache} B={b} ctx={c} q={ql} {cfg} "
+                            f"splits={r['num_splits']}{' (rule)' if r['rule'] else ''}: "
+                            f"{us:.1f} us {100 * r['frac_copy']:.1f}% "
+                            f"(diff {r['maxdiff_vs_first']:.1e})",
+                            flush=True,
+                        )
+                del shape
+                torch.cuda.empty_cache()
     return results
 
 
 def format_table(rows: list[dict]) -> str:
     lines = [
-        "| batch | context | Triton MLA us | KV GB/s | of copy BW | roofline | target 75% "
-        "| TFLOP/s | of matmul rate | SDPA us | SDPA KV GB/s |",
-        "|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|",
+        "| heads | cache | batch | context | q | kernel | us | old us | speedup | KV GB/s "
+        "| of copy BW | TFLOP/s | of matmul | of limit | SDPA us | target | met |",
+        "|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
     ]
     for r in rows:
-        sdpa_us = f"{r['sdpa_us']:.1f}" if r.get("sdpa_us") else "n/a"
-        sdpa_bw = f"{r['sdpa_kv_gbps']:.0f}" if r.get("sdpa_us") else "n/a"
-        met = "met" if r["frac_copy"] >= TARGET else "missed"
+        old = f"{r['old_us']:.1f} | {r['speedup']:.2f}x" if "old_us" in r else "n/a | n/a"
+        sdpa = f"{r['sdpa_us']:.1f}" if r.get("sdpa_us") else "n/a"
+        met = {None: "", True: "met", False: "missed"}[r["met"]]
         lines.append(
-            f"| {r['batch']} | {r['context']} | {r['us']:.1f} | {r['kv_gbps']:.0f} | "
-            f"{100 * r['frac_copy']:.1f}% | {100 * r['roofline_frac_copy']:.1f}% | {met} | "
-            f"{r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | {sdpa_us} | {sdpa_bw} |"
+            f"| {r['heads']} | {r['cache']} | {r['batch']} | {r['context']} | {r['q_len']} | "
+            f"{r['kernel']} | {r['us']:.1f} | {old} | {r['kv_gbps']:.0f} | "
+            f"{100 * r['frac_copy']:.1f}% | {r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | "
+            f"{100 * r['frac_limit']:.1f}% | "
+            f"{sdpa} | {r['target'] or ''} | {met} |"
         )
     return "\n".join(lines)
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline", help="source file of the replaced kernel, timed beside")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the table as markdown here")
-    p.add_argument("--sweep", action="store_true", help="time every SWEEP_CONFIGS entry too")
-    p.add_argument("--split-sweep", action="store_true", help="time each shape at SPLITS too")
+    p.add_argument("--sweep", action="store_true", help="time SWEEP_CONFIGS x splits too")
+    p.add_argument("--heads", default=",".join(map(str, HEADS)), help="comma-separated")
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated")
+    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated")
+    p.add_argument("--caches", default=",".join(CACHES), help="comma-separated: bf16, fp8")
+    p.add_argument("--no-spec", action="store_true", help="leave out the SPEC_SHAPES rows")
     args = p.parse_args(argv)
+    bad = sorted(set(args.caches.split(",")) - set(CACHES))
+    if bad:
+        p.error(f"unknown caches {bad}; choose from {', '.join(CACHES)}")
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
     device_name = torch.cuda.get_device_name()
-    result = {"device": device_name}
     copy_gbps, matmul_rate, flush = copy_bandwidth_gbps(), matmul_tflops(), L2Flusher()
+    header = (
+        f"device: {device_name}; torch {torch.__version__}; copy bandwidth {copy_gbps:.0f} GB/s "
+        f"(read+write); dense bf16 matmul {matmul_rate:.0f} TFLOP/s"
+    )
+    print(header, flush=True)
+    result = {"device": device_name, "copy_gbps": copy_gbps, "matmul_tflops": matmul_rate}
     if args.sweep:
         result["sweep"] = sweep(copy_gbps, flush)
-        for r in result["sweep"]:
-            if "error" in r:
-                print(f"{r['config']}: {r['error']}")
-            else:
-                print(
-                    f"{r['config']} B={r['batch']} ctx={r['context']}: {r['us']:.1f} us "
-                    f"{r['kv_gbps']:.0f} GB/s {100 * r['frac_copy']:.1f}% {r['tflops']:.0f} TFLOP/s"
-                    f" (max diff vs default {r['maxdiff_vs_default']:.1e})"
-                )
-    if args.split_sweep:
-        from atom_plugin.backends.triton_mla import decode_num_splits
-
-        result["split_sweep"] = split_sweep(copy_gbps, flush)
-        for r in result["split_sweep"]:
-            default = decode_num_splits(r["batch"], HEADS, r["context"], torch.device("cuda"))
-            print(
-                f"B={r['batch']} ctx={r['context']} splits={r['num_splits']} (rule: {default}): "
-                f"{r['us']:.1f} us {100 * r['frac_copy']:.1f}% "
-                f"(max diff vs default {r['maxdiff_vs_default']:.1e})"
-            )
-    rows = run_mla_benchmarks(copy_gbps=copy_gbps, matmul_rate=matmul_rate, flush=flush)
+    old = load_baseline(args.baseline) if args.baseline else None
+    rows = run_mla_benchmarks(
+        _ints(args.heads),
+        _ints(args.batches),
+        _ints(args.contexts),
+        tuple(args.caches.split(",")),
+        () if args.no_spec else SPEC_SHAPES,
+        copy_gbps=copy_gbps,
+        matmul_rate=matmul_rate,
+        flush=flush,
+        old=old,
+    )
     result["rows"] = rows
     table = format_table(rows)
-    print(
-        f"device: {device_name}; copy bandwidth {copy_gbps:.0f} GB/s (read+write); dense bf16 "
-        f"matmul {matmul_rate:.0f} TFLOP/s; {FLOP_PER_KV_BYTE:.0f} FLOP per KV byte, so the "
-        f"roofline is {100 * roofline_frac_copy(copy_gbps, matmul_rate):.1f}% of copy bandwidth"
-    )
+    print(header)
     print(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+            f.write(header + "\n\n" + table + "\n")
     return 0
 
 

@@ -15,10 +15,10 @@ import sys
 
 import torch
 
-from benchmarks.attention_mla import HEADS, LORA, make_decode_batch
+from benchmarks.attention_mla import Shape
 
 CONFIGS = ({"tma": True}, {"tma": False}, {"tma": True, "BLOCK_N": 32})
-SHAPES = ((32, 4096), (128, 4096))
+SHAPES = ((16, 32, 4096, "bf16"), (16, 32, 4096, "fp8"), (128, 128, 4096, "bf16"))
 
 
 def compiled_kernels(jit_fn) -> list:
@@ -33,22 +33,21 @@ def compiled_kernels(jit_fn) -> list:
 
 def main() -> int:
     from atom_plugin.backends import triton_mla
-    from atom_plugin.backends.mla_reference import mla_token_plan
 
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    for batch, context in SHAPES:
-        meta, q, cache = make_decode_batch(batch, context)
-        plan = mla_token_plan(meta, batch)
-        out = torch.empty(batch, HEADS, LORA, dtype=q.dtype, device="cuda")
+    for heads, batch, context, cache in SHAPES:
+        shape = Shape(batch, context, heads, 1, cache)
+        out = shape.new_out()
         for config in CONFIGS:
-            triton_mla.mla_decode_triton(
-                q, cache, meta, scale=0.07, output=out, token_plan=plan, config=config
-            )
+            for kernel in ("packed", "per_token"):
+                if cache == "fp8" and kernel == "per_token" and config.get("tma"):
+                    continue  # the per-token kernel reads fp8 through pointer loads only
+                shape.run_new(out, shape.plan({**config, "kernel": kernel}))
     torch.cuda.synchronize()
     print("kernel | loads | regs | spills | shared bytes | warps | stages")
-    for name in ("_mla_decode_stage1", "_mla_decode_stage2"):
+    for name in ("_mla_decode_stage1", "_mla_decode_per_token", "_mla_decode_stage2"):
         kernels = compiled_kernels(getattr(triton_mla, name))
         if not kernels:
             print(f"{name}: no compiled kernels found (Triton's cache layout changed?)")

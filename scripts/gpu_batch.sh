@@ -63,9 +63,10 @@ for what in "$@"; do
       timeout 400 python3 -m benchmarks.attention --out "$OUT/attention.md" \
         --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" || status=1 ;;
     mla)
-      stage mla "MLA decode launch configurations (TMA, warp specialization) and the default"
-      timeout 400 python3 -m benchmarks.attention_mla --sweep --json "$OUT/mla.json" \
-        --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
+      # MLA_BASELINE: the replaced kernel's source, timed beside (benchmarks/attention_mla.py)
+      stage mla "MLA decode at 16/64/128 heads, bf16/fp8, 1-2 tokens, and launch alternatives"
+      timeout 500 python3 -m benchmarks.attention_mla ${MLA_BASELINE:+--baseline "$MLA_BASELINE"} \
+        --sweep --json "$OUT/mla.json" --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
     *) echo "unknown stage '$what'; stages: tests k3 tbo tbo_prefill attention mla dp" >&2; exit 2 ;;
   esac
 done

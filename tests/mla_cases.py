@@ -33,17 +33,26 @@ def make_mla_batch(
     pad_tokens=0,
     pad_rows=0,
     col_offset=8,
+    nan_unused=False,
 ) -> MLABatch:
     """reqs: [(query_len, seq_len)], laid out by `attention_cases.paged_layout`; the
     cache is a strided view (each row padded by 16 columns, the view starting
     `col_offset` columns in) so kernels must honour strides; 8 keeps 16-bit rows
     16-byte aligned, as TMA needs. `pad_rows` adds inert rows (seq_len 0, no queries);
-    `pad_tokens` adds query rows past the requests (must stay untouched)."""
+    `pad_tokens` adds query rows past the requests (must stay untouched). `nan_unused`
+    fills every cache row outside the requests' contexts with NaN, so a kernel that
+    reads one past its mask turns its output NaN."""
     gen = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
     width = lora + rope
     num_blocks, table, qsl, slots = paged_layout(reqs, block_size, gen, pad_rows=pad_rows)
     backing = torch.randn(num_blocks, block_size, width + 16, generator=gen)
+    if nan_unused:
+        used = torch.zeros(num_blocks, block_size, dtype=torch.bool)
+        for r, (_, s) in enumerate(reqs):
+            for p in range(s):
+                used[int(table[r, p // block_size]), p % block_size] = True
+        backing[~used] = float("nan")
     kv_scale = None
     if cache_dtype in FP8:
         kv_scale = torch.tensor([0.5])

@@ -14,9 +14,9 @@ from hypothesis import strategies as st  # noqa: E402
 from mla_cases import FP8, make_mla_batch, tolerance  # noqa: E402
 
 from atom_plugin.backends import mla_ops, triton_mla  # noqa: E402
+from atom_plugin.backends.mla_plan import mla_token_plan, plan_mla_decode  # noqa: E402
 from atom_plugin.backends.mla_reference import (  # noqa: E402
     mla_decode_reference,
-    mla_token_plan,
     write_mla_kv_reference,
 )
 from atom_plugin.backends.triton_mla import mla_decode_triton, write_mla_kv_triton  # noqa: E402
@@ -110,6 +110,10 @@ def test_token_plan_causal_rows_and_padding():
         # whole tiles through TMA descriptors, the partial last tile of a split masked
         (SINGLE, 16, 3, {"tma": True, "BLOCK_N": 16}),
         (MULTI, 20, 1, {"tma": True, "BLOCK_N": 16}),
+        (SINGLE, 16, 70, {"BLOCK_N": 16}),  # most splits empty; the merge takes 2 chunks
+        (MULTI, 16, 3, {"kernel": "per_token"}),  # the kernel from before packing
+        (SINGLE, 20, 2, {"kernel": "per_token", "tma": True, "BLOCK_N": 16}),
+        ([(1, 4000), (2, 90)], 16, 100, {"BLOCK_N": 16}),  # 84 non-empty splits
     ],
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
@@ -141,6 +145,47 @@ def test_triton_decode_dcp_token_kv_lens():
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
+
+
+@INTERPRETER_ONLY
+@pytest.mark.parametrize(
+    "heads,splits,cfg,tokens",
+    [
+        (16, None, {"kernel": "packed"}, 4),  # 16 heads x up to 4 tokens in one program
+        (16, 2, {"BLOCK_N": 16}, 4),  # a split holding one key: the earlier rows see none
+        (16, 3, {"BLOCK_N": 16, "tma": True}, 4),
+        (16, 1, {"BLOCK_M": 32}, 2),  # 4-token rows in two chunks of 2 tokens
+        (32, 2, {"BLOCK_H": 16, "BLOCK_M": 16}, 1),  # no packing: a program per token
+    ],
+)
+def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens):
+    """Speculative rows (causal) with a request's tokens packed into one program's query
+    rows; NaN in every unused cache row, so a key read past a row's mask shows."""
+    reqs = [(2, 17), (4, 33), (1, 1), (3, 3), (4, 48)]
+    b = make_mla_batch(
+        reqs, heads=heads, lora=32, rope=16, pad_rows=2, pad_tokens=2, nan_unused=True
+    )
+    plan = plan_mla_decode(
+        b.meta, b.q.shape[0], heads, kernel_impl="triton", config=cfg, num_splits=splits
+    )
+    assert plan.launch.tokens == tokens  # the packing this case is about is what runs
+    want_out, want_lse = _run(mla_decode_reference, b, 32)
+    out, lse = _run(mla_decode_triton, b, 32, plan=plan)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+    torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+    assert not out.isnan().any()
+
+
+def test_plan_copies_into_persistent_buffers():
+    """A CUDA graph reads the token plan at fixed addresses: the builder's buffers."""
+    b = make_mla_batch([(1, 5), (3, 10)], heads=4, lora=16, rope=16, pad_rows=1)
+    bufs = (torch.full((8,), 99, dtype=torch.int32), torch.full((8,), 99, dtype=torch.int32))
+    plan = plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=bufs)
+    assert plan.token_req.data_ptr() == bufs[0].data_ptr()
+    assert bufs[0].tolist()[:4] == [0, 1, 1, 1] and bufs[1].tolist()[:4] == [5, 8, 9, 10]
+    assert plan.launch is None
+    with pytest.raises(ValueError, match="plan buffers hold 2 tokens, the step has 4"):
+        plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=(bufs[0][:2], bufs[1][:2]))
 
 
 @INTERPRETER_ONLY
@@ -298,11 +343,11 @@ def test_gpu_triton_fp8_cache_and_write():
 @pytest.mark.parametrize(
     "cfg,cache_dtype,col_offset,match",
     [
-        ({"tma": True, "BLOCK_N": 16}, FP8[0], 8, "cache dtype"),
         ({"tma": True, "BLOCK_N": 32}, torch.float32, 8, "BLOCK_N=32 does not divide"),
         ({"tma": True, "BLOCK_N": 16}, torch.bfloat16, 4, "16-byte aligned"),
         ({"tma": "yes"}, torch.float32, 8, "tma must be None, True or False, got 'yes'"),
-        ({"BLOCK_M": 16}, torch.float32, 8, r"unknown MLA decode config keys \['BLOCK_M'\]"),
+        ({"BLOCK_K": 16}, torch.float32, 8, r"unknown packed MLA decode config keys \['BLOCK_K'\]"),
+        ({"fp8_math": "fp32"}, torch.float32, 8, "fp8_math must be 'fp16' or 'bf16', got 'fp32'"),
     ],
 )
 def test_triton_decode_config_errors(cfg, cache_dtype, col_offset, match):
@@ -338,14 +383,57 @@ def test_gpu_tma_chosen_where_the_cache_allows():
         (64, 64, 2),  # batch 32 x 4K on 132 SMs: one full wave, the sweep's fastest
         (64, 512, 2),  # batch 32 x 32K
         (256, 64, 1),  # batch 128 x 4K: two waves already
-        (2, 64, 64),  # batch 1 x 4K: as many splits as fit in one wave
-        (2, 512, 64),  # batch 1 x 32K, capped at MAX_SPLITS
+        (2, 64, 64),  # batch 1 x 4K: as many splits as there are key tiles (capped: 64)
+        (2, 512, 64),  # batch 1 x 32K: 128 programs, one wave
+        (1, 512, 128),  # one head group at batch 1 x 32K
         (4096, 8, 1),
         (1, 1, 1),
     ],
 )
 def test_split_count_fills_whole_waves(programs, tiles, want):
     assert triton_mla.best_num_splits(programs, tiles, 132) == want
+
+
+def test_split_count_keeps_64_keys_per_split():
+    """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
+    not the 128 the wave rule alone would take."""
+    assert triton_mla.best_num_splits(1, 128, 264) == 128
+    assert triton_mla.best_num_splits(1, 128, 264, most=64) == 64
+    launch = triton_mla.plan_launch(1, 1, 1, 16, 4096, torch.device("cpu"), config={})
+    assert launch.num_splits <= 4096 // triton_mla.MIN_KEYS_PER_SPLIT
+
+
+@pytest.mark.parametrize(
+    "heads,reqs,context,packed_splits,want",
+    [
+        (16, 1, 4096, 64, "per_token"),  # the smallest step: the older kernel was 5% faster
+        (16, 1, 32768, 128, "packed"),
+        (16, 32, 4096, 8, "packed"),
+        (64, 1, 32768, 128, "packed"),  # more splits than the per-token merge takes
+        (64, 32, 32768, 4, "per_token"),
+        (128, 1, 32768, 64, "per_token"),
+    ],
+)
+def test_kernel_choice_follows_the_measurements(heads, reqs, context, packed_splits, want):
+    assert triton_mla.choose_kernel(heads, reqs, context, packed_splits) == want
+
+
+def test_plan_names_the_kernel_it_chose():
+    """Auto picks per the rule; a config naming no kernel tunes the packed one; a bad
+    name or an fp8 TMA request on the per-token kernel is refused."""
+    cpu = torch.device("cpu")
+    assert triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu).kernel == "per_token"
+    assert triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu, config={"num_stages": 2}).kernel == (
+        "packed"
+    )
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu, config={"kernel": "fast"})
+    with pytest.raises(ValueError, match="pointer loads only"):
+        triton_mla.plan_launch(
+            1, 1, 1, 64, 4096, cpu, fp8_cache=True, config={"kernel": "per_token", "tma": None}
+        )
+    with pytest.raises(ValueError, match=r"unknown per_token .* \['BLOCK_M'\]"):
+        triton_mla.plan_launch(1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8})
 
 
 @pytest.mark.gpu
@@ -361,12 +449,143 @@ def test_gpu_one_split_writes_the_output(splits):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
-def test_benchmark_roofline_caps_at_the_compute_bound():
-    """benchmarks/attention_mla's roofline: 128 heads x (2*576 + 2*512) FLOP per 1,152-byte
-    row; compute-bound on an H200's measured rates, copy-bound with compute to spare."""
-    from benchmarks.attention_mla import roofline_frac_copy
+def test_benchmark_targets_follow_the_issue():
+    """benchmarks/attention_mla's per-shape targets: 16 heads by copy bandwidth, 64 by
+    the lesser limit, 128 by TFLOP/s; one-token shapes only."""
+    from benchmarks.attention_mla import target_met, target_of
 
-    flop_per_byte = 128 * (2 * 576 + 2 * 512) / 1152
-    assert roofline_frac_copy(4243, 779) == pytest.approx(779e12 / flop_per_byte / 4243e9)
-    assert roofline_frac_copy(4243, 779) == pytest.approx(0.7594, abs=1e-4)
-    assert roofline_frac_copy(8000, 5000) == 1.0
+    assert target_of(16, 32, 4096, 1) == "85% copy" and target_of(16, 1, 32768, 1) == "50% copy"
+    assert target_of(16, 1, 4096, 1) is None and target_of(16, 32, 8192, 2) is None
+    assert target_of(64, 128, 4096, 1) == "70% limit" and target_of(64, 1, 4096, 1) is None
+    assert target_of(128, 32, 32768, 1) == "550 TFLOP/s"
+    row = {"target": "85% copy", "frac_copy": 0.84, "frac_limit": 0.9, "tflops": 100}
+    assert target_met(row) is False and target_met({**row, "frac_copy": 0.85}) is True
+    assert target_met({"target": "70% limit", "frac_limit": 0.71}) is True
+    assert target_met({"target": "550 TFLOP/s", "tflops": 549}) is False
+
+
+# ---- every path of the new plan at DeepSeek sizes on the GPU ----
+
+# context 1, page - 1, page, page + 1 (page 64), long ones, and 2-token causal rows
+EDGE_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 9000), (1, 777), (2, 2051), (2, 64), (2, 65)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [64, 16])  # TMA tiles / pointer loads only
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_gpu_decode_edges(heads, cache, block_size):
+    """Shuffled tables, padding rows (context 0) and tokens, NaN in every unused cache
+    row, fp8 with a non-unit scale (0.5), at the planned split count, one split and 200
+    splits (the merge's loop over chunks of splits)."""
+    b = make_mla_batch(
+        EDGE_REQS,
+        heads=heads,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0] if cache == "fp8" else None,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+        nan_unused=True,
+        col_offset=16 if cache == "fp8" else 8,  # 16-byte aligned columns either way
+    )
+    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    for splits in (None, 1, 200):
+        plan = plan_mla_decode(
+            b.meta,
+            b.q.shape[0],
+            heads,
+            kernel_impl="triton",
+            kv_dtype=b.kv_cache.dtype,
+            num_splits=splits,
+        )
+        # 16 heads pack both tokens; above, the per-token kernel runs at these sizes
+        assert plan.launch.kernel == ("packed" if heads == 16 else "per_token")
+        assert plan.launch.tokens == (2 if heads == 16 else 1)
+        tma = triton_mla._use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
+        fp8_pointer_loads = cache == "fp8" and heads > 16  # the default there
+        assert tma is (block_size % plan.launch.block_n == 0 and not fp8_pointer_loads)
+        out, lse = _run(mla_decode_triton, b, 512, plan=plan)
+        T = b.meta.num_actual_tokens
+        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
+        torch.testing.assert_close(out, want_out, **tol)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+    other = {"packed": "per_token", "per_token": "packed"}[plan.launch.kernel]
+    out, lse = _run(mla_decode_triton, b, 512, config={"kernel": other})
+    torch.testing.assert_close(out, want_out, **tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_fp8_bf16_math(heads):
+    """fp8 tiles through TMA widened to bf16 (the default takes fp16 at 16 heads and
+    pointer loads above)."""
+    b = make_mla_batch(
+        EDGE_REQS,
+        heads=heads,
+        block_size=64,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0],
+        device="cuda",
+        pad_rows=2,
+        nan_unused=True,
+        col_offset=16,
+    )
+    want_out, _ = _run(mla_decode_reference, b, 512)
+    out, _ = _run(mla_decode_triton, b, 512, config={"fp8_math": "bf16", "tma": None})
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_dcp_token_kv_lens(heads):
+    """Decode context parallelism: per-token local row counts, multi-token rows."""
+    b = make_mla_batch(
+        [(1, 300), (2, 1000), (2, 70)],
+        heads=heads,
+        block_size=64,
+        dtype=torch.bfloat16,
+        device="cuda",
+        nan_unused=True,
+    )
+    lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
+    want_out, want_lse = _run(mla_decode_reference, b, 512, token_kv_lens=lens)
+    out, lse = _run(mla_decode_triton, b, 512, token_kv_lens=lens)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_replays_from_a_cuda_graph():
+    """Captured once with the plan in persistent buffers and the split count planned for
+    the longest context, the graph replays a later step's plan (shorter contexts)."""
+    b = make_mla_batch(
+        [(1, 5000), (2, 3000), (1, 64)],
+        heads=16,
+        block_size=64,
+        dtype=torch.bfloat16,
+        device="cuda",
+        nan_unused=True,
+    )
+    T = b.q.shape[0]
+    bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
+    plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs)
+    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S  # the chunked, column-split merge
+    assert plan.launch.num_splits > 1
+    out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    b.meta.seq_lens.copy_(torch.tensor([4000, 1500, 1], dtype=torch.int32))
+    plan_mla_decode(b.meta, T, 16, kernel_impl="triton", out=bufs)  # the next step's plan
+    graph.replay()
+    want, _ = _run(mla_decode_reference, b, 512)
+    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))

@@ -106,6 +106,8 @@ def _builder_without_vllm_config():
     b = AtomAiterMLAMetadataBuilder.__new__(AtomAiterMLAMetadataBuilder)
     b.kernel_impl, b.dcp_world_size, b.dcp_rank, b.cp_kv_cache_interleave_size = "torch", 1, 0, 1
     b._block_table = None
+    b.num_heads, b._plan_buffers, b._capture_context = 4, None, None
+    b._kv_dtype = torch.bfloat16
     return b
 
 
@@ -139,7 +141,7 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
         num_decodes=n,
         num_decode_tokens=n,
         num_prefills=0,
-        decode=builder._decode_metadata(paged, None),
+        decode=builder._decode_metadata(paged, None, part=0),
     )
     first, second = builder.prepare_ubatch_decode(rows)
     assert (first.num_reqs, second.num_reqs) == (4, 4)
@@ -148,7 +150,8 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
     assert second.slot_mapping.tolist() == [8, -1, -1, -1]
     assert second.query_start_loc.tolist() == [0, 1, 2, 3, 4]
     assert torch.equal(second.decode.block_table, builder._block_table[4:8])
-    req, kv_len = second.decode.token_plan
+    plan = second.decode.plan
+    req, kv_len = plan.token_req, plan.token_kv_len
     assert req.tolist() == [0, 1, 2, 3] and kv_len.tolist() == [9, 0, 0, 0]
     with pytest.raises(ValueError, match="split_bs=9 exceeds"):
         builder.prepare_ubatch_decode(9)

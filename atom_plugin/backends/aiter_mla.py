@@ -16,7 +16,7 @@ import torch
 
 from atom_plugin.backends.aiter_mha import kv_cache_dtype_name, unit_scale
 from atom_plugin.backends.checks import is_fp8
-from atom_plugin.backends.mla_reference import check_mla_shapes
+from atom_plugin.backends.mla_plan import check_mla_shapes
 
 
 @dataclass

@@ -39,7 +39,7 @@ def mla_decode(
     kv_scale: torch.Tensor | None = None,
     token_kv_lens: torch.Tensor | None = None,
     aiter_plan=None,
-    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None,
+    plan=None,
 ) -> torch.Tensor:
     """Absorbed MLA decode over the paged latent cache; writes output [T, H, kv_lora_rank]
     in place and returns lse [T, H] float32.
@@ -47,9 +47,9 @@ def mla_decode(
     q [T, H, kv_lora_rank + rope]; a request's several query tokens (speculative
     verification) are causal. `token_kv_lens` [T] overrides how many cached rows each
     token sees (decode context parallelism). `aiter_plan` is the builder's
-    `AiterMLAPlan`; without one the AITER path builds it here. `token_plan` is
-    `mla_token_plan`'s (request, visible rows) per token, built once per step by the
-    builder so layers skip it; it already includes `token_kv_lens`.
+    `AiterMLAPlan`; without one the AITER path builds it here. `plan` is
+    `mla_plan.plan_mla_decode`'s, built once per step by the builder so layers skip it;
+    it already includes `token_kv_lens`.
     """
     impl = select_kernel_impl(q.device)
     kwargs = dict(scale=scale, output=output, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale)
@@ -73,9 +73,7 @@ def mla_decode(
     if impl == "triton":
         from atom_plugin.backends.triton_mla import mla_decode_triton
 
-        return mla_decode_triton(
-            q, kv_cache, meta, token_kv_lens=token_kv_lens, token_plan=token_plan, **kwargs
-        )
-    return mla_decode_reference(
-        q, kv_cache, meta, token_kv_lens=token_kv_lens, token_plan=token_plan, **kwargs
-    )
+        if plan is None:
+            kwargs["token_kv_lens"] = token_kv_lens
+        return mla_decode_triton(q, kv_cache, meta, plan=plan, **kwargs)
+    return mla_decode_reference(q, kv_cache, meta, token_kv_lens=token_kv_lens, plan=plan, **kwargs)

@@ -1,32 +1,42 @@
 """Triton MLA kernels: the latent cache write and a split-KV decode with a reduction.
 
-Decode stage 1 runs one program per (head group, KV split, query token). All heads
-share the latent rows, so a program loads each block of cached rows once and scores it
-against BLOCK_H heads with two matmuls (latent part and rope part), then accumulates
-P @ kv_c. Head groups are the fastest-varying grid axis, so the groups that read the
-same rows run next to each other and mostly hit L2. Stage 2 merges the splits with
-their log-sum-exps; with one split, stage 1 writes the output itself and stage 2 does
-not run. Correctness does not depend on the number of splits, so it is chosen per call
-from batch, heads and context to fill whole waves of the GPU.
+Decode stage 1 runs one program per (head group, KV split, request and token chunk).
+All heads share the latent rows, so a program loads each block of cached rows once and
+scores it against BLOCK_M query rows (BLOCK_H heads x the request's query tokens packed
+together, so a 16-head request with 2 speculative tokens reads its rows once, not twice)
+with two matmuls (latent part and rope part), then accumulates P @ kv_c. Each query row
+masks the keys it may not see (causal rows of one request see different counts). Head
+groups are the fastest-varying grid axis, so the groups that read the same rows run next
+to each other and mostly hit L2. The kernel from before packing, one program per
+(head group, split, query token), stays beside it (`_mla_decode_per_token`) and runs
+where it measured faster (`choose_kernel`). Stage 2 merges the splits with their
+log-sum-exps, in chunks of splits; with one split, stage 1 writes the output itself and
+stage 2 does not run. Correctness does not depend on the number of splits; the per-step
+plan (`plan_launch`, called by `mla_plan.plan_mla_decode`) picks the kernel and the split
+count from batch, heads and context.
 
-Where the cache allows it (a CUDA GPU with TMA, 16-bit or fp32 rows, BLOCK_N dividing
-the block size, 16-byte alignment) whole tiles load through TMA tensor descriptors: a
-tile never crosses a page, so it is one box of the cache viewed as rows. The last,
-partial tile of each split, and every tile otherwise, go through masked pointer loads.
+Where the cache allows it (a CUDA GPU with TMA, 16-bit, fp32 or fp8 rows, BLOCK_N
+dividing the block size, 16-byte alignment) whole tiles load through TMA tensor
+descriptors: a tile never crosses a page, so it is one box of the cache viewed as rows.
+The last, partial tile of each split, and every tile otherwise, go through masked
+pointer loads. The packed kernel widens an fp8 tile unscaled to fp16 or bf16
+(`fp8_math`; e4m3 values are exact in both) and folds the per-tensor scale into the score
+scale and the output; the per-token kernel reads fp8 through pointer loads only and
+dequantizes in fp32.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from atom_plugin.backends.checks import is_fp8
-from atom_plugin.backends.mla_reference import check_mla_shapes, mla_token_plan
+from atom_plugin.backends.checks import FP8_DTYPES, is_fp8
+from atom_plugin.backends.mla_plan import check_mla_shapes, plan_mla_decode
 from atom_plugin.backends.triton_common import (
-    MAX_SPLITS,
     cdiv,
     device_has_tma,
     device_sm_count,
@@ -104,11 +114,12 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
 
 
 @triton.jit
-def _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
-    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows."""
+def _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
+    """Online-softmax update of (m_i, l_i, acc) with one tile of latent rows; `valid`
+    [rows, keys] says which keys each query row sees."""
     s = tl.dot(q_c, tl.trans(kv_c), input_precision=PRECISION)
     s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
-    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+    s = tl.where(valid, s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -119,6 +130,146 @@ def _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION:
 
 @triton.jit
 def _mla_decode_stage1(
+    Q,
+    KV,
+    KV_C_DESC,
+    K_PE_DESC,
+    BLOCK_TABLE,
+    QSL,
+    TOK_KV_LEN,
+    MID_O,
+    MID_LSE,
+    KV_SCALE,
+    sm_scale,
+    num_heads,
+    num_splits,
+    token_chunks,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_bt,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    PAGE: tl.constexpr,
+    LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    FP16_MATH: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_r = tl.program_id(2)
+    r = pid_r // token_chunks
+    q_start = tl.load(QSL + r)
+    q_len = tl.load(QSL + r + 1) - q_start
+    first = (pid_r % token_chunks) * TOKENS
+    if first >= q_len:
+        return
+    # query rows: TOKENS tokens of request r times BLOCK_H heads
+    offs_m = tl.arange(0, TOKENS * BLOCK_H)
+    tok = first + offs_m // BLOCK_H
+    head = pid_h * BLOCK_H + offs_m % BLOCK_H
+    mask_m = (tok < q_len) & (head < num_heads)
+    t = (q_start + tok).to(tl.int64)
+    row_len = tl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
+    kv_len = tl.max(row_len, 0)
+    per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, kv_len)
+
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_pe = tl.arange(0, BLOCK_DPE)
+    mask_dv = offs_dv < LORA
+    mask_pe = offs_pe < ROPE
+    q_row = Q + t[:, None] * stride_qt + head[:, None] * stride_qh
+    q_c = tl.load(q_row + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
+    q_pe = tl.load(
+        q_row + LORA + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0
+    )
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
+    if IS_FP8:
+        kv_scale = tl.load(KV_SCALE)
+        qk_scale = qk_scale * kv_scale  # the tiles are widened unscaled
+        if FP16_MATH:
+            # e4m3 -> fp16 is one instruction per pair (-> bf16 is several); the query
+            # is clamped to fp16's range, the matmuls accumulate in fp32 as before
+            q_c = tl.clamp(q_c.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            q_pe = tl.clamp(q_pe.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+
+    # a finite start for the running max: a row that sees no key of a tile (a causal
+    # row's last tile) keeps alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN
+    m_i = tl.full([TOKENS * BLOCK_H], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([TOKENS * BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([TOKENS * BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    bt_row = BLOCK_TABLE + r.to(tl.int64) * stride_bt
+    tail = start
+    if TMA:
+        # Whole tiles through TMA: a tile never crosses a page (BLOCK_N divides PAGE,
+        # tiles start at multiples of BLOCK_N), so its rows are one box of the cache
+        # viewed as [blocks * PAGE, LORA + ROPE]. Only the last, partial tile needs masks.
+        tail = start + (end - start) // BLOCK_N * BLOCK_N
+        every = tl.full([1, BLOCK_N], 1, tl.int1)  # one token per program: whole tiles
+        for n in range(start, tail, BLOCK_N):
+            page = tl.load(bt_row + n // PAGE)
+            row0 = page * PAGE + n % PAGE
+            kv_c = KV_C_DESC.load([row0, 0])
+            k_pe = K_PE_DESC.load([row0, 0])
+            if IS_FP8:
+                kv_c = kv_c.to(q_c.dtype)
+                k_pe = k_pe.to(q_c.dtype)
+            if TOKENS == 1:
+                valid = every
+            else:
+                valid = (n + tl.arange(0, BLOCK_N))[None, :] < row_len[:, None]
+            m_i, l_i, acc = _mla_tile(
+                q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION
+            )
+    for n in range(tail, end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        page = tl.load(bt_row + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
+        row = KV + page * stride_kb + (pos % PAGE).to(tl.int64) * stride_ks
+        kv_c = tl.load(
+            row[:, None] + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0
+        )
+        k_pe = tl.load(
+            row[:, None] + LORA + offs_pe[None, :],
+            mask=mask_n[:, None] & mask_pe[None, :],
+            other=0.0,
+        )
+        if IS_FP8:
+            kv_c = kv_c.to(q_c.dtype)
+            k_pe = k_pe.to(q_c.dtype)
+        if TOKENS == 1:
+            valid = mask_n[None, :]
+        else:
+            valid = pos[None, :] < row_len[:, None]
+        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if IS_FP8:
+        out = out * kv_scale
+    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID_O + t[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms
+    out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
+    tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
+    tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
+
+
+@triton.jit
+def _mla_decode_per_token(
     Q,
     KV,
     KV_C_DESC,
@@ -153,6 +304,9 @@ def _mla_decode_stage1(
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
+    """The kernel this module had before request packing (one program per head group,
+    split and query token; fp8 tiles through pointer loads, dequantized in fp32). The
+    plan keeps it where the H200 runs measured it faster (`choose_kernel`)."""
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)
@@ -196,7 +350,7 @@ def _mla_decode_stage1(
             kv_c = KV_C_DESC.load([row0, 0])
             k_pe = K_PE_DESC.load([row0, 0])
             m_i, l_i, acc = _mla_tile(
-                q_c, q_pe, kv_c, k_pe, every, m_i, l_i, acc, qk_scale, PRECISION
+                q_c, q_pe, kv_c, k_pe, every[None, :], m_i, l_i, acc, qk_scale, PRECISION
             )
     for n in range(tail, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
@@ -214,7 +368,9 @@ def _mla_decode_stage1(
         if IS_FP8:
             kv_c = (kv_c.to(tl.float32) * kv_scale).to(q_c.dtype)
             k_pe = (k_pe.to(tl.float32) * kv_scale).to(q_c.dtype)
-        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, mask_n, m_i, l_i, acc, qk_scale, PRECISION)
+        m_i, l_i, acc = _mla_tile(
+            q_c, q_pe, kv_c, k_pe, mask_n[None, :], m_i, l_i, acc, qk_scale, PRECISION
+        )
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -244,64 +400,248 @@ def _mla_decode_stage2(
     LORA: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
 ):
+    """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse: all at
+    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
         return
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < num_splits
-    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < LORA
-    lse = tl.load(
-        MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh + offs_s,
-        mask=mask_s,
-        other=float("-inf"),
-    )
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m_safe)
-    denom = tl.sum(w, 0)
+    lse_row = MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh
     mid = MID_O + t.to(tl.int64) * stride_mt + h * stride_mh
-    parts = tl.load(
-        mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
-        mask=mask_s[:, None] & mask_dv[None, :],
-        other=0.0,
-    )
-    out = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+    if ONE_CHUNK:
+        offs_s = tl.arange(0, BLOCK_S)
+        mask_s = offs_s < num_splits
+        lse = tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf"))
+        m = tl.max(lse, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp(lse - m_safe)
+        denom = tl.sum(w, 0)
+        parts = tl.load(
+            mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
+            mask=mask_s[:, None] & mask_dv[None, :],
+            other=0.0,
+        )
+        out = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+        tl.store(
+            OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
+            out.to(OUT.dtype.element_ty),
+            mask=mask_dv,
+        )
+        tl.store(
+            LSE + t.to(tl.int64) * stride_st + h,
+            tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
+        )
+        return
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
+    denom = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        mask_s = offs_s < num_splits
+        lse = tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(lse - m_safe)
+        parts = tl.load(
+            mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
+            mask=mask_s[:, None] & mask_dv[None, :],
+            other=0.0,
+        )
+        acc = acc * rescale + tl.sum(w[:, None] * parts, 0)
+        denom = denom * rescale + tl.sum(w, 0)
+        m = m_new
+    out = acc / tl.where(denom > 0, denom, 1.0)
     tl.store(
         OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
         out.to(OUT.dtype.element_ty),
         mask=mask_dv,
     )
-    tl.store(
-        LSE + t.to(tl.int64) * stride_st + h,
-        tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
-    )
+    if tl.program_id(2) == 0:
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(
+            LSE + t.to(tl.int64) * stride_st + h,
+            tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
+        )
 
 
-def default_config(num_heads: int) -> dict:
-    """Launch parameters. 64 heads per program, 64 keys per step, 8 warps was the
-    fastest of the H200 sweeps at 128 heads on every shape timed (docs/benchmarks.md).
-    `tma`: load whole tiles through TMA tensor descriptors - True requires it, False
-    never, None (the default) whenever the cache allows it on a CUDA GPU with TMA."""
+MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
+MERGE_BLOCK_S = 64
+MERGE_BLOCK_DV = 128  # output columns per merge program: many splits, few tokens x heads
+MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
+
+
+PER_TOKEN_MAX_KEYS = 8192  # requests x context up to which 16 heads run per token
+
+
+def choose_kernel(num_heads: int, num_reqs: int, context: int, packed_splits: int) -> str:
+    """'packed' or 'per_token' (the kernel before packing), whichever the H200 runs
+    measured faster (docs/benchmarks.md): above 16 heads packing gains nothing at one
+    token per program, so the packed kernel runs only where its plan needs more than
+    MERGE_BLOCK_S splits (batch 1, long contexts: 1.19-1.22x at 64 heads x 32K; the
+    per-token kernel was 1-15% faster elsewhere, fp8 most); at 16 heads it runs
+    everywhere but the smallest steps (batch 1 x 4K: the per-token kernel 5% faster)."""
+    if num_heads > 16:
+        return "packed" if packed_splits > MERGE_BLOCK_S else "per_token"
+    return "per_token" if num_reqs * context <= PER_TOKEN_MAX_KEYS else "packed"
+
+
+def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packed") -> dict:
+    """Launch parameters per kernel, head count and cache kind. `BLOCK_H`: heads per
+    program; `BLOCK_M`: query rows per program (heads x packed tokens of one request);
+    `per_sm`: programs the split rule assumes run at once on one SM; `fp8_math`: the
+    matmul dtype for an fp8 cache ("fp16": e4m3 widens in one instruction per pair;
+    "bf16"). `tma`: load whole tiles through TMA tensor descriptors - True requires it,
+    False never, None whenever the cache allows it on a CUDA GPU with TMA. The packed
+    kernel's choices are the H200 sweeps' fastest (docs/benchmarks.md): at 16 heads
+    32-key tiles three stages deep, two programs per SM, fp8 through TMA widened to
+    fp16; above, 64 heads x 64 keys per step on 8 warps, fp8 through pointer loads
+    widened to bf16. The per-token kernel keeps its launch from before packing (its
+    fp8 tiles always take pointer loads)."""
+    if kernel == "per_token":
+        small = num_heads <= 16
+        return {
+            "BLOCK_H": 16 if small else 64,
+            "BLOCK_N": 32 if small else 64,
+            "num_warps": 4 if small else 8,
+            "num_stages": 2,
+            "tma": False if fp8_cache else None,
+        }
     if num_heads <= 16:
-        return {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "tma": None}
-    return {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "tma": None}
+        return {
+            "BLOCK_H": 16,
+            "BLOCK_M": 64,
+            "BLOCK_N": 32,
+            "num_warps": 4,
+            "num_stages": 3,
+            "tma": None,
+            "per_sm": 2,
+            "fp8_math": "fp16",
+        }
+    return {
+        "BLOCK_H": 64,
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "num_warps": 8,
+        "num_stages": 2,
+        "tma": False if fp8_cache else None,
+        "per_sm": 1,
+        "fp8_math": "bf16",
+    }
 
 
-def _config(num_heads: int, config: dict | None) -> dict:
-    cfg = default_config(num_heads)
-    unknown = sorted(set(config or {}) - set(cfg))
+KERNELS = ("packed", "per_token")
+
+
+def _config(num_heads: int, fp8_cache: bool, kernel: str, config: dict) -> dict:
+    cfg = default_config(num_heads, fp8_cache, kernel)
+    unknown = sorted(set(config) - set(cfg))
     if unknown:
-        raise ValueError(f"unknown MLA decode config keys {unknown}; valid keys: {sorted(cfg)}")
-    cfg.update(config or {})
+        raise ValueError(
+            f"unknown {kernel} MLA decode config keys {unknown}; valid keys: "
+            f"{sorted(cfg) + ['kernel']}"
+        )
+    cfg.update(config)
     if cfg["tma"] not in (None, True, False):
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
+    if cfg.get("fp8_math", "fp16") not in ("fp16", "bf16"):
+        raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
+    if kernel == "per_token" and fp8_cache and cfg["tma"] is not False:
+        raise ValueError(
+            f"the per_token kernel reads fp8 tiles through pointer loads only (tma={cfg['tma']})"
+        )
     return cfg
 
 
-TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp8 rows need a dequantize
+@dataclass(frozen=True)
+class TritonMLALaunch:
+    """The Triton decode's launch for one step, the same for every layer. `kernel`
+    'packed': grid (head_groups, num_splits, num_reqs * token_chunks), `tokens` query
+    tokens of a request per program; 'per_token': grid (head_groups, num_splits,
+    tokens of the step)."""
+
+    kernel: str
+    block_h: int
+    tokens: int
+    token_chunks: int
+    head_groups: int
+    num_splits: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool | None
+    fp8_cache: bool  # the cache kind the launch was planned for
+    fp16_math: bool  # for an fp8 cache
+
+
+def plan_launch(
+    num_reqs: int,
+    num_tokens: int,
+    max_query_len: int,
+    num_heads: int,
+    context: int,
+    device: torch.device,
+    fp8_cache: bool = False,
+    config: dict | None = None,
+    num_splits: int | None = None,
+) -> TritonMLALaunch:
+    """Host-only launch planning from the step's sizes (no device reads): the kernel,
+    heads and tokens per program, and the split count for `context` keys per request.
+    `config` may name the kernel ('kernel': 'packed' or 'per_token'); a config that
+    names none tunes the packed kernel."""
+    config = dict(config or {})
+    kernel = config.pop("kernel", None if not config else "packed")
+    if kernel not in (None, *KERNELS):
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    sms = device_sm_count(device)
+    most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
+    if kernel in (None, "packed"):
+        cfg = _config(num_heads, fp8_cache, "packed", config)
+        block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
+        q_max = max(1, max_query_len)
+        tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
+        token_chunks = cdiv(q_max, tokens)
+        head_groups = cdiv(num_heads, block_h)
+        splits = num_splits
+        if splits is None:
+            programs = max(1, num_reqs * token_chunks * head_groups)
+            tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
+            splits = best_num_splits(programs, tiles, sms * cfg["per_sm"], most)
+        if kernel is None:
+            kernel = choose_kernel(num_heads, num_reqs, context, splits)
+    if kernel == "per_token":
+        cfg = _config(num_heads, fp8_cache, "per_token", config)
+        block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
+        tokens = token_chunks = 1
+        head_groups = cdiv(num_heads, block_h)
+        splits = num_splits
+        if splits is None:
+            programs = max(1, num_tokens * head_groups)
+            tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
+            splits = best_num_splits(programs, tiles, sms, MERGE_BLOCK_S)
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={splits} must lie in [1, {MAX_SPLITS}]")
+    return TritonMLALaunch(
+        kernel=kernel,
+        block_h=block_h,
+        tokens=tokens,
+        token_chunks=token_chunks,
+        head_groups=head_groups,
+        num_splits=splits,
+        block_n=cfg["BLOCK_N"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+        tma=cfg["tma"],
+        fp8_cache=fp8_cache,
+        fp16_math=cfg.get("fp8_math") == "fp16",
+    )
+
+
+TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32) + FP8_DTYPES
 
 
 def _tma_problems(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int) -> list[str]:
@@ -351,40 +691,23 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
     )
 
 
-def _block_h(num_heads: int, cfg: dict) -> int:
-    return max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
-
-
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
 # key tiles; fitted to the H200 split sweep in docs/benchmarks.md.
 SPLIT_OVERHEAD_TILES = 3
 
 
-def decode_num_splits(num_tokens, num_heads, max_seq_len, device, config=None) -> int:
-    """The KV splits per query token that `mla_decode_triton` picks when not told."""
-    cfg = _config(num_heads, config)
-    head_groups = cdiv(num_heads, _block_h(num_heads, cfg))
-    return _num_splits(num_tokens * head_groups, max_seq_len, cfg, device)
-
-
-def _num_splits(programs: int, max_seq_len: int, cfg: dict, device) -> int:
-    """`best_num_splits` for `programs` (tokens x head groups) under a resolved config."""
-    tiles = max(1, cdiv(max_seq_len, cfg["BLOCK_N"]))
-    return best_num_splits(max(1, programs), tiles, device_sm_count(device))
-
-
 @functools.lru_cache(maxsize=4096)
-def best_num_splits(programs: int, tiles: int, num_sms: int) -> int:
+def best_num_splits(programs: int, tiles: int, slots: int, most: int = MAX_SPLITS) -> int:
     """The split count with the least waves x (tiles per split + fixed cost), fewer splits
-    on ties. A 64-head program fills an SM's shared memory, so a wave is `num_sms`
-    programs: a count that leaves the last wave mostly empty loses to one that does not
-    (the MHA rule, which aims at two waves, picked 5 splits at batch 32 where 2 run
-    1.3x faster)."""
+    on ties, at most `most` (and at most `tiles`); a wave is `slots` programs (SMs x
+    programs resident per SM). A count that
+    leaves the last wave mostly empty loses to one that does not (the MHA rule, which
+    aims at two waves, picked 5 splits at batch 32 where 2 run 1.3x faster)."""
 
     def cost(splits: int) -> int:
-        return cdiv(programs * splits, num_sms) * (cdiv(tiles, splits) + SPLIT_OVERHEAD_TILES)
+        return cdiv(programs * splits, slots) * (cdiv(tiles, splits) + SPLIT_OVERHEAD_TILES)
 
-    return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
+    return min(range(1, max(1, min(tiles, most)) + 1), key=cost)
 
 
 def mla_decode_triton(
@@ -399,10 +722,12 @@ def mla_decode_triton(
     token_kv_lens=None,
     num_splits: int | None = None,
     config: dict | None = None,
-    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None,
+    plan=None,
 ) -> torch.Tensor:
     """Split-KV MLA decode; see `mla_reference.mla_decode_reference` for the semantics.
-    `token_plan` is `mla_token_plan`'s result when the caller built it once per step."""
+    `plan` is `mla_plan.plan_mla_decode`'s result when the caller (the metadata builder)
+    built it once per step; without it the plan is built here from `token_kv_lens`,
+    `num_splits` and `config`, which a plan already fixes."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, width = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
@@ -411,74 +736,136 @@ def mla_decode_triton(
     fp8 = is_fp8(kv_cache.dtype)
     if fp8 and kv_scale is None:
         raise ValueError("an fp8 MLA cache needs kv_scale")
+    if plan is None:
+        plan = plan_mla_decode(
+            meta,
+            T,
+            H,
+            kernel_impl="triton",
+            token_kv_lens=token_kv_lens,
+            kv_dtype=kv_cache.dtype,
+            config=config,
+            num_splits=num_splits,
+        )
+    elif config is not None or num_splits is not None or token_kv_lens is not None:
+        raise ValueError(
+            "config, num_splits and token_kv_lens go to plan_mla_decode; a plan already fixes them"
+        )
+    launch = plan.launch
+    if not isinstance(launch, TritonMLALaunch):
+        raise ValueError(f"the plan carries no Triton launch (kernel path {plan.kernel_impl!r})")
+    if launch.fp8_cache != fp8:
+        raise ValueError(
+            f"the plan was made for an {'fp8' if launch.fp8_cache else '16/32-bit'} cache, "
+            f"the cache is {kv_cache.dtype}"
+        )
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if token_plan is None:
-        token_plan = mla_token_plan(meta, T, token_kv_lens)
-    req, kv_len = token_plan
+    req, kv_len = plan.token_req, plan.token_kv_len
     T = min(T, req.shape[0])  # tokens past the plan stay untouched
-    cfg = _config(H, config)
-    block_h = _block_h(H, cfg)
-    head_groups = cdiv(H, block_h)
-    if num_splits is None:
-        num_splits = _num_splits(T * head_groups, meta.max_seq_len, cfg, q.device)
+    splits = launch.num_splits
     rope = width - kv_lora_rank
-    if num_splits == 1:  # stage 1 writes the result itself: no partials, no merge
+    if splits == 1:  # stage 1 writes the result itself: no partials, no merge
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
-        mid_o = torch.empty((T, H, num_splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((T, H, num_splits), dtype=torch.float32, device=q.device)
+        mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q.device)
     block_table = meta.block_table
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    tma = _use_tma(cfg["tma"], kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
+    tma = _use_tma(launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n)
     descs = (kv_cache, kv_cache)  # unused without tma
     if tma:
-        descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, cfg["BLOCK_N"])
-    _mla_decode_stage1[(head_groups, num_splits, T)](
-        q,
-        kv_cache,
-        *descs,
-        block_table,
-        req,
-        kv_len,
-        mid_o,
-        mid_lse,
-        kv_scale if fp8 else q,
-        float(scale),
-        H,
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        block_table.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        PAGE=kv_cache.shape[1],
-        LORA=kv_lora_rank,
-        ROPE=rope,
-        BLOCK_DV=next_power_of_2(kv_lora_rank),
-        BLOCK_DPE=max(16, next_power_of_2(rope)),
-        BLOCK_H=block_h,
-        BLOCK_N=cfg["BLOCK_N"],
-        IS_FP8=fp8,
-        PRECISION=precision,
-        TMA=tma,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-    if num_splits == 1:
+        descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, launch.block_n)
+    if launch.kernel == "per_token":
+        _mla_decode_per_token[(launch.head_groups, splits, T)](
+            q,
+            kv_cache,
+            *descs,
+            block_table,
+            req,
+            kv_len,
+            mid_o,
+            mid_lse,
+            kv_scale if fp8 else q,
+            float(scale),
+            H,
+            splits,
+            q.stride(0),
+            q.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            mid_o.stride(0),
+            mid_o.stride(1),
+            mid_o.stride(2),
+            mid_lse.stride(0),
+            mid_lse.stride(1),
+            PAGE=kv_cache.shape[1],
+            LORA=kv_lora_rank,
+            ROPE=rope,
+            BLOCK_DV=next_power_of_2(kv_lora_rank),
+            BLOCK_DPE=max(16, next_power_of_2(rope)),
+            BLOCK_H=launch.block_h,
+            BLOCK_N=launch.block_n,
+            IS_FP8=fp8,
+            PRECISION=precision,
+            TMA=tma,
+            num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )
+    else:
+        _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
+            q,
+            kv_cache,
+            *descs,
+            block_table,
+            meta.query_start_loc,
+            kv_len,
+            mid_o,
+            mid_lse,
+            kv_scale if fp8 else q,
+            float(scale),
+            H,
+            splits,
+            launch.token_chunks,
+            q.stride(0),
+            q.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            mid_o.stride(0),
+            mid_o.stride(1),
+            mid_o.stride(2),
+            mid_lse.stride(0),
+            mid_lse.stride(1),
+            PAGE=kv_cache.shape[1],
+            LORA=kv_lora_rank,
+            ROPE=rope,
+            BLOCK_DV=next_power_of_2(kv_lora_rank),
+            BLOCK_DPE=max(16, next_power_of_2(rope)),
+            BLOCK_H=launch.block_h,
+            TOKENS=launch.tokens,
+            BLOCK_N=launch.block_n,
+            IS_FP8=fp8,
+            FP16_MATH=launch.fp16_math,
+            PRECISION=precision,
+            TMA=tma,
+            num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )
+    if splits == 1:
         return lse
-    _mla_decode_stage2[(H, T)](
+    dv = next_power_of_2(kv_lora_rank)
+    one_chunk = splits <= MERGE_BLOCK_S  # the merge as it was before 256 splits
+    few = T * H < device_sm_count(q.device)
+    block_dv = min(dv, MERGE_BLOCK_DV) if few and not one_chunk else dv
+    _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
         mid_lse,
         req,
         output,
         lse,
-        num_splits,
+        splits,
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -488,7 +875,8 @@ def mla_decode_triton(
         output.stride(1),
         lse.stride(0),
         LORA=kv_lora_rank,
-        BLOCK_DV=next_power_of_2(kv_lora_rank),
-        BLOCK_S=max(2, next_power_of_2(num_splits)),
+        BLOCK_DV=block_dv,
+        BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
+        ONE_CHUNK=one_chunk,
     )
     return lse

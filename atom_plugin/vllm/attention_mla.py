@@ -34,7 +34,7 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
 from atom_plugin.backends import mla_ops
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
-from atom_plugin.backends.mla_reference import mla_token_plan
+from atom_plugin.backends.mla_plan import MLADecodePlan, mla_token_plan, plan_mla_decode
 from atom_plugin.backends.select import select_kernel_impl
 from atom_plugin.tbo.split import decode_ubatch_request_ranges
 from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
@@ -44,8 +44,8 @@ from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_
 class AtomMLADecodeMetadata(MLACommonDecodeMetadata):
     paged: PagedAttentionMetadata | None = None  # the decode rows in the plugin's form
     token_kv_lens: torch.Tensor | None = None  # per-token visible local rows (DCP, multi-token)
-    # mla_token_plan, once a step; None when the AITER kernels run (they take aiter_plan)
-    token_plan: tuple[torch.Tensor, torch.Tensor] | None = None
+    # plan_mla_decode's, once a step; None when the AITER kernels run (they take aiter_plan)
+    plan: MLADecodePlan | None = None
     aiter_plan: object | None = None  # AiterMLAPlan when the AITER kernels run
 
 
@@ -85,6 +85,24 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         self._slot_mapping: torch.Tensor | None = None
         self._block_table: torch.Tensor | None = None  # all rows, graph padding included
         self.last_metadata: MLACommonMetadata | None = None
+        # The decode plan's token tensors live in persistent buffers (one set for the
+        # whole batch, one per TBO micro-batch), so a captured CUDA graph reads each
+        # step's plan at the addresses it was captured with.
+        n = vllm_config.scheduler_config.max_num_batched_tokens
+        self._plan_buffers = [
+            tuple(torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2))
+            for _ in range(3)
+        ]
+        # The key count the split rule plans for while a CUDA graph is captured (its
+        # dummy batch has context 1, but the graph replays any context).
+        self._capture_context: int | None = None
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        self._capture_context = self.model_config.max_model_len
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capture_context = None
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         self._slot_mapping = common_attn_metadata.slot_mapping
@@ -117,9 +135,11 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             block_table=block_table_tensor.to(torch.int32),
             slot_mapping=self._slot_mapping[:num_decode_tokens].to(torch.int64),
         )
-        return self._decode_metadata(paged, dcp_tot_seq_lens_device)
+        return self._decode_metadata(paged, dcp_tot_seq_lens_device, part=0)
 
-    def _decode_metadata(self, paged, dcp_tot_seq_lens) -> AtomMLADecodeMetadata:
+    def _decode_metadata(self, paged, dcp_tot_seq_lens, part: int) -> AtomMLADecodeMetadata:
+        """`part`: which persistent plan buffers to fill (0: the whole batch, 1 and 2:
+        its TBO micro-batches)."""
         token_kv_lens = None
         if dcp_tot_seq_lens is not None and paged.max_query_len > 1:
             token_kv_lens = dcp_token_kv_lens(
@@ -130,7 +150,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 self.dcp_rank,
                 self.cp_kv_cache_interleave_size,
             )
-        aiter_plan = token_plan = None
+        aiter_plan = plan = None
         if self.kernel_impl == "aiter" and token_kv_lens is None:
             from atom_plugin.backends.aiter_mla import build_aiter_mla_plan
 
@@ -142,14 +162,23 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 page_size=self.page_size,
             )
         else:
-            token_plan = mla_token_plan(paged, paged.num_actual_tokens, token_kv_lens)
+            plan = plan_mla_decode(
+                paged,
+                paged.num_actual_tokens,
+                self.num_heads * self.dcp_world_size,  # the query heads the kernel sees
+                kernel_impl=self.kernel_impl,
+                token_kv_lens=token_kv_lens,
+                context=self._capture_context,
+                kv_dtype=self._kv_dtype,
+                out=self._plan_buffers[part] if self._plan_buffers else None,
+            )
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,
             seq_lens=paged.seq_lens,
             dcp_tot_seq_lens=dcp_tot_seq_lens,
             paged=paged,
             token_kv_lens=token_kv_lens,
-            token_plan=token_plan,
+            plan=plan,
             aiter_plan=aiter_plan,
         )
 
@@ -172,7 +201,8 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         halves = prepare_ubatch_decode(paged, split_bs)
         tot = m.decode.dcp_tot_seq_lens
         out = []
-        for (a, b), half in zip(decode_ubatch_request_ranges(split_bs), halves, strict=True):
+        ranges = decode_ubatch_request_ranges(split_bs)
+        for part, ((a, b), half) in enumerate(zip(ranges, halves, strict=True), start=1):
             tot_cut = None
             if tot is not None:
                 tot_cut = torch.zeros(b - a, dtype=tot.dtype, device=tot.device)
@@ -191,7 +221,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                     num_decode_tokens=n,
                     num_prefills=0,
                     prefill=None,
-                    decode=self._decode_metadata(half, tot_cut),
+                    decode=self._decode_metadata(half, tot_cut, part),
                 )
             )
         return out[0], out[1]
@@ -267,7 +297,7 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
             kv_scale=layer._k_scale if self._fp8_cache else None,
             token_kv_lens=decode.token_kv_lens,
             aiter_plan=decode.aiter_plan,
-            token_plan=decode.token_plan,
+            plan=decode.plan,
         )
         return out, lse
 
