@@ -106,6 +106,8 @@ class SourceHost:
                 return found
         if name in info.lazy_names:
             return Found("lazy")
+        if self.partial and self.tree.is_package(module):
+            return Found("unchecked")  # perhaps a submodule the cut-down tree leaves out
         return Found("missing", detail=f"{module} has no {name!r}")
 
     def _absent(self, module: str) -> Found:
