@@ -110,6 +110,40 @@ def test_planted_mismatch_and_missing_import_are_named(
     assert not any("PlantedMLAImpl.forward_mqa" in p.where for p in problems), text
 
 
+RUNNER = textwrap.dedent(
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+
+    class SplitModelRunner(GPUModelRunner):
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
+        def _dummy_run(self, num_tokens, **kwargs):  # optional ones by keyword: fine
+            return super()._dummy_run(num_tokens, **kwargs)
+
+
+    class SplitWorker(Worker):
+        def execute_model(self):  # scheduler_output dropped
+            return None
+    """
+)
+
+
+def test_a_worker_and_model_runner_added_to_the_package_are_checked(tmp_path, installed_host):
+    """Nothing lists the classes: a new module's vLLM subclasses are found and checked."""
+    package = tmp_path / "runner_adapter"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tbo_worker.py").write_text(RUNNER)
+    problems = check(installed_host, Adapter(tmp_path, "runner_adapter"))
+    assert [(p.kind, p.where) for p in problems] == [
+        ("signature", "runner_adapter/tbo_worker.py:15 SplitWorker.execute_model")
+    ], problems
+    assert "'scheduler_output' is missing" in problems[0].detail
+
+
 def test_an_abstract_member_left_out_is_named(tmp_path, installed_host):
     package = tmp_path / "half_adapter"
     package.mkdir()

@@ -88,7 +88,11 @@ def sig_from_ast(args: ast.arguments, bound: bool) -> Sig:
 
 
 def override_problems(override: Sig, base: Sig) -> list[str]:
-    """Why some call that `base` accepts would fail on `override` (empty: none would)."""
+    """Why some call that `base` accepts would fail on `override` (empty: none would).
+
+    One leniency: optional parameters an override takes only through `**kwargs` are not
+    reported here (callers pass them by keyword in practice); `call_problems` on the
+    host's call sites reports any that pass them by position."""
     problems = []
     over_pos = override.positional
     for i, b in enumerate(base.positional):
@@ -102,7 +106,15 @@ def override_problems(override: Sig, base: Sig) -> list[str]:
                     )
             if b.has_default and not o.has_default:
                 problems.append(f"{o.name!r} has no default; the host may leave it out")
-        elif not override.has(VAR_POSITIONAL):
+        elif override.has(VAR_POSITIONAL):
+            break
+        elif all(p.has_default and p.kind == POSITIONAL for p in base.positional[i:]) and (
+            override.has(VAR_KEYWORD)
+        ):
+            # `def m(self, a, **kwargs)` over optional parameters: fine by keyword; the
+            # call-site checks catch a host call that passes them by position.
+            break
+        else:
             problems.append(
                 f"takes {len(over_pos)} positional argument(s); the host's signature has "
                 f"{len(base.positional)} ({', '.join(p.name for p in base.positional)}): "
