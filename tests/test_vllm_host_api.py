@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from atom_plugin.vllm import compat
-from atom_plugin.vllm.compat.check import Adapter, check
+from atom_plugin.vllm.compat.check import Adapter, Coverage, check
 from atom_plugin.vllm.compat.hosts import InstalledHost, SourceHost
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +38,40 @@ def source_host_032():
     return SourceHost(installed_vllm_tree())
 
 
+# The overrides the issue names, and the rest of the adapter's host-facing methods.
+EXPECTED_OVERRIDES = {
+    "AtomAiterBackend.get_name",
+    "AtomAiterBackend.get_supported_kernel_block_sizes",
+    "AtomAiterMetadataBuilder.build",
+    "AtomAiterMetadataBuilder.build_for_cudagraph_capture",
+    "AtomAiterImpl.do_kv_cache_update",
+    "AtomAiterImpl.forward",
+    "AtomAiterMLAMetadataBuilder.build",
+    "AtomAiterMLAMetadataBuilder._build_decode",
+    "AtomAiterMLAImpl.forward_mqa",
+    "AtomAiterMLAImpl.do_kv_cache_update",
+    "AtomCpuPlatform.get_attn_backend_cls",
+    "AtomCpuPlatform.check_and_update_config",
+    "AtomCudaPlatform.get_attn_backend_cls",
+    "AtomRocmPlatform.check_and_update_config",
+    "AtomK3LogitsProcessorV1.apply",
+    "AtomK3LogitsProcessorV1.update_state",
+    "AtomK3LogitsProcessorV1.validate_params",
+    "AtomK3LogitsProcessorMRV2.add_request",
+    "AtomK3LogitsProcessorMRV2.apply",
+    "AtomKimiK3ToolParser.adjust_request",
+    "AtomKimiK3ToolParser.extract_tool_calls",
+    "AtomKimiK3ToolParser.extract_tool_calls_streaming",
+}
+
+
 def test_adapter_conforms_to_the_installed_vllm(installed_host):
-    problems = check(installed_host, Adapter(ROOT))
+    coverage = Coverage()
+    problems = check(installed_host, Adapter(ROOT), coverage)
     assert problems == [], "\n".join(map(str, problems))
+    missing = EXPECTED_OVERRIDES - set(coverage.overrides)
+    assert not missing, f"not compared: {sorted(missing)}"
+    assert coverage.call_sites > 0 and coverage.imports > 20
 
 
 def test_adapter_conforms_to_the_installed_tree_read_statically(source_host_032):
@@ -112,6 +143,7 @@ def test_planted_mismatch_and_missing_import_are_named(
 
 RUNNER = textwrap.dedent(
     """
+    from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -127,6 +159,16 @@ RUNNER = textwrap.dedent(
     class SplitWorker(Worker):
         def execute_model(self):  # scheduler_output dropped
             return None
+
+
+    class RoutingMixin:
+        @classmethod
+        def get_attn_backend_cls(cls, selected_backend):  # attn_selector_config dropped
+            return None
+
+
+    class RoutingPlatform(RoutingMixin, CpuPlatform):
+        pass
     """
 )
 
@@ -138,10 +180,15 @@ def test_a_worker_and_model_runner_added_to_the_package_are_checked(tmp_path, in
     (package / "__init__.py").write_text("")
     (package / "tbo_worker.py").write_text(RUNNER)
     problems = check(installed_host, Adapter(tmp_path, "runner_adapter"))
+    mixin = "runner_adapter/tbo_worker.py:22 RoutingMixin (in RoutingPlatform)"
     assert [(p.kind, p.where) for p in problems] == [
-        ("signature", "runner_adapter/tbo_worker.py:15 SplitWorker.execute_model")
+        ("signature", "runner_adapter/tbo_worker.py:16 SplitWorker.execute_model"),
+        ("signature", f"{mixin}.get_attn_backend_cls"),
+        ("call", f"{mixin}.get_attn_backend_cls"),
     ], problems
     assert "'scheduler_output' is missing" in problems[0].detail
+    assert "'attn_selector_config' is missing" in problems[1].detail
+    assert "selector.py" in problems[2].detail  # vLLM's current_platform call
 
 
 def test_an_abstract_member_left_out_is_named(tmp_path, installed_host):

@@ -12,7 +12,7 @@ import sys
 import time
 
 from atom_plugin.vllm.compat import SUPPORTED_VLLM, is_supported
-from atom_plugin.vllm.compat.check import ADAPTER_PACKAGE, Adapter, check
+from atom_plugin.vllm.compat.check import ADAPTER_PACKAGE, Adapter, Coverage, check
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     version = host.version()
     if not is_supported(version):
         print(f"note: vLLM {version} is outside the supported range {SUPPORTED_VLLM}")
-    problems = check(host, adapter)
+    coverage = Coverage()
+    problems = check(host, adapter, coverage)
     for problem in problems:
         print(problem)
     took = time.monotonic() - started
+    print(f"compared {coverage}")
     print(f"{len(problems)} problem(s) ({took:.1f} s)")
     return 1 if problems else 0
 

@@ -17,10 +17,10 @@ other findings), and for every class with a vLLM class among its ancestors:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_plugin.vllm.compat.hosts import ClassRef, _is_host
+from atom_plugin.vllm.compat.hosts import ClassRef, is_host_module
 from atom_plugin.vllm.compat.signature import (
     call_problems,
     constructor_contract,
@@ -80,15 +80,33 @@ class Adapter:
         return self.tree.location(module)
 
 
-def check(host, adapter: Adapter | None = None) -> list[Problem]:
-    """Every problem found with `adapter` on `host` (an InstalledHost or SourceHost)."""
-    return _Checker(host, adapter or Adapter()).run()
+@dataclass
+class Coverage:
+    """What a run compared, so a clean result can be told from an empty one."""
+
+    imports: int = 0
+    classes: list[str] = field(default_factory=list)  # adapter classes with vLLM bases
+    overrides: list[str] = field(default_factory=list)  # "Class.method"
+    call_sites: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.imports} vLLM imports, {len(self.classes)} classes with vLLM bases, "
+            f"{len(self.overrides)} overrides, {self.call_sites} vLLM call sites"
+        )
+
+
+def check(host, adapter: Adapter | None = None, coverage: Coverage | None = None) -> list[Problem]:
+    """Every problem found with `adapter` on `host` (an InstalledHost or SourceHost);
+    `coverage`, when given, is filled with what was compared."""
+    return _Checker(host, adapter or Adapter(), coverage or Coverage()).run()
 
 
 class _Checker:
-    def __init__(self, host, adapter: Adapter) -> None:
+    def __init__(self, host, adapter: Adapter, coverage: Coverage) -> None:
         self.host = host
         self.adapter = adapter
+        self.coverage = coverage
         self.problems: list[Problem] = []
         self._mro_cache: dict = {}
 
@@ -106,9 +124,10 @@ class _Checker:
     # imports ---------------------------------------------------------------
     def _check_imports(self, module: str, info: ModuleInfo) -> None:
         for imp in info.imports:
-            if not _is_host(imp.module):
+            if not is_host_module(imp.module):
                 continue
             found = self.host.lookup(imp.module, imp.name)
+            self.coverage.imports += found.kind != "unchecked"
             if found.kind == "missing":
                 what = imp.module if imp.name is None else f"{imp.name} from {imp.module}"
                 where = f"{self.adapter.location(module)}:{imp.line}"
@@ -144,7 +163,7 @@ class _Checker:
             module, name = ".".join([module, name, *rest[:-1]]), rest[-1]
         if module in self.adapter.modules and name in self.adapter.modules[module].classes:
             return AdapterClass(module, name)
-        if _is_host(module):
+        if is_host_module(module):
             found = self.host.lookup(module, name)
             return found.ref if found.kind == "class" else None
         return None
@@ -185,24 +204,39 @@ class _Checker:
         host_classes = [c for c in mro if isinstance(c, ClassRef)]
         if not host_classes:
             return
+        self.coverage.classes.append(str(cls))
+        seen: set[str] = set()
+        for position, node in enumerate(mro):
+            if not isinstance(node, AdapterClass):
+                continue
+            if node != cls and any(isinstance(c, ClassRef) for c in self._bases(node)):
+                continue  # an adapter class with vLLM bases of its own: checked as itself
+            # `cls` itself, or a mixin of it (AtomPlatformMixin): checked on cls's vLLM bases
+            info = self.adapter.modules[node.module].classes[node.name]
+            location = self.adapter.location(node.module)
+            label = node.name if node == cls else f"{node.name} (in {cls.name})"
+            for name, method in info.methods.items():
+                if name in _SKIPPED or name in seen:
+                    continue
+                seen.add(name)
+                host_def = self._first_host_definition(mro[position + 1 :], name)
+                where = f"{location}:{method.line} {label}.{name}"
+                if host_def is None:
+                    self._check_undeclared_hook(where, method, name, cls.name, host_classes)
+                    continue
+                owner, base = host_def
+                self.coverage.overrides.append(f"{cls.name}.{name}")
+                self._check_override(where, method, owner, base)
+                self._check_calls(where, method, name, owner, base, host_classes)
+            for site in info.super_calls:
+                where = f"{location}:{site.line} {label}.{site.caller}"
+                self._check_super_call(mro[position + 1 :], site, where)
         info = self.adapter.modules[cls.module].classes[cls.name]
-        where_base = self.adapter.location(cls.module)
-        for name, method in info.methods.items():
-            if name in _SKIPPED:
-                continue
-            host_def = self._first_host_definition(mro, name)
-            if host_def is None:
-                continue
-            owner, base = host_def
-            where = f"{where_base}:{method.line} {cls.name}.{name}"
-            self._check_override(where, method, owner, base)
-            self._check_calls(where, method, name, owner, base, host_classes)
-        for site in info.super_calls:
-            self._check_super_call(cls, mro, site, where_base)
-        self._check_abstract(cls, mro, f"{where_base}:{info.line} {cls.name}")
+        where = f"{self.adapter.location(cls.module)}:{info.line} {cls.name}"
+        self._check_abstract(cls, mro, where)
 
-    def _first_host_definition(self, mro: list, name: str):
-        for node in mro[1:]:
+    def _first_host_definition(self, later: list, name: str):
+        for node in later:
             if isinstance(node, ClassRef):
                 methods = self.host.methods(node)
                 if name in methods:
@@ -238,23 +272,48 @@ class _Checker:
             for site in self.host.self_calls(ref):
                 if site.method == name:
                     sites.append((f"{ref}.{site.caller} (line {site.line})", site.shape))
-        for suffix, receivers in ROLE_RECEIVERS.items():
-            if any(ref.name.endswith(suffix) for ref in host_classes):
-                for receiver in receivers:
-                    for call in self.host.calls_through(receiver, name):
-                        if not call_problems(base.sig, call.shape):
-                            sites.append((call.where, call.shape))
+        for call in self._role_calls(name, host_classes):
+            if not call_problems(base.sig, call.shape):
+                sites.append((call.where, call.shape))
+        self.coverage.call_sites += len(sites)
         for site_where, shape in sites:
-            for reason in call_problems(method.sig, shape):
+            reasons = call_problems(method.sig, shape)
+            if reasons:
                 self._add(
                     "call",
                     where,
-                    f"vLLM calls it at {site_where} with {shape}: {reason}; adapter {method.sig}",
+                    f"vLLM calls it at {site_where} with {shape}: {'; '.join(reasons)}; "
+                    f"adapter {method.sig}",
                 )
 
-    def _check_super_call(self, cls: AdapterClass, mro: list, site, where_base: str) -> None:
-        index = next(i for i, node in enumerate(mro) if node == cls)
-        for node in mro[index + 1 :]:
+    def _role_calls(self, name: str, host_classes: list[ClassRef]):
+        for suffix, receivers in ROLE_RECEIVERS.items():
+            if any(ref.name.endswith(suffix) for ref in host_classes):
+                for receiver in receivers:
+                    yield from self.host.calls_through(receiver, name)
+
+    def _check_undeclared_hook(self, where, method, name, class_name, host_classes) -> None:
+        """A method vLLM calls by name without declaring it on the base (the MHA impl's
+        `do_kv_cache_update` in 0.32): its calls through the role's attribute are made
+        on several classes, so at least one must bind to the adapter's signature."""
+        if method.kind == PROPERTY or self.host.partial:
+            return  # a cut-down tree may lack the one call that binds
+        calls = list(self._role_calls(name, host_classes))
+        if not calls:
+            return
+        self.coverage.overrides.append(f"{class_name}.{name}")
+        self.coverage.call_sites += len(calls)
+        if any(not call_problems(method.sig, call.shape) for call in calls):
+            return
+        shown = "; ".join(f"{c.where} with {c.shape}" for c in calls[:3])
+        self._add(
+            "call",
+            where,
+            f"none of vLLM's {len(calls)} calls of {name} binds to adapter {method.sig} ({shown})",
+        )
+
+    def _check_super_call(self, later: list, site, where: str) -> None:
+        for node in later:
             methods = self._methods(node)
             if site.method in methods:
                 if not isinstance(node, ClassRef):
@@ -263,7 +322,7 @@ class _Checker:
                 for reason in call_problems(target.sig, site.shape):
                     self._add(
                         "super-call",
-                        f"{where_base}:{site.line} {cls.name}.{site.caller}",
+                        where,
                         f"super().{site.method}({site.shape}) on {node}{target.sig}: {reason}",
                     )
                 return

@@ -59,7 +59,7 @@ class RemoteCall:
     shape: CallShape
 
 
-def _is_host(module: str) -> bool:
+def is_host_module(module: str) -> bool:
     return module == HOST_PACKAGE or module.startswith(HOST_PACKAGE + ".")
 
 
@@ -93,6 +93,10 @@ class SourceHost:
             return self._absent(module)
         if name in info.classes:
             return Found("class", ClassRef(module, name))
+        for choice in info.aliases.get(name, []):  # `CudaPlatform = A if nvml else B`
+            ref = self.resolve_dotted(module, choice)
+            if ref is not None:
+                return Found("class", ref)
         if name in info.defined:
             return Found("object")
         if name in info.bindings:
@@ -111,18 +115,22 @@ class SourceHost:
         return Found("missing", detail=f"{module} has no {name!r}")
 
     def _absent(self, module: str) -> Found:
-        if self.partial or not _is_host(module):
+        if self.partial or not is_host_module(module):
             return Found("unchecked")
         return Found("missing", detail=f"no module {module}")
 
     def resolve_base(self, ref: ClassRef, expr) -> ClassRef | None:
         dotted = dotted_name(expr)
-        info = self.tree.module(ref.module)
-        if dotted is None or info is None:
+        return None if dotted is None else self.resolve_dotted(ref.module, dotted)
+
+    def resolve_dotted(self, module_name: str, dotted: str) -> ClassRef | None:
+        """The vLLM class `dotted` (a name as written in `module_name`) stands for."""
+        info = self.tree.module(module_name)
+        if info is None:
             return None
         head, *rest = dotted.split(".")
         if not rest and head in info.classes:
-            return ClassRef(ref.module, head)
+            return ClassRef(module_name, head)
         if head not in info.bindings:
             return None
         module, name = info.bindings[head]
@@ -133,7 +141,7 @@ class SourceHost:
         elif rest:
             module, name = ".".join([module, name, *rest[:-1]]), rest[-1]
         found = self.lookup(module, name)
-        return found.ref if found.kind == "class" and _is_host(found.ref.module) else None
+        return found.ref if found.kind == "class" and is_host_module(found.ref.module) else None
 
     def _class(self, ref: ClassRef):
         info = self.tree.module(ref.module)
@@ -167,9 +175,8 @@ def calls_through(tree: SourceTree, receiver: str, method: str) -> list[RemoteCa
     """Calls `<...>.receiver.method(...)` or `receiver.method(...)` anywhere in vLLM."""
     import ast
 
-    pattern = re.compile(rf"\b{re.escape(receiver)}\s*\.\s*{re.escape(method)}\s*\(")
     calls = []
-    for module in tree.files_matching(pattern, HOST_PACKAGE):
+    for module in tree.attribute_calls(receiver, HOST_PACKAGE).get(method, ()):
         for node in ast.walk(ast.parse(tree.text(module))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
@@ -199,6 +206,7 @@ class InstalledHost:
         self.tree = SourceTree(root)
         self.source = SourceHost(root)
         self.source_only: dict[str, str] = {}  # module -> why it was not imported
+        self.partial = False
         self.label = f"installed vLLM {vllm.__version__} ({Path(vllm.__file__).parent})"
 
     def version(self) -> str:
@@ -231,7 +239,7 @@ class InstalledHost:
         obj = getattr(mod, name)
         if inspect.ismodule(obj):
             return Found("module")
-        if inspect.isclass(obj) and _is_host(obj.__module__):
+        if inspect.isclass(obj) and is_host_module(obj.__module__):
             return Found("class", ClassRef(obj.__module__, obj.__qualname__))
         return Found("object")
 
@@ -247,7 +255,7 @@ class InstalledHost:
         return [
             ClassRef(b.__module__, b.__qualname__)
             for b in self._cls(ref).__bases__
-            if _is_host(b.__module__)
+            if is_host_module(b.__module__)
         ]
 
     def methods(self, ref: ClassRef) -> dict[str, HostMethod]:

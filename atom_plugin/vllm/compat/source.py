@@ -70,6 +70,7 @@ class SourceTree:
             return None
         return ModuleInfo.parse(module, text, self.is_package(module))
 
+    @functools.cache  # noqa: B019
     def modules_under(self, package: str) -> list[str]:
         """Every module of `package` (the package itself included), sorted."""
         prefix = package.replace(".", "/")
@@ -86,9 +87,15 @@ class SourceTree:
             modules.append(mod[: -len(".__init__")] if mod.endswith(".__init__") else mod)
         return sorted(modules)
 
-    def files_matching(self, pattern: re.Pattern, package: str) -> list[str]:
-        """Modules of `package` whose text matches `pattern` (a cheap pre-filter)."""
-        return [m for m in self.modules_under(package) if pattern.search(self.text(m) or "")]
+    @functools.cache  # noqa: B019
+    def attribute_calls(self, receiver: str, package: str) -> dict[str, tuple[str, ...]]:
+        """{method: modules of `package` whose text has `receiver.method(`}, one pass."""
+        pattern = re.compile(rf"\b{re.escape(receiver)}\s*\.\s*(\w+)\s*\(")
+        found: dict[str, list[str]] = {}
+        for module in self.modules_under(package):
+            for method in set(pattern.findall(self.text(module) or "")):
+                found.setdefault(method, []).append(module)
+        return {method: tuple(modules) for method, modules in found.items()}
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,8 @@ class ModuleInfo:
     star_imports: list[str] = field(default_factory=list)
     classes: dict[str, ClassInfo] = field(default_factory=dict)
     defined: set[str] = field(default_factory=set)  # functions, assignments, classes
+    # `X = A`, `X = A if cond else B`: the names X may stand for (a class chosen at import)
+    aliases: dict[str, list[str]] = field(default_factory=dict)
     lazy_names: set[str] = field(default_factory=set)  # strings, when `__getattr__` exists
 
     @classmethod
@@ -229,10 +238,13 @@ class ModuleInfo:
                 self.defined.add(node.name)
             elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                choices = _alias_choices(node.value) if node.value is not None else []
                 for target in targets:
                     for sub in ast.walk(target):
                         if isinstance(sub, ast.Name):
                             self.defined.add(sub.id)
+                    if isinstance(target, ast.Name) and choices:
+                        self.aliases[target.id] = choices
             elif isinstance(node, ast.ImportFrom | ast.Import):
                 for imp in self._imports_of(node):
                     self.bindings[imp[0]] = imp[1]
@@ -253,6 +265,15 @@ class ModuleInfo:
             if imp.line == node.lineno and imp.name in {a.name for a in node.names}:
                 alias = next(a for a in node.names if a.name == imp.name)
                 yield alias.asname or imp.name, (imp.module, imp.name)
+
+
+def _alias_choices(value: ast.expr) -> list[str]:
+    if isinstance(value, ast.IfExp):
+        return _alias_choices(value.body) + _alias_choices(value.orelse)
+    if isinstance(value, ast.Name | ast.Attribute):
+        name = dotted_name(value)
+        return [name] if name else []
+    return []
 
 
 def dotted_name(expr: ast.expr) -> str | None:
