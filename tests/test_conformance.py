@@ -9,6 +9,7 @@ import site
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -94,21 +95,7 @@ def test_an_unknown_plugin_is_refused_listing_the_names():
 
 # A third-party package, installed for real -------------------------------------------
 
-PYPROJECT = """
-[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "tp-atom"
-version = "0.1"
-
-[project.entry-points.atom_plugin]
-tp_atom = "tp_atom.hooks"
-
-[tool.setuptools]
-packages = ["tp_atom"]
-"""
+ENTRY_POINTS = "[atom_plugin]\ntp_atom = tp_atom.hooks\n"
 
 HOOKS = """
 from atom_plugin.hookspecs import hookimpl
@@ -194,17 +181,32 @@ class FragileParser(ToolParser):
 '''
 
 
+def build_wheel(folder: Path, sources: dict[str, str]) -> Path:
+    """tp-atom as a wheel (a zip with a dist-info naming its entry point): pip installs
+    it like any package from an index, with no build backend involved."""
+    dist = "tp_atom-0.1.dist-info"
+    files = {f"tp_atom/{name}.py": textwrap.dedent(text) for name, text in sources.items()}
+    files[f"{dist}/METADATA"] = "Metadata-Version: 2.1\nName: tp-atom\nVersion: 0.1\n"
+    files[f"{dist}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    files[f"{dist}/entry_points.txt"] = ENTRY_POINTS
+    record = [f"{name},," for name in files] + [f"{dist}/RECORD,,"]
+    files[f"{dist}/RECORD"] = "\n".join(record) + "\n"
+    wheel = folder / "tp_atom-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def third_party_venv(tmp_path_factory):
     """A fresh venv that sees this interpreter's packages (vLLM, torch, pip) through a
     .pth file, with `tp-atom` pip-installed into it: a dist-info with real entry points."""
     tmp = tmp_path_factory.mktemp("third-party")
-    package = tmp / "tp-atom"
-    (package / "tp_atom").mkdir(parents=True)
-    (package / "pyproject.toml").write_text(PYPROJECT)
-    (package / "tp_atom" / "__init__.py").write_text("")
-    for name, text in (("hooks", HOOKS), ("backends", BACKENDS), ("parsers", PARSERS)):
-        (package / "tp_atom" / f"{name}.py").write_text(textwrap.dedent(text))
+    sources = {"__init__": "", "hooks": HOOKS, "backends": BACKENDS, "parsers": PARSERS}
+    wheel = build_wheel(tmp, sources)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -216,12 +218,11 @@ def third_party_venv(tmp_path_factory):
     ).stdout.strip()
     (Path(purelib) / "shared_test_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", str(package)],
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     assert (Path(purelib) / "tp_atom" / "hooks.py").is_file()
     return python

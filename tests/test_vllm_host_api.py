@@ -191,6 +191,42 @@ def test_a_worker_and_model_runner_added_to_the_package_are_checked(tmp_path, in
     assert "selector.py" in problems[2].detail  # vLLM's current_platform call
 
 
+UNDECLARED = textwrap.dedent(
+    """
+    from vllm.v1.attention.backend import AttentionImpl
+
+
+    class KvImpl(AttentionImpl):
+        def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
+                     sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
+                     attn_type="decoder", kv_sharing_target_layer_name=None):
+            pass
+
+        def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                    output_scale=None, output_block_scale=None):
+            return output
+
+        def do_kv_cache_update(self, layer, key, value):  # kv_cache, slot_mapping dropped
+            pass
+    """
+)
+
+
+def test_a_hook_vllm_calls_without_declaring_it_is_checked_at_its_call_sites(
+    tmp_path, installed_host
+):
+    """vLLM 0.32's AttentionImpl declares no do_kv_cache_update; the layers call it."""
+    package = tmp_path / "kv_adapter"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "impl.py").write_text(UNDECLARED)
+    problems = check(installed_host, Adapter(tmp_path, "kv_adapter"))
+    assert [(p.kind, p.where) for p in problems] == [
+        ("call", "kv_adapter/impl.py:15 KvImpl.do_kv_cache_update")
+    ], problems
+    assert "attention.py" in problems[0].detail and "none of vLLM's" in problems[0].detail
+
+
 def test_an_abstract_member_left_out_is_named(tmp_path, installed_host):
     package = tmp_path / "half_adapter"
     package.mkdir()
