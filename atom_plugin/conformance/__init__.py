@@ -9,6 +9,7 @@ the case.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -60,6 +61,12 @@ def checks(pm: pluggy.PluginManager | None = None, plugin: str | None = None) ->
         for capability in (attention, tool_parsers, logits, probes):
             found.extend(capability.checks_for(module, name))
     return found
+
+
+def load(class_path: str):
+    """'package.module:Name' -> the object (import errors propagate to the caller)."""
+    module, _, name = class_path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def hook_results(module, hook: str) -> list:

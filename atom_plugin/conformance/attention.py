@@ -20,14 +20,14 @@ whole MLA layer (vLLM's own MLA tests are the place for that).
 
 from __future__ import annotations
 
-import importlib
+import functools
 import inspect
 import types
 from collections.abc import Iterator
 
 import torch
 
-from atom_plugin.conformance import Check, Finding, hook_results
+from atom_plugin.conformance import Check, Finding, MissingDependency, hook_results, load
 from atom_plugin.conformance.cases import ATTENTION_CASES, BatchSpec, tolerance
 from atom_plugin.specs import AttentionBackendSpec
 
@@ -56,11 +56,6 @@ def checks_for(module, plugin: str) -> list[Check]:
     return out
 
 
-def _load(class_path: str):
-    module, _, name = class_path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def check_backend(spec: AttentionBackendSpec, label: str) -> Iterator[Finding]:
     def finding(item, ok, detail="", case="-"):
         return Finding(label, item, case, ok, detail)
@@ -68,9 +63,11 @@ def check_backend(spec: AttentionBackendSpec, label: str) -> Iterator[Finding]:
     try:
         from vllm.v1.attention.backend import AttentionBackend
     except ImportError as exc:
-        raise MissingVllm(exc) from exc
+        raise MissingDependency(
+            f"attention backends are checked inside vLLM, which does not import: {exc}"
+        ) from exc
     try:
-        backend = _load(spec.class_path)
+        backend = load(spec.class_path)
     except Exception as exc:
         yield finding("resolves", False, f"{spec.class_path}: {exc!r}")
         return
@@ -82,11 +79,6 @@ def check_backend(spec: AttentionBackendSpec, label: str) -> Iterator[Finding]:
     if spec.kind == "mha":
         for case in ATTENTION_CASES:
             yield from _run_case(backend, case, finding)
-
-
-class MissingVllm(ImportError):
-    def __init__(self, exc: ImportError) -> None:
-        super().__init__(f"attention backends are checked inside vLLM, which is missing: {exc}")
 
 
 def _safe(finding, item, fn) -> Finding:
@@ -219,17 +211,18 @@ def _impl(backend, *, hq: int, hkv: int):
 
 
 def _builder(backend, block: int, hkv: int, d: int, dtype: torch.dtype):
-    from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(block_size=block, num_kv_heads=hkv, head_size=d, dtype=dtype)
-    global _VLLM_CONFIG
-    if _VLLM_CONFIG is None:
-        _VLLM_CONFIG = VllmConfig()  # the defaults: no model, as vLLM's own builder tests
-    return backend.get_builder_cls()(spec, ["layer.0"], _VLLM_CONFIG, torch.device("cpu"))
+    return backend.get_builder_cls()(spec, ["layer.0"], _default_config(), torch.device("cpu"))
 
 
-_VLLM_CONFIG = None
+@functools.cache
+def _default_config():
+    """vLLM's default config (no model), as vLLM's own builder tests use; made once."""
+    from vllm.config import VllmConfig
+
+    return VllmConfig()
 
 
 def dense_reference(batch, hq: int) -> torch.Tensor:

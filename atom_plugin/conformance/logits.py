@@ -15,13 +15,12 @@ buffers; the committed ids are written into it as the runner's post-processing d
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from atom_plugin.conformance import Check, Finding, hook_results
+from atom_plugin.conformance import Check, Finding, hook_results, load
 from atom_plugin.specs import LogitsProcessorSpec
 
 HOOK = "atom_logits_processors"
@@ -38,11 +37,6 @@ def checks_for(module, plugin: str) -> list[Check]:
         label = f"logits processor {spec.name} [{spec.runner}] ({plugin})"
         out.append(Check(plugin, label, lambda s=spec, lb=label: check_processor(s, lb)))
     return out
-
-
-def _load(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _config():
@@ -75,8 +69,8 @@ def check_processor(spec: LogitsProcessorSpec, label: str) -> Iterator[Finding]:
     try:
         from vllm.sampling_params import SamplingParams
 
-        cls = _load(spec.class_path)
-        base = _load(INTERFACES[spec.runner])
+        cls = load(spec.class_path)
+        base = load(INTERFACES[spec.runner])
         if not (isinstance(cls, type) and issubclass(cls, base)):
             yield finding("resolves", False, f"{spec.class_path} does not subclass {base}")
             return

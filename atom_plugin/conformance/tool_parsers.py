@@ -17,12 +17,11 @@ Hypothesis runs derandomized (the same examples every run) and without a databas
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Iterator
 
-from atom_plugin.conformance import Check, Finding, MissingDependency, hook_results
+from atom_plugin.conformance import Check, Finding, MissingDependency, hook_results, load
 from atom_plugin.specs import ToolParserSpec
 
 HOOK = "atom_tool_parsers"
@@ -180,8 +179,7 @@ def check_parser(spec: ToolParserSpec, label: str) -> Iterator[Finding]:
     try:
         from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
-        module, _, name = spec.class_path.partition(":")
-        cls = getattr(importlib.import_module(module), name)
+        cls = load(spec.class_path)
         if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
             yield finding("resolves", False, f"{spec.class_path} is not a vLLM ToolParser")
             return
