@@ -11,8 +11,13 @@ other findings), and for every class with a vLLM class among its ancestors:
 - call: it accepts what the host's own calls pass: `self.m(...)` inside the vLLM
   ancestors, and calls through the role's attribute elsewhere in vLLM (`ROLE_RECEIVERS`:
   `layer.impl.do_kv_cache_update(...)`, `current_platform.get_attn_backend_cls(...)`);
+- call (undeclared): a method vLLM calls through the role's attribute without declaring
+  it on the base (the MHA impl's `do_kv_cache_update` in 0.32) binds to one of the calls;
 - super-call: what the adapter passes to `super().m(...)` binds to the host's method;
 - abstract: every abstract member of its vLLM ancestors is implemented.
+
+Methods of mixins without vLLM bases (`AtomPlatformMixin`) are checked on each class
+that uses them, against that class's vLLM ancestors.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from atom_plugin.vllm.compat.signature import (
     constructor_contract,
     override_problems,
 )
-from atom_plugin.vllm.compat.source import INSTANCE, PROPERTY, ModuleInfo, SourceTree
+from atom_plugin.vllm.compat.source import (
+    INSTANCE,
+    PROPERTY,
+    ModuleInfo,
+    SourceTree,
+    binding_target,
+    dotted_name,
+)
 
 ADAPTER_PACKAGE = "atom_plugin.vllm"
 # Attribute or variable names through which vLLM calls an object of a role, keyed by the
@@ -144,23 +156,11 @@ class _Checker:
         return out
 
     def _resolve_adapter_base(self, info: ModuleInfo, expr):
-        from atom_plugin.vllm.compat.source import dotted_name
-
         dotted = dotted_name(expr)
-        if dotted is None:
+        target = None if dotted is None else binding_target(info, dotted)
+        if target is None:
             return None
-        head, *rest = dotted.split(".")
-        if not rest and head in info.classes:
-            return AdapterClass(info.name, head)
-        if head not in info.bindings:
-            return None
-        module, name = info.bindings[head]
-        if name is None:
-            if not rest:
-                return None
-            module, name = ".".join([module, *rest[:-1]]), rest[-1]
-        elif rest:
-            module, name = ".".join([module, name, *rest[:-1]]), rest[-1]
+        module, name = target
         if module in self.adapter.modules and name in self.adapter.modules[module].classes:
             return AdapterClass(module, name)
         if is_host_module(module):

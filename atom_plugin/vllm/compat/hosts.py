@@ -18,6 +18,7 @@ from atom_plugin.vllm.compat.source import (
     STATIC,
     CallSite,
     SourceTree,
+    binding_target,
     class_info,
     dotted_name,
 )
@@ -126,20 +127,10 @@ class SourceHost:
     def resolve_dotted(self, module_name: str, dotted: str) -> ClassRef | None:
         """The vLLM class `dotted` (a name as written in `module_name`) stands for."""
         info = self.tree.module(module_name)
-        if info is None:
+        target = None if info is None else binding_target(info, dotted)
+        if target is None:
             return None
-        head, *rest = dotted.split(".")
-        if not rest and head in info.classes:
-            return ClassRef(module_name, head)
-        if head not in info.bindings:
-            return None
-        module, name = info.bindings[head]
-        if name is None:  # `import a.b` then `a.b.C`
-            if not rest:
-                return None
-            module, name = ".".join([module, *rest[:-1]]), rest[-1]
-        elif rest:
-            module, name = ".".join([module, name, *rest[:-1]]), rest[-1]
+        module, name = target
         found = self.lookup(module, name)
         return found.ref if found.kind == "class" and is_host_module(found.ref.module) else None
 

@@ -267,6 +267,22 @@ class ModuleInfo:
                 yield alias.asname or imp.name, (imp.module, imp.name)
 
 
+def binding_target(info: ModuleInfo, dotted: str) -> tuple[str, str] | None:
+    """(absolute module, name) that `dotted` (`C`, `mod.C`, `pkg.mod.C`, as written in
+    the module `info`) refers to; None when it is not a class name or an imported one."""
+    head, *rest = dotted.split(".")
+    if not rest and head in info.classes:
+        return info.name, head
+    if head not in info.bindings:
+        return None
+    module, name = info.bindings[head]
+    if name is None:  # `import a.b` then `a.b.C`
+        return (".".join([module, *rest[:-1]]), rest[-1]) if rest else None
+    if rest:
+        return ".".join([module, name, *rest[:-1]]), rest[-1]
+    return module, name
+
+
 def _alias_choices(value: ast.expr) -> list[str]:
     if isinstance(value, ast.IfExp):
         return _alias_choices(value.body) + _alias_choices(value.orelse)
