@@ -282,8 +282,9 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         k_scale: torch.Tensor,
         skip_scale: bool = False,
     ) -> None:
-        """`skip_scale` (vLLM 0.33+) says an fp8 cache's scale is exactly 1: the rows
-        are then written with a unit scale, as vLLM's own kernel skips the division."""
+        """`skip_scale` (vLLM 0.33+): true when an fp8 cache's scale is exactly 1 (vLLM
+        passes it so its cache kernel can skip the scaling); the rows are then written
+        with a unit scale."""
         if kv_cache.numel() == 0:
             return
         scale = None
