@@ -1,4 +1,4 @@
-"""`atom-plugin` command line: `info` and `doctor`."""
+"""`atom-plugin` command line: `info`, `doctor` and `conformance`."""
 
 from __future__ import annotations
 
@@ -58,17 +58,23 @@ def _hooks_of(pm, plugin) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from atom_plugin.conformance import command as conformance_command
     from atom_plugin.doctor import command as doctor_command
 
     parser = argparse.ArgumentParser(prog="atom-plugin", description=__doc__)
     parser.add_argument("--version", action="version", version=f"atom-plugin {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{info,doctor}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,doctor,conformance}")
     sub.required = True
     info = sub.add_parser("info", help="version, platform and every registered hook")
     info.set_defaults(func=_info)
     doctor = sub.add_parser("doctor", help="GPU host health check (run before a server or CI)")
     doctor_command.configure(doctor)
     doctor.set_defaults(func=doctor_command.run)
+    conformance = sub.add_parser(
+        "conformance", help="run every registered hook implementation through its contract"
+    )
+    conformance_command.configure(conformance)
+    conformance.set_defaults(func=conformance_command.run)
     return parser
 
 

@@ -56,13 +56,22 @@ class LogitsProcessorSpec:
 
 @dataclass(frozen=True)
 class ToolParserSpec:
-    """A tool parser registered with vLLM under `name` (`--tool-call-parser name`)."""
+    """A tool parser registered with vLLM under `name` (`--tool-call-parser name`).
+
+    `samples`: complete model outputs in the parser's format; the conformance suite
+    (`atom_plugin.conformance`) parses them, cuts them short and garbles them.
+    """
 
     name: str
     class_path: str
+    samples: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_class_path("tool parser class path", self.class_path)
+        if isinstance(self.samples, str) or not all(isinstance(t, str) for t in self.samples):
+            raise ValueError(
+                f"tool parser samples must be a tuple of strings, got {self.samples!r}"
+            )
 
 
 @dataclass(frozen=True)

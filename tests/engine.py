@@ -1,7 +1,11 @@
 """Run real vLLM engines in fresh subprocesses for end-to-end tests.
 
 A fresh process per engine keeps environment variables (ATOM_PLUGIN_DISABLE,
-VLLM_PLUGINS) and vLLM's process-wide state apart between runs.
+VLLM_PLUGINS) and vLLM's process-wide state apart between runs. Inside it the engine
+core runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): with the core in a process
+of its own the first step's batch depends on when each request reaches it, and the
+near-tied logits of a random-weight model then change tokens between runs. In-process,
+every run schedules the same batches, so token-for-token comparisons repeat.
 """
 
 from __future__ import annotations
@@ -28,15 +32,24 @@ GENERATE = textwrap.dedent(
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "platform": type(current_platform).__name__,
             "rpc": {name: llm.collective_rpc(name) for name in spec.get("rpc", [])},
+            "engine_core": type(llm.llm_engine.engine_core).__name__,
         }
         print("RESULT " + json.dumps(result), flush=True)
     """
 )
 
 
+IN_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def engine_env(**extra: str | None) -> dict[str, str]:
     """The test process's environment for a vLLM process (`scripts.serve.vllm_env`)."""
     return vllm_env(**{"TOKENIZERS_PARALLELISM": "false", **extra})
+
+
+def token_engine_env(**extra: str | None) -> dict[str, str]:
+    """`engine_env` with the engine core in-process, for runs whose tokens are compared."""
+    return engine_env(**IN_PROCESS_ENGINE, **extra)
 
 
 def generate(
@@ -47,20 +60,23 @@ def generate(
     timeout: float = 600,
     rpc: tuple[str, ...] = (),
 ) -> dict:
-    """Greedy (or other) generation in a fresh process; returns tokens, the platform class
-    and, under "rpc", each worker method in `rpc` called on every worker after generating."""
+    """Greedy (or other) generation in a fresh process, its engine core in-process
+    (`env` gets IN_PROCESS_ENGINE added); returns tokens, the platform class and, under
+    "rpc", each worker method in `rpc` called on every worker after generating."""
     spec = json.dumps({"llm": llm_kwargs, "prompts": prompts, "sampling": sampling, "rpc": rpc})
     proc = subprocess.run(
         [sys.executable, "-c", GENERATE, spec],
         capture_output=True,
         text=True,
-        env=env or engine_env(),
+        env={**(env or engine_env()), **IN_PROCESS_ENGINE},
         timeout=timeout,
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT ") :])
             result["log"] = proc.stdout + proc.stderr
+            if result["engine_core"] != "InprocClient":
+                raise AssertionError(f"the engine core ran as {result['engine_core']}")
             return result
     raise AssertionError(
         f"engine run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"

@@ -11,7 +11,8 @@ channel) there is no call.
 
 Both engines are real vLLM with the plugin installed: its platform hook adds the
 processor for the runner in use and its general hook registers `atom_kimi_k3`.
-Each engine runs in a fresh process (see tests/engine.py).
+Each engine runs in a fresh process; the offline one, whose texts are compared, with
+its engine core in-process (see tests/engine.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 from models.scripted_gpt2 import build_scripted_dir
 
 from atom_plugin.parsers.k3_tool_parser import K3StreamParser, parse_k3
+from tests.engine import IN_PROCESS_ENGINE
 from tests.engine import engine_env as shared_engine_env
 
 pytestmark = pytest.mark.vllm
@@ -58,10 +60,10 @@ assert len(CLOSE_MESSAGE) + 2 == len(OPENING)
 MAX_MODEL_LEN = 128
 
 
-def engine_env() -> dict[str, str]:
+def engine_env(**extra: str) -> dict[str, str]:
     """The shared engine environment, with the plugin fully on."""
     return shared_engine_env(
-        ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None, VLLM_PLUGINS=None
+        ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None, VLLM_PLUGINS=None, **extra
     )
 
 
@@ -120,6 +122,7 @@ OFFLINE = textwrap.dedent(
                                  zip(outs[0].outputs[0].token_ids, outs[0].outputs[0].logprobs)],
             "processors": llm.llm_engine.vllm_config.model_config.logits_processors,
             "tbo": llm.collective_rpc("atom_tbo_stats") if additional else None,
+            "engine_core": type(llm.llm_engine.engine_core).__name__,
         }), flush=True)
     """
 )
@@ -147,12 +150,13 @@ def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir, tbo
         [sys.executable, "-c", OFFLINE, spec],
         capture_output=True,
         text=True,
-        env=engine_env(),
+        env=engine_env(**IN_PROCESS_ENGINE),  # its exact texts are compared
         timeout=600,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
     result = json.loads(lines[0][len("RESULT ") :])
+    assert result["engine_core"] == "InprocClient"
     assert result["prompt_lens"] == [prompt_len] * 3
     assert "atom_plugin.vllm.k3_logits_v1:AtomK3LogitsProcessorV1" in result["processors"]
     required, auto, named = (parse_k3(text) for text in result["texts"])

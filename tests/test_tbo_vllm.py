@@ -1,7 +1,7 @@
 """Two-batch overlap inside a real vLLM engine (the CPU build): TBO on equals TBO off.
 
-Each engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) in a fresh
-subprocess, so every run of the same config sees the same batches. 13 prompts
+Each engine runs in-process in a fresh subprocess (`tests.engine.generate`), so
+every run of the same config sees the same batches. 13 prompts
 of different lengths and a 32-token step budget give decode steps of odd
 request counts and chunked-prefill steps that mix a prefill chunk with decodes
 and cut through a request. Each run reports the steps that split
@@ -25,7 +25,6 @@ PROMPTS = [
 ]
 GREEDY = {"max_tokens": 10, "temperature": 0.0}
 SPLITS_EVERYWHERE = {"tbo_decode_min_requests": 3, "tbo_prefill_min_tokens": 2}
-IN_PROCESS = engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 # model fixture, attention backend, block size, extra LLM arguments
 MODELS = {
@@ -64,9 +63,7 @@ def run_tbo(request, name: str, tbo: str | None, env: dict | None = None) -> dic
     fixture, backend, block_size, extra = MODELS[name]
     model = request.getfixturevalue(fixture)
     kwargs = llm_kwargs(model, backend, block_size, extra, tbo)
-    return generate(
-        kwargs, PROMPTS, GREEDY, env=env or IN_PROCESS, rpc=("atom_tbo_stats",) if tbo else ()
-    )
+    return generate(kwargs, PROMPTS, GREEDY, env=env, rpc=("atom_tbo_stats",) if tbo else ())
 
 
 _references: dict[str, list] = {}
@@ -93,9 +90,7 @@ def test_tbo_on_equals_off(request, name, tbo):
 
 def test_metadata_cut_apart_from_the_slices_is_caught(request):
     """ATOM's bug: one backend's micro-batch metadata cut one request off the slices."""
-    run = run_tbo(
-        request, "llama-atom", "decode", env={**IN_PROCESS, "ATOM_PLUGIN_TBO_TEST_MISCUT": "1"}
-    )
+    run = run_tbo(request, "llama-atom", "decode", env=engine_env(ATOM_PLUGIN_TBO_TEST_MISCUT="1"))
     [stats] = run["rpc"]["atom_tbo_stats"]
     assert stats["decode"] > 0
     assert run["tokens"] != reference(request, "llama-atom")
@@ -111,7 +106,7 @@ def test_prefix_cache_reader_of_blocks_written_now_keeps_the_step_whole(tiny_lla
         kwargs = llm_kwargs(tiny_llama, "atom_aiter", 32, {}, tbo)
         kwargs.update(max_num_batched_tokens=256, enable_prefix_caching=True)
         rpc = ("atom_tbo_stats",) if tbo else ()
-        return generate(kwargs, prompts, GREEDY, env=IN_PROCESS, rpc=rpc)
+        return generate(kwargs, prompts, GREEDY, rpc=rpc)
 
     on = run("all")
     [stats] = on["rpc"]["atom_tbo_stats"]

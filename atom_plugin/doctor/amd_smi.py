@@ -17,6 +17,7 @@ import re
 from atom_plugin.doctor.columns import columns_of, right_aligned_cells
 from atom_plugin.doctor.probe import TableError
 from atom_plugin.doctor.readings import GpuReading
+from atom_plugin.doctor.saved import saved_tables
 
 _HEADER = re.compile(r"^(?P<prefix>.*?)\bGPU {2,}(?:XCP {2,})?POWER\b")
 _TEMPERATURE_TITLES = ("GPU_T", "GPU_TEMP")
@@ -26,6 +27,10 @@ _LIST_UUID = re.compile(r"^\s*UUID:\s*(\S+)\s*$")
 
 class AmdSmiProbe:
     executables: tuple[str, ...] = ("amd-smi",)
+
+    @property
+    def saved_tables(self) -> dict[str, str]:
+        return saved_tables("amd-smi")
 
     def commands(self, executable: str) -> list[list[str]]:
         return [[executable, "monitor", "-p", "-t"], [executable, "list"]]

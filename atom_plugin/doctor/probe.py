@@ -5,6 +5,9 @@ A third party adds a vendor's tool by returning
 where `obj` has the attributes below. `atom-plugin doctor` runs every command
 line in order, joins their outputs with newlines and hands the text to
 `parse`; a saved table (`--smi-output FILE`) goes to `parse` as it is.
+
+A probe should also ship `saved_tables`, {name: text} of the tool's output on real
+hosts: the conformance suite (`atom-plugin conformance`) parses them.
 """
 
 from __future__ import annotations

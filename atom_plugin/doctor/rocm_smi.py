@@ -20,6 +20,7 @@ import re
 
 from atom_plugin.doctor.columns import Column, columns_of, is_rule, left_aligned_cells
 from atom_plugin.doctor.readings import GpuReading
+from atom_plugin.doctor.saved import saved_tables
 
 _HEADER = re.compile(r"^(?P<prefix>.*?)(?:Device|GPU) {2,}")
 _TEMPERATURE_TITLES = ("Temp",)
@@ -30,6 +31,10 @@ _SENSOR = re.compile(r"\(([^)]*)\)")
 
 class RocmSmiProbe:
     executables: tuple[str, ...] = ("rocm-smi",)
+
+    @property
+    def saved_tables(self) -> dict[str, str]:
+        return saved_tables("rocm-smi")
 
     def commands(self, executable: str) -> list[list[str]]:
         return [[executable], [executable, "--showuniqueid"]]

@@ -1,6 +1,7 @@
 """Hook implementations for the Kimi-K3 tool parser and required-channel processors."""
 
 from atom_plugin.hookspecs import hookimpl
+from atom_plugin.parsers.k3_samples import K3_SAMPLES
 from atom_plugin.specs import LogitsProcessorSpec, ToolParserSpec
 
 
@@ -10,6 +11,7 @@ def atom_tool_parsers() -> list[ToolParserSpec]:
         ToolParserSpec(
             name="atom_kimi_k3",
             class_path="atom_plugin.vllm.kimi_k3_parser:AtomKimiK3ToolParser",
+            samples=K3_SAMPLES,
         )
     ]
 

@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import ClassVar
 
 import torch
-from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -22,6 +21,7 @@ from vllm.v1.attention.backend import (
     MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from atom_plugin.backends import ops
 from atom_plugin.backends.checks import ACTIVATION_DTYPES

@@ -33,6 +33,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, Attent
 from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
 from atom_plugin.backends import mla_ops
+from atom_plugin.backends.aiter_mha import unit_scale
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
 from atom_plugin.backends.mla_plan import MLADecodePlan, mla_token_plan, plan_mla_decode
 from atom_plugin.backends.select import select_kernel_impl
@@ -309,15 +310,18 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         slot_mapping: torch.Tensor,
         kv_cache_dtype: str,
         k_scale: torch.Tensor,
+        skip_scale: bool = False,
     ) -> None:
+        """`skip_scale` (vLLM 0.33+): true when an fp8 cache's scale is exactly 1 (vLLM
+        passes it so its cache kernel can skip the scaling); the rows are then written
+        with a unit scale."""
         if kv_cache.numel() == 0:
             return
-        fp8 = kv_cache_dtype.startswith("fp8")
-        if fp8:
+        scale = None
+        if kv_cache_dtype.startswith("fp8"):
             kv_cache = kv_cache.view(current_platform.fp8_dtype())
-        mla_ops.write_mla_kv(
-            kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), scale=k_scale if fp8 else None
-        )
+            scale = unit_scale(kv_cache.device) if skip_scale else k_scale
+        mla_ops.write_mla_kv(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), scale=scale)
 
 
 class AtomAiterMLABackend(MLACommonBackend):

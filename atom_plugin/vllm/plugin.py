@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+from atom_plugin.vllm.compat import unsupported_message
 from atom_plugin.vllm.registration import (
     plugin_disabled,
     register_attention_backends,
@@ -60,6 +61,9 @@ def _announce(backends: tuple[str, ...]) -> None:
     from vllm.platforms import current_platform
 
     logger = init_logger("vllm.atom_plugin")
+    outside_range = unsupported_message(vllm_version())
+    if outside_range:
+        logger.warning(outside_range)
     platform = type(current_platform)
     if platform.__module__.startswith("atom_plugin."):
         logger.info(
@@ -76,3 +80,10 @@ def _announce(backends: tuple[str, ...]) -> None:
             platform.__name__,
             ", ".join(backends),
         )
+
+
+def vllm_version() -> str:
+    """The running vLLM's version (`vllm.__version__`; the CPU build reports its release)."""
+    from vllm import __version__
+
+    return __version__

@@ -1,0 +1,290 @@
+"""Two views of a vLLM: the installed one (imported, `inspect`) and a source tree or
+wheel (parsed, never imported). The checks (`compat.check`) ask both the same questions."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from atom_plugin.vllm.compat.signature import CallShape, Sig, sig_from_callable
+from atom_plugin.vllm.compat.source import (
+    CLASS,
+    INSTANCE,
+    PROPERTY,
+    STATIC,
+    CallSite,
+    SourceTree,
+    binding_target,
+    class_info,
+    dotted_name,
+)
+
+HOST_PACKAGE = "vllm"
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    module: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Found:
+    """What an imported name is: 'class' (with `ref`), 'module', 'object', 'lazy' (a
+    module `__getattr__` names it), 'missing' (with `detail`) or 'unchecked' (outside a
+    partial tree)."""
+
+    kind: str
+    ref: ClassRef | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class HostMethod:
+    sig: Sig
+    kind: str
+    abstract: bool
+    where: str
+
+
+@dataclass(frozen=True)
+class RemoteCall:
+    where: str
+    shape: CallShape
+
+
+def is_host_module(module: str) -> bool:
+    return module == HOST_PACKAGE or module.startswith(HOST_PACKAGE + ".")
+
+
+class SourceHost:
+    """A vLLM source tree or wheel. `partial`: a cut-down tree (a test fixture) in
+    which modules that are absent are not checked rather than missing."""
+
+    def __init__(self, path: str | Path, partial: bool = False) -> None:
+        self.tree = SourceTree(path)
+        self.partial = partial
+        if not self.tree.has_module(HOST_PACKAGE):
+            raise FileNotFoundError(f"{path} holds no {HOST_PACKAGE} package")
+        self.label = f"vLLM {self.version()} sources ({path})"
+
+    def version(self) -> str:
+        text = self.tree.text(f"{HOST_PACKAGE}._version") or ""
+        match = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+        return match.group(1) if match else "unknown"
+
+    def lookup(self, module: str, name: str | None, _seen: frozenset = frozenset()) -> Found:
+        if name is None:
+            if self.tree.has_module(module):
+                return Found("module")
+            return self._absent(module)
+        key = (module, name)
+        if key in _seen:
+            return Found("missing", detail=f"{module}.{name} is an import cycle")
+        seen = _seen | {key}
+        info = self.tree.module(module)
+        if info is None:
+            return self._absent(module)
+        if name in info.classes:
+            return Found("class", ClassRef(module, name))
+        for choice in info.aliases.get(name, []):  # `CudaPlatform = A if nvml else B`
+            ref = self.resolve_dotted(module, choice)
+            if ref is not None:
+                return Found("class", ref)
+        if name in info.defined:
+            return Found("object")
+        if name in info.bindings:
+            target_module, target_name = info.bindings[name]
+            return self.lookup(target_module, target_name, seen)
+        if self.tree.has_module(f"{module}.{name}"):
+            return Found("module")
+        for star in info.star_imports:
+            found = self.lookup(star, name, seen)
+            if found.kind not in ("missing", "unchecked"):
+                return found
+        if name in info.lazy_names:
+            return Found("lazy")
+        if self.partial and self.tree.is_package(module):
+            return Found("unchecked")  # perhaps a submodule the cut-down tree leaves out
+        return Found("missing", detail=f"{module} has no {name!r}")
+
+    def _absent(self, module: str) -> Found:
+        if self.partial or not is_host_module(module):
+            return Found("unchecked")
+        return Found("missing", detail=f"no module {module}")
+
+    def resolve_base(self, ref: ClassRef, expr) -> ClassRef | None:
+        dotted = dotted_name(expr)
+        return None if dotted is None else self.resolve_dotted(ref.module, dotted)
+
+    def resolve_dotted(self, module_name: str, dotted: str) -> ClassRef | None:
+        """The vLLM class `dotted` (a name as written in `module_name`) stands for."""
+        info = self.tree.module(module_name)
+        target = None if info is None else binding_target(info, dotted)
+        if target is None:
+            return None
+        module, name = target
+        found = self.lookup(module, name)
+        return found.ref if found.kind == "class" and is_host_module(found.ref.module) else None
+
+    def _class(self, ref: ClassRef):
+        info = self.tree.module(ref.module)
+        return None if info is None else info.classes.get(ref.name)
+
+    def bases(self, ref: ClassRef) -> list[ClassRef]:
+        node = self._class(ref)
+        if node is None:
+            return []
+        return [b for b in (self.resolve_base(ref, e) for e in node.bases) if b is not None]
+
+    def methods(self, ref: ClassRef) -> dict[str, HostMethod]:
+        node = self._class(ref)
+        if node is None:
+            return {}
+        where = self.tree.location(ref.module)
+        return {
+            name: HostMethod(m.sig, m.kind, m.abstract, f"{where}:{m.line} {ref.name}.{name}")
+            for name, m in node.methods.items()
+        }
+
+    def self_calls(self, ref: ClassRef) -> list[CallSite]:
+        node = self._class(ref)
+        return [] if node is None else node.self_calls
+
+    def calls_through(self, receiver: str, method: str) -> list[RemoteCall]:
+        return calls_through(self.tree, receiver, method)
+
+
+def calls_through(tree: SourceTree, receiver: str, method: str) -> list[RemoteCall]:
+    """Calls `<...>.receiver.method(...)` or `receiver.method(...)` anywhere in vLLM."""
+    import ast
+
+    calls = []
+    for module in tree.attribute_calls(receiver, HOST_PACKAGE).get(method, ()):
+        for node in ast.walk(ast.parse(tree.text(module))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr != method:
+                continue
+            value = node.func.value
+            tail = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", None)
+            if tail == receiver:
+                where = f"{tree.location(module)}:{node.lineno}"
+                calls.append(RemoteCall(where, CallShape.of(node)))
+    return calls
+
+
+class InstalledHost:
+    """The vLLM this interpreter imports: names resolve by import, signatures come from
+    `inspect.signature`, abstract members from the classes themselves.
+
+    A module that exists but cannot be imported on this machine (`vllm.platforms.cuda`
+    without CUDA) is read from its installed source instead (`source_only` lists them).
+    """
+
+    def __init__(self) -> None:
+        import vllm
+
+        self.vllm = vllm
+        root = Path(vllm.__file__).parent.parent
+        self.tree = SourceTree(root)
+        self.source = SourceHost(root)
+        self.source_only: dict[str, str] = {}  # module -> why it was not imported
+        self.partial = False
+        self.label = f"installed vLLM {vllm.__version__} ({Path(vllm.__file__).parent})"
+
+    def version(self) -> str:
+        return self.vllm.__version__
+
+    def _import(self, module: str):
+        """The module, or None when it is read from source (or does not exist)."""
+        if module in self.source_only:
+            return None
+        try:
+            return importlib.import_module(module)
+        except Exception as exc:  # CUDA-only modules raise on a CPU machine, and so on
+            self.source_only[module] = repr(exc)
+            return None
+
+    def lookup(self, module: str, name: str | None) -> Found:
+        mod = self._import(module)
+        if mod is None:
+            if not self.tree.has_module(module):
+                return Found("missing", detail=f"no module {module}")
+            return self.source.lookup(module, name)
+        if name is None:
+            return Found("module")
+        if not hasattr(mod, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+                return Found("module")
+            except ImportError:
+                return Found("missing", detail=f"{module} has no {name!r}")
+        obj = getattr(mod, name)
+        if inspect.ismodule(obj):
+            return Found("module")
+        if inspect.isclass(obj) and is_host_module(obj.__module__):
+            return Found("class", ClassRef(obj.__module__, obj.__qualname__))
+        return Found("object")
+
+    def _cls(self, ref: ClassRef) -> type:
+        obj = importlib.import_module(ref.module)
+        for part in ref.name.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def bases(self, ref: ClassRef) -> list[ClassRef]:
+        if self._import(ref.module) is None:
+            return self.source.bases(ref)
+        return [
+            ClassRef(b.__module__, b.__qualname__)
+            for b in self._cls(ref).__bases__
+            if is_host_module(b.__module__)
+        ]
+
+    def methods(self, ref: ClassRef) -> dict[str, HostMethod]:
+        if self._import(ref.module) is None:
+            return self.source.methods(ref)
+        cls = self._cls(ref)
+        out = {}
+        for name, raw in vars(cls).items():
+            if isinstance(raw, staticmethod):
+                kind, func = STATIC, raw.__func__
+            elif isinstance(raw, classmethod):
+                kind, func = CLASS, raw.__func__
+            elif isinstance(raw, property):
+                kind, func = PROPERTY, raw.fget
+            elif inspect.isfunction(raw):
+                kind, func = INSTANCE, raw
+            else:
+                continue
+            try:
+                sig = sig_from_callable(func, bound=kind != STATIC)
+            except (TypeError, ValueError):
+                continue
+            abstract = bool(getattr(raw, "__isabstractmethod__", False))
+            where = f"{ref.module.replace('.', '/')}.py {ref.name}.{name}"
+            out[name] = HostMethod(sig, kind, abstract, where)
+        return out
+
+    def self_calls(self, ref: ClassRef) -> list[CallSite]:
+        import ast
+
+        if self._import(ref.module) is None:
+            return self.source.self_calls(ref)
+        try:
+            source = textwrap.dedent(inspect.getsource(self._cls(ref)))
+        except (OSError, TypeError):
+            return []
+        node = ast.parse(source).body[0]
+        return class_info(node).self_calls if hasattr(node, "bases") else []
+
+    def calls_through(self, receiver: str, method: str) -> list[RemoteCall]:
+        return calls_through(self.tree, receiver, method)

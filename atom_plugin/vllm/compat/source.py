@@ -1,0 +1,306 @@
+"""Python sources read without importing them: a directory tree or a wheel, parsed with `ast`.
+
+`SourceTree` finds a module's text; `ModuleInfo` is what the checks need from one
+module (its imports, classes, methods and the calls inside them).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atom_plugin.vllm.compat.signature import CallShape, Sig, sig_from_ast
+
+INSTANCE, CLASS, STATIC, PROPERTY = "instance", "classmethod", "staticmethod", "property"
+
+
+class SourceTree:
+    """The `.py` files under a directory (a checkout or site-packages) or inside a wheel."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"no such source tree or wheel: {self.path}")
+        self._zip = zipfile.ZipFile(self.path) if self.path.is_file() else None
+        if self._zip is not None:
+            self._files = {n for n in self._zip.namelist() if n.endswith(".py")}
+        else:
+            self._files = None
+
+    def __repr__(self) -> str:
+        return f"SourceTree({str(self.path)!r})"
+
+    def _file_of(self, module: str) -> str | None:
+        base = module.replace(".", "/")
+        for candidate in (f"{base}.py", f"{base}/__init__.py"):
+            if self._files is not None:
+                if candidate in self._files:
+                    return candidate
+            elif (self.path / candidate).is_file():
+                return candidate
+        return None
+
+    def has_module(self, module: str) -> bool:
+        return self._file_of(module) is not None
+
+    def is_package(self, module: str) -> bool:
+        found = self._file_of(module)
+        return found is not None and found.endswith("__init__.py")
+
+    def location(self, module: str) -> str:
+        return self._file_of(module) or module.replace(".", "/") + ".py"
+
+    @functools.cache  # noqa: B019 - one tree per check run; the cache dies with it
+    def text(self, module: str) -> str | None:
+        found = self._file_of(module)
+        if found is None:
+            return None
+        if self._zip is not None:
+            return self._zip.read(found).decode("utf-8")
+        return (self.path / found).read_text(encoding="utf-8")
+
+    @functools.cache  # noqa: B019
+    def module(self, module: str) -> ModuleInfo | None:
+        text = self.text(module)
+        if text is None:
+            return None
+        return ModuleInfo.parse(module, text, self.is_package(module))
+
+    @functools.cache  # noqa: B019
+    def modules_under(self, package: str) -> list[str]:
+        """Every module of `package` (the package itself included), sorted."""
+        prefix = package.replace(".", "/")
+        if self._files is not None:
+            names = [n for n in self._files if n == f"{prefix}.py" or n.startswith(prefix + "/")]
+        else:
+            root = self.path / prefix
+            names = [str(p.relative_to(self.path)) for p in root.rglob("*.py")]
+            if (self.path / f"{prefix}.py").is_file():
+                names.append(f"{prefix}.py")
+        modules = []
+        for name in names:
+            mod = name[: -len(".py")].replace("/", ".")
+            modules.append(mod[: -len(".__init__")] if mod.endswith(".__init__") else mod)
+        return sorted(modules)
+
+    @functools.cache  # noqa: B019
+    def attribute_calls(self, receiver: str, package: str) -> dict[str, tuple[str, ...]]:
+        """{method: modules of `package` whose text has `receiver.method(`}, one pass."""
+        pattern = re.compile(rf"\b{re.escape(receiver)}\s*\.\s*(\w+)\s*\(")
+        found: dict[str, list[str]] = {}
+        for module in self.modules_under(package):
+            for method in set(pattern.findall(self.text(module) or "")):
+                found.setdefault(method, []).append(module)
+        return {method: tuple(modules) for method, modules in found.items()}
+
+
+@dataclass(frozen=True)
+class ImportedName:
+    module: str  # absolute
+    name: str | None  # None: `import module`
+    line: int
+
+
+@dataclass
+class MethodInfo:
+    name: str
+    kind: str  # INSTANCE, CLASS, STATIC or PROPERTY
+    abstract: bool
+    line: int
+    args: ast.arguments
+
+    @property
+    def sig(self) -> Sig:
+        return sig_from_ast(self.args, bound=self.kind != STATIC)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    method: str  # the method called
+    shape: CallShape
+    line: int
+    caller: str  # the method the call is in
+
+
+@dataclass
+class ClassInfo:
+    name: str
+    line: int
+    bases: list[ast.expr]
+    methods: dict[str, MethodInfo]
+    self_calls: list[CallSite]  # self.m(...) / cls.m(...) inside its methods
+    super_calls: list[CallSite]  # super().m(...) inside its methods
+
+
+def _decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    names = set()
+    for dec in node.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute):
+            names.add(target.attr)
+        elif isinstance(target, ast.Name):
+            names.add(target.id)
+    return names
+
+
+def _method(node: ast.FunctionDef | ast.AsyncFunctionDef) -> MethodInfo:
+    decorators = _decorator_names(node)
+    kind = INSTANCE
+    for dec, k in (("staticmethod", STATIC), ("classmethod", CLASS), ("property", PROPERTY)):
+        if dec in decorators:
+            kind = k
+    if decorators & {"setter", "getter", "deleter", "cached_property"}:
+        kind = PROPERTY
+    abstract = bool(decorators & {"abstractmethod", "abstractproperty"})
+    return MethodInfo(node.name, kind, abstract, node.lineno, node.args)
+
+
+def class_info(node: ast.ClassDef) -> ClassInfo:
+    methods: dict[str, MethodInfo] = {}
+    self_calls: list[CallSite] = []
+    super_calls: list[CallSite] = []
+    for item in node.body:
+        if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        methods[item.name] = _method(item)
+        for sub in ast.walk(item):
+            if not (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)):
+                continue
+            receiver = sub.func.value
+            site = CallSite(sub.func.attr, CallShape.of(sub), sub.lineno, item.name)
+            if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+                self_calls.append(site)
+            elif (
+                isinstance(receiver, ast.Call)
+                and isinstance(receiver.func, ast.Name)
+                and receiver.func.id == "super"
+            ):
+                super_calls.append(site)
+    return ClassInfo(node.name, node.lineno, list(node.bases), methods, self_calls, super_calls)
+
+
+def _absolute(module: str, is_package: bool, level: int, target: str | None) -> str:
+    if level == 0:
+        return target or ""
+    parts = module.split(".")
+    keep = len(parts) - level + (1 if is_package else 0)
+    base = parts[:keep]
+    return ".".join([*base, target] if target else base)
+
+
+@dataclass
+class ModuleInfo:
+    name: str
+    imports: list[ImportedName] = field(default_factory=list)
+    # local name -> (absolute module, name or None for a module)
+    bindings: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    star_imports: list[str] = field(default_factory=list)
+    classes: dict[str, ClassInfo] = field(default_factory=dict)
+    defined: set[str] = field(default_factory=set)  # functions, assignments, classes
+    # `X = A`, `X = A if cond else B`: the names X may stand for (a class chosen at import)
+    aliases: dict[str, list[str]] = field(default_factory=dict)
+    lazy_names: set[str] = field(default_factory=set)  # strings, when `__getattr__` exists
+
+    @classmethod
+    def parse(cls, name: str, text: str, is_package: bool) -> ModuleInfo:
+        tree = ast.parse(text)
+        info = cls(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = _absolute(name, is_package, node.level, node.module)
+                for alias in node.names:
+                    if alias.name == "*":
+                        info.star_imports.append(module)
+                        continue
+                    info.imports.append(ImportedName(module, alias.name, node.lineno))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    info.imports.append(ImportedName(alias.name, None, node.lineno))
+        info._top_level(tree.body)
+        if "__getattr__" in info.defined:
+            info.lazy_names = {
+                n.value
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            }
+        return info
+
+    def _top_level(self, body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                self.classes[node.name] = class_info(node)
+                self.defined.add(node.name)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                self.defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                choices = _alias_choices(node.value) if node.value is not None else []
+                for target in targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Name):
+                            self.defined.add(sub.id)
+                    if isinstance(target, ast.Name) and choices:
+                        self.aliases[target.id] = choices
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                for imp in self._imports_of(node):
+                    self.bindings[imp[0]] = imp[1]
+            elif isinstance(node, ast.If | ast.Try | ast.With):
+                # try/except ImportError, version switches, TYPE_CHECKING: every branch binds
+                for branch in ("body", "orelse", "finalbody"):
+                    self._top_level(getattr(node, branch, []))
+                for handler in getattr(node, "handlers", []):
+                    self._top_level(handler.body)
+
+    def _imports_of(self, node: ast.ImportFrom | ast.Import):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                yield local, (alias.name if alias.asname else local, None)
+            return
+        for imp in self.imports:
+            if imp.line == node.lineno and imp.name in {a.name for a in node.names}:
+                alias = next(a for a in node.names if a.name == imp.name)
+                yield alias.asname or imp.name, (imp.module, imp.name)
+
+
+def binding_target(info: ModuleInfo, dotted: str) -> tuple[str, str] | None:
+    """(absolute module, name) that `dotted` (`C`, `mod.C`, `pkg.mod.C`, as written in
+    the module `info`) refers to; None when it is not a class name or an imported one."""
+    head, *rest = dotted.split(".")
+    if not rest and head in info.classes:
+        return info.name, head
+    if head not in info.bindings:
+        return None
+    module, name = info.bindings[head]
+    if name is None:  # `import a.b` then `a.b.C`
+        return (".".join([module, *rest[:-1]]), rest[-1]) if rest else None
+    if rest:
+        return ".".join([module, name, *rest[:-1]]), rest[-1]
+    return module, name
+
+
+def _alias_choices(value: ast.expr) -> list[str]:
+    if isinstance(value, ast.IfExp):
+        return _alias_choices(value.body) + _alias_choices(value.orelse)
+    if isinstance(value, ast.Name | ast.Attribute):
+        name = dotted_name(value)
+        return [name] if name else []
+    return []
+
+
+def dotted_name(expr: ast.expr) -> str | None:
+    """`a.b.C` or `C` (a subscript `C[T]` gives `C`); None for anything else."""
+    if isinstance(expr, ast.Subscript):
+        expr = expr.value
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        parts.append(expr.id)
+        return ".".join(reversed(parts))
+    return None
