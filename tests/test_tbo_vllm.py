@@ -80,6 +80,7 @@ def reference(request, name: str) -> list:
 def test_tbo_on_equals_off(request, name, tbo):
     run = run_tbo(request, name, tbo)
     [stats] = run["rpc"]["atom_tbo_stats"]
+    print(f"TBO steps, {name}, tbo={tbo}: {stats}")  # shown with pytest -rP
     assert f"two-batch overlap {tbo}" in run["log"]
     assert run["tokens"] == reference(request, name)
     splits = {"prefill": {"prefill"}, "decode": {"decode"}, "all": {"prefill", "decode"}}[tbo]
