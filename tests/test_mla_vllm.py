@@ -131,7 +131,7 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
         slot_mapping=torch.tensor([2, 16, 39, 0, 8], dtype=torch.int64),
     )
     builder._block_table = torch.arange(rows * 3, dtype=torch.int32).view(rows, 3)  # padded
-    builder.last_metadata = MLACommonMetadata(
+    built = MLACommonMetadata(
         num_reqs=n,
         max_query_len=1,
         max_seq_len=40,
@@ -143,7 +143,7 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
         num_prefills=0,
         decode=builder._decode_metadata(paged, None, part=0),
     )
-    first, second = builder.prepare_ubatch_decode(rows)
+    first, second = builder.prepare_ubatch_decode(built, rows)
     assert (first.num_reqs, second.num_reqs) == (4, 4)
     assert first.decode.seq_lens.tolist() == [3, 17, 40, 1]
     assert second.decode.seq_lens.tolist() == [9, 0, 0, 0]  # rows past the 5 requests: inert
@@ -154,4 +154,4 @@ def test_prepare_ubatch_decode_cuts_mla_metadata():
     req, kv_len = plan.token_req, plan.token_kv_len
     assert req.tolist() == [0, 1, 2, 3] and kv_len.tolist() == [9, 0, 0, 0]
     with pytest.raises(ValueError, match="split_bs=9 exceeds"):
-        builder.prepare_ubatch_decode(9)
+        builder.prepare_ubatch_decode(built, 9)

@@ -9,6 +9,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata, MultipleOf
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
+from atom_plugin.backends.metadata import prepare_ubatch_decode
 from atom_plugin.vllm.attention_mha import AtomAiterBackend
 from atom_plugin.vllm.registration import register_attention_backends
 
@@ -149,7 +150,7 @@ def test_unsupported_options_are_refused_by_name():
         impl_cls(num_heads=HQ, head_size=D, scale=1.0, num_kv_heads=HKV, attn_type="encoder")
 
 
-def test_prepare_ubatch_decode_cuts_at_the_shared_split():
+def test_built_decode_metadata_cuts_at_the_shared_split():
     builder = make_builder()
     n = 5
     qsl = torch.arange(n + 1, dtype=torch.int32)
@@ -164,8 +165,7 @@ def test_prepare_ubatch_decode_cuts_at_the_shared_split():
         block_table_tensor=torch.arange(n, dtype=torch.int32)[:, None],
         slot_mapping=torch.arange(n, dtype=torch.int64),
     )
-    builder.build(0, cam)
-    first, second = builder.prepare_ubatch_decode(n)
+    first, second = prepare_ubatch_decode(builder.build(0, cam), n)
     assert first.seq_lens.tolist() == [3, 4]
     assert second.seq_lens.tolist() == [5, 6, 7]
     assert second.query_start_loc.tolist()[0] == 0

@@ -25,7 +25,7 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from atom_plugin.backends import ops
 from atom_plugin.backends.checks import ACTIVATION_DTYPES
-from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
+from atom_plugin.backends.metadata import PagedAttentionMetadata
 
 HEAD_SIZES = [64, 128, 256]
 BLOCK_SIZE_BASE = 16
@@ -74,8 +74,8 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
     reorder_batch_threshold: int = 1  # decodes first, as the metadata expects
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        # vLLM's base declares __init__ abstract; the builder keeps no state of its own.
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.last_metadata: PagedAttentionMetadata | None = None
 
     def build(
         self,
@@ -88,7 +88,7 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
             cam, decode_threshold=self.reorder_batch_threshold
         )
         num_reqs = cam.num_reqs
-        self.last_metadata = PagedAttentionMetadata(
+        return PagedAttentionMetadata(
             num_reqs=num_reqs,
             num_actual_tokens=cam.num_actual_tokens,
             max_query_len=cam.max_query_len,
@@ -101,22 +101,12 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
             block_table=cam.block_table_tensor,
             slot_mapping=cam.slot_mapping[: cam.num_actual_tokens],
         )
-        return self.last_metadata
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         """Capture with the longest context: launch sizes (decode splits) are baked in."""
         max_len = self.vllm_config.model_config.max_model_len
         cam = replace(common_attn_metadata, max_seq_len=max_len)
         return self.build(common_prefix_len=0, common_attn_metadata=cam)
-
-    def prepare_ubatch_decode(
-        self, split_bs: int
-    ) -> tuple[PagedAttentionMetadata, PagedAttentionMetadata]:
-        """The last built decode batch cut into two micro-batches at `split_bs`
-        (`atom_plugin.tbo.decode_ubatch_request_ranges`)."""
-        if self.last_metadata is None:
-            raise RuntimeError("prepare_ubatch_decode needs a built batch: call build() first")
-        return prepare_ubatch_decode(self.last_metadata, split_bs)
 
 
 class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):

@@ -85,7 +85,6 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         )
         self._slot_mapping: torch.Tensor | None = None
         self._block_table: torch.Tensor | None = None  # all rows, graph padding included
-        self.last_metadata: MLACommonMetadata | None = None
         # The decode plan's token tensors live in persistent buffers (one set for the
         # whole batch, one per TBO micro-batch), so a captured CUDA graph reads each
         # step's plan at the addresses it was captured with.
@@ -108,8 +107,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         self._slot_mapping = common_attn_metadata.slot_mapping
         self._block_table = common_attn_metadata.block_table_tensor
-        self.last_metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        return self.last_metadata
+        return super().build(common_prefix_len, common_attn_metadata, fast_build)
 
     def _build_decode(
         self,
@@ -183,13 +181,12 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             aiter_plan=aiter_plan,
         )
 
-    def prepare_ubatch_decode(self, split_bs: int) -> tuple[MLACommonMetadata, MLACommonMetadata]:
-        """The last built pure-decode batch cut into two micro-batches at `split_bs`
-        (`atom_plugin.tbo.decode_ubatch_request_ranges`); rows past the scheduled
-        requests come out inert (context 0, slot -1)."""
-        m = self.last_metadata
-        if m is None:
-            raise RuntimeError("prepare_ubatch_decode needs a built batch: call build() first")
+    def prepare_ubatch_decode(
+        self, m: MLACommonMetadata, split_bs: int
+    ) -> tuple[MLACommonMetadata, MLACommonMetadata]:
+        """`m`, a pure-decode batch this builder built last, cut into two micro-batches
+        at `split_bs` (`atom_plugin.tbo.decode_ubatch_request_ranges`), each with its own
+        plan buffers; rows past the scheduled requests come out inert (context 0, slot -1)."""
         if m.decode is None or m.num_prefills:
             raise ValueError(
                 f"prepare_ubatch_decode needs a pure-decode batch; got "
