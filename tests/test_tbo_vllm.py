@@ -59,55 +59,66 @@ def llm_kwargs(model, backend, block_size, extra, tbo: str | None) -> dict:
     return kwargs
 
 
-def run_tbo(request, name: str, tbo: str | None, env: dict | None = None) -> dict:
+def run_tbo(
+    request, name: str, tbo: str | None, env: dict | None = None, prompts=PROMPTS, **overrides
+) -> dict:
+    """One engine run of model `name` (`MODELS`) with `tbo` (None: TBO off)."""
     fixture, backend, block_size, extra = MODELS[name]
     model = request.getfixturevalue(fixture)
-    kwargs = llm_kwargs(model, backend, block_size, extra, tbo)
-    return generate(kwargs, PROMPTS, GREEDY, env=env, rpc=("atom_tbo_stats",) if tbo else ())
+    kwargs = {**llm_kwargs(model, backend, block_size, extra, tbo), **overrides}
+    return generate(kwargs, prompts, GREEDY, env=env, rpc=("atom_tbo_stats",) if tbo else ())
 
 
-_references: dict[str, list] = {}
+@pytest.fixture(scope="session")
+def tbo_off_tokens():
+    """`tbo_off_tokens(request, name)`: model `name`'s tokens with TBO off, one run each."""
+    runs: dict[str, list] = {}
 
+    def tokens(request, name: str) -> list:
+        if name not in runs:
+            runs[name] = run_tbo(request, name, None)["tokens"]
+        return runs[name]
 
-def reference(request, name: str) -> list:
-    if name not in _references:
-        _references[name] = run_tbo(request, name, None)["tokens"]
-    return _references[name]
+    return tokens
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("tbo", ["prefill", "decode", "all"])
-def test_tbo_on_equals_off(request, name, tbo):
+def test_tbo_on_equals_off(request, tbo_off_tokens, name, tbo):
     run = run_tbo(request, name, tbo)
     [stats] = run["rpc"]["atom_tbo_stats"]
     print(f"TBO steps, {name}, tbo={tbo}: {stats}")  # shown with pytest -rP
     assert f"two-batch overlap {tbo}" in run["log"]
-    assert run["tokens"] == reference(request, name)
+    assert run["tokens"] == tbo_off_tokens(request, name)
     splits = {"prefill": {"prefill"}, "decode": {"decode"}, "all": {"prefill", "decode"}}[tbo]
     for kind in ("prefill", "decode"):
         assert (stats[kind] > 0) == (kind in splits), stats
     assert (stats["straddled"] > 0) == ("prefill" in splits), stats
 
 
-def test_metadata_cut_apart_from_the_slices_is_caught(request):
+def test_metadata_cut_apart_from_the_slices_is_caught(request, tbo_off_tokens):
     """ATOM's bug: one backend's micro-batch metadata cut one request off the slices."""
     run = run_tbo(request, "llama-atom", "decode", env=engine_env(ATOM_PLUGIN_TBO_TEST_MISCUT="1"))
     [stats] = run["rpc"]["atom_tbo_stats"]
     assert stats["decode"] > 0
-    assert run["tokens"] != reference(request, "llama-atom")
+    assert run["tokens"] != tbo_off_tokens(request, "llama-atom")
 
 
-def test_prefix_cache_reader_of_blocks_written_now_keeps_the_step_whole(tiny_llama):
+def test_prefix_cache_reader_of_blocks_written_now_keeps_the_step_whole(request):
     """Three prompts with one 70-token prefix in one step: the second and third hit the
     first's two full blocks, which that step is still computing, so no rank splits it."""
     prefix = " ".join(str(i) for i in range(70))
     prompts = [prefix, prefix + " a", prefix + " b c"]
 
     def run(tbo):
-        kwargs = llm_kwargs(tiny_llama, "atom_aiter", 32, {}, tbo)
-        kwargs.update(max_num_batched_tokens=256, enable_prefix_caching=True)
-        rpc = ("atom_tbo_stats",) if tbo else ()
-        return generate(kwargs, prompts, GREEDY, rpc=rpc)
+        return run_tbo(
+            request,
+            "llama-atom",
+            tbo,
+            prompts=prompts,
+            max_num_batched_tokens=256,
+            enable_prefix_caching=True,
+        )
 
     on = run("all")
     [stats] = on["rpc"]["atom_tbo_stats"]

@@ -46,7 +46,6 @@ class VllmUBatchView:
     def __init__(self, ctx: UBatchContext):
         self._ctx = ctx
         self.id = ctx.id
-        self.forward_context = ctx.forward_context
         self.recv_hook = None
         self._cuda = ctx.compute_stream is not None
         if self._cuda:

@@ -127,12 +127,13 @@ class TboModelRunnerMixin:
         result = super()._determine_batch_execution_and_padding(
             num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, **kwargs
         )
-        # Dummy runs (profiling, idle DP ranks) take part in the agreement as idle ranks.
-        query_lens = num_scheduled_tokens_np[:num_reqs].tolist() if self._tbo_in_step else []
-        shape = self._tbo_batch_shape(query_lens)
-        mode = self._tbo_decide(shape)
         if not self._tbo_in_step:
+            # Dummy runs (profiling, idle DP ranks) join the DP agreement as idle ranks.
+            if self.parallel_config.data_parallel_size > 1:
+                self._tbo_decide(BatchShape(0, 0))
             return result
+        query_lens = num_scheduled_tokens_np[:num_reqs].tolist()
+        mode = self._tbo_decide(self._tbo_batch_shape(query_lens))
         if not mode.split:
             self.tbo_steps["unsplit"] += 1
             return result
