@@ -81,15 +81,30 @@ def test_eager_prefill_split_equals_unsplit(setup):
     _same(out, out_c, ref, ref_c)
 
 
+@pytest.mark.parametrize("record_on_first_step", [False, True], ids=["up-front", "first-step"])
 @pytest.mark.parametrize("tbo_decode", [True, False])
-def test_replay_equals_unsplit(setup, tbo_decode):
-    """Split buckets replay one graph holding both micro-batches; refreshed in place each step."""
+def test_replay_equals_unsplit(setup, tbo_decode, record_on_first_step):
+    """Split buckets replay one graph holding both micro-batches; refreshed in place each step.
+    Recorded up front, or as vLLM's runner does: each on the first step that replays it,
+    between other buckets' replays, into a pool passed in (vLLM's runner passes its own)."""
     from tbo_harness.graphed import GraphedDecoder
+
+    from atom_plugin.tbo.graphs import RequestGraphs
 
     model, base, runner = setup
     graph_caches = base.clone()
     config = TboConfig(decode=tbo_decode)
-    dec = GraphedDecoder(model, graph_caches, runner, BUCKETS, config, MAX_BLOCKS)
+    graphs = RequestGraphs("cuda", pool=torch.cuda.graph_pool_handle())
+    dec = GraphedDecoder(
+        model,
+        graph_caches,
+        runner,
+        BUCKETS,
+        config,
+        MAX_BLOCKS,
+        graphs=graphs,
+        record_on_first_step=record_on_first_step,
+    )
     static = [
         getattr(m, f).data_ptr()
         for b in dec.buffers.values()
@@ -107,6 +122,8 @@ def test_replay_equals_unsplit(setup, tbo_decode):
         out = dec.step(batch).clone()
         torch.cuda.synchronize()
         _same(out, graph_caches, ref, ref_c)
+    # 9 steps over the buckets 1, 2, 4, 8, 32, 64 (recorded once each), or all 7 up front
+    assert dec.steps == {"captured": 6 if record_on_first_step else len(BUCKETS), "replayed": 9}
     assert static == [
         getattr(m, f).data_ptr()
         for b in dec.buffers.values()

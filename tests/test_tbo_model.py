@@ -153,15 +153,27 @@ def test_requests_attend_only_to_their_own_kv(model, runner, caches):
         assert not torch.allclose(out[victim], base[victim], atol=1e-3)
 
 
+@pytest.mark.parametrize("record_on_first_step", [False, True], ids=["up-front", "first-step"])
 @pytest.mark.parametrize("tbo_decode", [True, False])
-def test_graph_steps_read_only_refreshed_static_buffers(model, runner, caches, tbo_decode):
+def test_graph_steps_read_only_refreshed_static_buffers(
+    model, runner, caches, tbo_decode, record_on_first_step
+):
     """The recorded step reads static buffers only; a refresh in place is all a replay needs."""
-    from tbo_harness.graphed import GraphedDecoder, RerunGraphs
+    from tbo_harness.graphed import GraphedDecoder
+
+    from atom_plugin.tbo.graphs import RerunGraphs
 
     graph_caches = caches.clone()
     config = TboConfig(decode=tbo_decode)
     dec = GraphedDecoder(
-        model, graph_caches, runner, [4, 8, 32], config, MAX_BLOCKS, graphs=RerunGraphs()
+        model,
+        graph_caches,
+        runner,
+        [4, 8, 32],
+        config,
+        MAX_BLOCKS,
+        graphs=RerunGraphs(),
+        record_on_first_step=record_on_first_step,
     )
     for n in (25, 3, 32, 7, 1):
         batch = random_decode_batch(CFG, n, MAX_BLOCKS, NUM_BLOCKS, "cpu", seed=50 + n)
@@ -171,6 +183,7 @@ def test_graph_steps_read_only_refreshed_static_buffers(model, runner, caches, t
         ref_caches = caches.clone()
         ref = run_unsplit(model, batch, ref_caches)
         assert_same_step(dec.step(batch).clone(), graph_caches, ref, ref_caches)
+    assert dec.steps == {"captured": 3, "replayed": 5}
 
 
 class RecordingComm(OneRankComm):

@@ -125,3 +125,30 @@ def test_prefix_cache_reader_of_blocks_written_now_keeps_the_step_whole(request)
     assert stats["vetoed"] > 0 and stats["prefill"] == 0, stats
     assert stats["decode"] > 0, stats
     assert on["tokens"] == run(None)["tokens"]
+
+
+# The CPU build records no CUDA graphs: the split request graphs of these buckets
+# run on `RerunGraphs`, whose replay re-runs the recorded step on what it captured.
+GRAPH_BUCKETS = engine_env(ATOM_PLUGIN_TBO_TEST_GRAPHS="4,8,16")
+
+
+@pytest.mark.parametrize("name", ["llama-atom", "mla-atom"])
+def test_split_decode_graph_replays_equal_tbo_off(request, tbo_off_tokens, name):
+    """Decode steps pad to a bucket and replay its split graph, recorded on the bucket's
+    first step; later steps with other request counts reuse what it captured."""
+    run = run_tbo(request, name, "decode", env=GRAPH_BUCKETS)
+    [stats] = run["rpc"]["atom_tbo_stats"]
+    print(f"TBO steps, {name}, split graphs: {stats}")
+    assert "split decode buckets [4, 8, 16] replay split request graphs" in run["log"]
+    assert stats["captured"] >= 1, stats
+    assert stats["replayed"] > stats["captured"], stats  # and replayed after its first step
+    assert run["tokens"] == tbo_off_tokens(request, name)
+
+
+def test_split_decode_graphs_need_the_plugins_backends(request, tbo_off_tokens):
+    """With vLLM's own CPU backend the split decode steps stay eager, and the log says why."""
+    run = run_tbo(request, "llama-vllm-cpu", "decode", env=GRAPH_BUCKETS)
+    [stats] = run["rpc"]["atom_tbo_stats"]
+    assert "split decode steps run eagerly: attention backend CPU_ATTN" in run["log"]
+    assert stats["replayed"] == 0 and stats["decode"] > 0, stats
+    assert run["tokens"] == tbo_off_tokens(request, "llama-vllm-cpu")

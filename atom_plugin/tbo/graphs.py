@@ -9,14 +9,15 @@ batch's and each micro-batch's metadata, cut at the bucket) before it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
-from atom_plugin.tbo.mode import GraphKey
+from atom_plugin.tbo.mode import GraphKey, TboConfig, plan_request_graphs
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _TENSORS = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
@@ -148,7 +149,8 @@ class RequestGraphs:
 
     `capture(key, step)` warms `step` up on a side stream, then records it;
     `replay(key)` replays and returns the static outputs of the capture
-    (overwritten by the next replay of that graph).
+    (overwritten by the next replay of that graph). `pool`: a graph memory pool
+    to share (vLLM's global one inside vLLM); a new one by default.
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class RequestGraphs:
         *,
         capture_error_mode: str = "thread_local",
         warmup_steps: int = 2,
+        pool: Any = None,
     ):
         if capture_error_mode not in CAPTURE_ERROR_MODES:
             raise ValueError(
@@ -170,7 +173,7 @@ class RequestGraphs:
             raise ValueError(f"request graphs need a CUDA device, got {self.device}")
         self.capture_error_mode = capture_error_mode
         self.warmup_steps = warmup_steps
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def __contains__(self, key: GraphKey) -> bool:
@@ -203,3 +206,69 @@ class RequestGraphs:
             raise KeyError(f"no graph captured for {key}; captured: {self.keys()}") from None
         graph.replay()
         return outputs
+
+
+class RerunGraphs:
+    """`RequestGraphs`' stand-in on CPU: a 'replay' re-runs the recorded step.
+
+    The step reads what it captured (its static buffers and metadata objects),
+    as a replayed graph does, so a step whose inputs do not reach those buffers
+    gives stale results here too. The CPU tests run the split-replay paths on it.
+    """
+
+    def __init__(self):
+        self._steps: dict[GraphKey, Callable[[], Any]] = {}
+
+    def __contains__(self, key: GraphKey) -> bool:
+        return key in self._steps
+
+    def keys(self) -> list[GraphKey]:
+        return list(self._steps)
+
+    def capture(self, key: GraphKey, step: Callable[[], Any]) -> Any:
+        if key in self._steps:
+            raise ValueError(f"graph {key} is already captured")
+        self._steps[key] = step
+        return step()
+
+    def replay(self, key: GraphKey) -> Any:
+        try:
+            step = self._steps[key]
+        except KeyError:
+            raise KeyError(f"no graph captured for {key}; captured: {self.keys()}") from None
+        return step()
+
+
+class BucketGraphs:
+    """The decode buckets' request graphs, each recorded on the first step that replays it.
+
+    `graphs` is a `RequestGraphs` (or `RerunGraphs` on CPU). `keys` are every
+    bucket, for `ForwardMode.decide` (which picks the bucket a step pads to and
+    whether its replay splits); `split_buckets` those recorded split.
+    """
+
+    def __init__(
+        self,
+        graphs: RequestGraphs | RerunGraphs,
+        buckets: Sequence[int],
+        query_len: int,
+        config: TboConfig,
+    ):
+        self.graphs = graphs
+        planned = plan_request_graphs(buckets, query_len, config)
+        self.keys: list[GraphKey] = [key for key, _ in planned]
+        self.split_buckets: list[int] = [key.bucket for key, split in planned if split]
+
+    def recorded(self, key: GraphKey) -> bool:
+        return key in self.graphs
+
+    def run(self, key: GraphKey, step: Callable[[], Any], steps: Counter) -> Any:
+        """Replay `key`'s graph, recording `step` first on the bucket's first step;
+        counts `steps["captured"]` and `steps["replayed"]`."""
+        if key not in self.keys:
+            raise KeyError(f"{key} is not a planned bucket: {self.keys}")
+        if key not in self.graphs:
+            self.graphs.capture(key, step)
+            steps["captured"] += 1
+        steps["replayed"] += 1
+        return self.graphs.replay(key)

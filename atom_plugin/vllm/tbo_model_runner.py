@@ -16,9 +16,10 @@ changes three of the methods it calls and nothing else:
   hidden states are joined in token order, so sampling, logits processors,
   logprobs and KV-cache writes see what an unsplit step gives them.
 
-Split steps run eagerly (no CUDA graph of vLLM's covers two micro-batches).
-The step's plan lives on the runner from the first of those calls to the last,
-because `execute_model` hands nothing else from one to the next.
+On a GPU a split decode step whose bucket has a graph replays the plugin's
+split request graph (`atom_plugin.vllm.tbo_graphs`); other split steps run
+eagerly. The step's plan lives on the runner from the first of those calls to
+the last, because `execute_model` hands nothing else from one to the next.
 """
 
 from __future__ import annotations
@@ -37,16 +38,19 @@ from vllm.forward_context import (
     override_forward_context,
 )
 from vllm.logger import init_logger
+from vllm.platforms import current_platform
 from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
 
 from atom_plugin import manager
 from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.tbo.graphs import BucketGraphs
 from atom_plugin.tbo.hazards import reads_blocks_written_now
 from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
 from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
 from atom_plugin.vllm import dbo_bridge
 from atom_plugin.vllm.settings import PluginSettings
+from atom_plugin.vllm.tbo_graphs import pad_rows_one_token_each, split_decode_graphs
 
 logger = init_logger("vllm.atom_plugin")
 
@@ -92,13 +96,16 @@ class TboModelRunnerMixin:
         self._tbo_vllm_yields = dbo_bridge.model_yields(self.parallel_config)
         # Steps run, by kind: "decode" and "prefill" split, "unsplit" otherwise;
         # "straddled": split prefill steps with a request on both sides of the cut;
-        # "vetoed": steps this rank kept whole for a request reading blocks written now.
+        # "vetoed": steps this rank kept whole for a request reading blocks written now;
+        # "replayed": split decode steps replayed from a split graph, "captured": the
+        # split graphs recorded.
         self.tbo_steps: collections.Counter[str] = collections.Counter()
         self._tbo_in_step = False
         self._tbo_step: SplitStep | None = None
+        self._tbo_graphs: BucketGraphs | None = None  # set with the builders
 
     def tbo_stats(self) -> dict[str, int]:
-        kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed")
+        kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
         return {k: self.tbo_steps[k] for k in kinds}
 
     # -- builders: one per micro-batch ---------------------------------------------
@@ -112,6 +119,25 @@ class TboModelRunnerMixin:
                     kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None,
                     num_metadata_builders=NUM_UBATCHES,
                 )
+        backends = [g.backend.get_name() for groups in self.attn_groups for g in groups]
+        self._tbo_graphs, why_not = split_decode_graphs(
+            self.tbo_config,
+            self.device.type,
+            graphs_on=self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE,
+            capture_sizes=self.cudagraph_batch_sizes,
+            max_num_reqs=self.max_num_reqs,
+            backends=backends,
+            graph_pool=current_platform.get_global_graph_pool,
+        )
+        if self._tbo_graphs is not None:
+            logger.info(
+                "atom-plugin: split decode buckets %s replay split request graphs "
+                "(each recorded on its first step)",
+                self._tbo_graphs.split_buckets,
+            )
+        elif self.tbo_config.decode:
+            log = logger.warning if self.device.type != "cpu" else logger.info
+            log("atom-plugin: split decode steps run eagerly: %s", why_not)
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output, intermediate_tensors=None):
@@ -128,9 +154,11 @@ class TboModelRunnerMixin:
             num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, **kwargs
         )
         if not self._tbo_in_step:
-            # Dummy runs (profiling, idle DP ranks) join the DP agreement as idle ranks.
+            # Dummy runs (profiling, idle DP ranks) join the DP agreement as idle ranks
+            # that keep the step whole: vLLM runs a dummy batch outside the plugin's
+            # runner, so it cannot take part in a split replay.
             if self.parallel_config.data_parallel_size > 1:
-                self._tbo_decide(BatchShape(0, 0))
+                self._tbo_decide(BatchShape(0, 0, splittable=False))
             return result
         query_lens = num_scheduled_tokens_np[:num_reqs].tolist()
         mode = self._tbo_decide(self._tbo_batch_shape(query_lens))
@@ -143,6 +171,13 @@ class TboModelRunnerMixin:
         if slices[0].request_slice.stop > slices[1].request_slice.start:
             self.tbo_steps["straddled"] += 1
         _cudagraph_mode, batch_desc, _should_ubatch, num_tokens_across_dp, stats = result
+        if mode.replay:
+            # vLLM pads the step and its metadata to the bucket as for its FULL graphs;
+            # the forward itself is the plugin's split graph (`_model_forward`).
+            padded = replace(
+                batch_desc, num_tokens=mode.num_padded_tokens, num_reqs=mode.bucket, uniform=True
+            )
+            return CUDAGraphMode.FULL, padded, False, num_tokens_across_dp, stats
         return CUDAGraphMode.NONE, batch_desc, False, num_tokens_across_dp, stats
 
     def _tbo_batch_shape(self, query_lens: list[int]) -> BatchShape:
@@ -163,19 +198,24 @@ class TboModelRunnerMixin:
         )
 
     def _tbo_decide(self, shape: BatchShape) -> ForwardMode:
+        keys = self._tbo_graphs.keys if self._tbo_graphs is not None else ()
         if self.parallel_config.data_parallel_size == 1:
-            return ForwardMode.decide([shape], 0, self.tbo_config)
+            return ForwardMode.decide([shape], 0, self.tbo_config, keys)
         from vllm.distributed.parallel_state import get_dp_group
 
         from atom_plugin.tbo.dp import decide_across_dp
 
-        return decide_across_dp(shape, self.tbo_config, group=get_dp_group().cpu_group)
+        return decide_across_dp(shape, self.tbo_config, keys, group=get_dp_group().cpu_group)
 
     def _build_attention_metadata(self, *args, **kwargs):
         step = self._tbo_step
         if step is None:
             return super()._build_attention_metadata(*args, **kwargs)
         kwargs["ubatch_slices"] = step.vllm_slices()
+        if step.mode.replay:
+            pad_rows_one_token_each(self.query_start_loc, kwargs["num_reqs"], step.mode.bucket)
+            # The step that records the graph plans for any context, as vLLM's capture does.
+            kwargs["for_cudagraph_capture"] = not self._tbo_graphs.recorded(step.mode.graph_key)
         attn_metadata, spec_common = super()._build_attention_metadata(*args, **kwargs)
         if os.environ.get(MISCUT_ENV) == "1":
             attn_metadata[1] = {k: _miscut(v) for k, v in attn_metadata[1].items()}
@@ -223,13 +263,18 @@ class TboModelRunnerMixin:
                 )
             return out[: ts.stop - ts.start] if pad else out
 
-        with override_forward_context(step_context):
-            outputs = self.tbo_runner.run(
-                run_ubatch, contexts, on_resume=dbo_bridge.install_forward_context
-            )
-        if isinstance(outputs[0], tuple):  # EAGLE-3 auxiliary hidden states
-            return tuple(torch.cat(parts, dim=0) for parts in zip(*outputs, strict=True))
-        return torch.cat(outputs, dim=0)
+        def run_split():
+            with override_forward_context(step_context):
+                outputs = self.tbo_runner.run(
+                    run_ubatch, contexts, on_resume=dbo_bridge.install_forward_context
+                )
+            if isinstance(outputs[0], tuple):  # EAGLE-3 auxiliary hidden states
+                return tuple(torch.cat(parts, dim=0) for parts in zip(*outputs, strict=True))
+            return torch.cat(outputs, dim=0)
+
+        if step.mode.replay:
+            return self._tbo_graphs.run(step.mode.graph_key, run_split, self.tbo_steps)
+        return run_split()
 
     def _tbo_forward_context(self, step_context, i: int, ts: slice, step: SplitStep):
         dp_metadata = None

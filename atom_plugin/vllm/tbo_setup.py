@@ -68,13 +68,6 @@ def install_tbo(device_type: str, vllm_config, settings: PluginSettings, chosen_
         splits.append(f"decode steps of >= {config.decode_min_requests} requests")
     if config.prefill:
         splits.append(f"prefill steps of >= {config.prefill_min_tokens} tokens")
-    if config.decode and device_type != "cpu" and not vllm_config.model_config.enforce_eager:
-        logger.warning(
-            "atom-plugin: tbo=%s splits decode steps eagerly: inside vLLM no split CUDA "
-            "graph is recorded yet, so a split decode step gives up vLLM's graph "
-            "(docs/tbo.md); tbo=prefill keeps every decode step on vLLM's graphs",
-            settings.tbo,
-        )
     logger.info(
         "atom-plugin: two-batch overlap %s (%s split), micro-batch runner %s, worker %s",
         settings.tbo,

@@ -1,13 +1,16 @@
 """Decode steps of the test model replayed from request graphs (CUDA only).
 
-Every bucket of the plan is captured once; a split bucket's graph holds both
-micro-batches (the runner's workers issue onto the capture stream and the
-comm stream forked from it). A step refreshes the static buffers in place -
-input ids, the bucket's metadata and each micro-batch's metadata cut at the
-bucket - and replays.
+Every bucket of the plan is captured once, up front or (`record_on_first_step`,
+as inside vLLM's runner) on the first step that replays it, both through
+`BucketGraphs`; a split bucket's graph holds both micro-batches (the runner's
+workers issue onto the capture stream and the comm stream forked from it). A
+step refreshes the static buffers in place - input ids, the bucket's metadata
+and each micro-batch's metadata cut at the bucket - and replays.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import torch
 
@@ -19,24 +22,10 @@ from atom_plugin.tbo import (
     decode_ubatch_ranges,
     plan_request_graphs,
 )
-from atom_plugin.tbo.graphs import DecodeGraphBuffers, RequestGraphs
+from atom_plugin.tbo.graphs import BucketGraphs, DecodeGraphBuffers, RequestGraphs
 
 from .batches import Batch
 from .model import KVCaches, TboTestModel
-
-
-class RerunGraphs:
-    """CUDA graphs' stand-in on CPU: 'replay' re-runs the captured step on its static buffers."""
-
-    def __init__(self):
-        self.steps = {}
-
-    def capture(self, key, step):
-        self.steps[key] = step
-        return step()
-
-    def replay(self, key):
-        return self.steps[key]()
 
 
 class GraphedDecoder:
@@ -50,13 +39,18 @@ class GraphedDecoder:
         max_blocks_per_req: int,
         capture_error_mode: str = "thread_local",
         graphs=None,
+        record_on_first_step: bool = False,
     ):
-        """`graphs` replaces the CUDA `RequestGraphs` (CPU tests pass one that re-runs the step)."""
+        """`graphs` replaces the CUDA `RequestGraphs` (CPU tests pass `RerunGraphs`).
+        `steps` counts the graphs "captured" and the steps "replayed"."""
         self.model, self.caches, self.runner, self.config = model, caches, runner, config
         self.plan = dict(plan_request_graphs(buckets, 1, config))
         self.graphs = graphs or RequestGraphs(model.device, capture_error_mode=capture_error_mode)
+        self.recorder = BucketGraphs(self.graphs, buckets, 1, config)
+        self.steps: Counter = Counter()
         self.buffers: dict = {}
         self.input_ids: dict = {}
+        self.step_fns: dict = {}
         for key in sorted(self.plan, key=lambda k: -k.bucket):  # largest first: the pool is shared
             split = self.plan[key]
             bufs = DecodeGraphBuffers(
@@ -64,7 +58,10 @@ class GraphedDecoder:
             )
             ids = torch.zeros(key.bucket, dtype=torch.int64, device=model.device)
             self.buffers[key], self.input_ids[key] = bufs, ids
-            self.graphs.capture(key, self._step_fn(key, split, bufs, ids))
+            self.step_fns[key] = self._step_fn(key, split, bufs, ids)
+            if not record_on_first_step:
+                self.graphs.capture(key, self.step_fns[key])
+                self.steps["captured"] += 1
 
     def _step_fn(self, key, split, bufs, ids):
         model, caches = self.model, self.caches
@@ -99,4 +96,4 @@ class GraphedDecoder:
         ids[:n].copy_(batch.input_ids)
         ids[n:].zero_()
         self.buffers[key].refresh(meta)
-        return self.graphs.replay(key)[:n]
+        return self.recorder.run(key, self.step_fns[key], self.steps)[:n]

@@ -1,0 +1,112 @@
+"""Split decode buckets inside vLLM's runner: one request graph each, recorded on first use.
+
+A decode step that `ForwardMode.decide` replays split (a bucket of vLLM's
+CUDA-graph capture sizes, at or above `tbo_decode_min_requests`) runs both
+micro-batches inside one graph of the plugin's `RequestGraphs`, the class the
+TBO harness records and replays on the H200 (`tests/tbo_harness/graphed.py`).
+Steps no bucket covers split eagerly; buckets below the threshold keep
+vLLM's own graphs.
+
+What a replay needs, and where it comes from:
+- the step's inputs in the buffers the graph was recorded with: vLLM's
+  persistent input ids, positions, sequence lengths, block tables and slot
+  mappings, sliced at the bucket's fixed halves;
+- micro-batch metadata with the same layout on every replay: the plugin's
+  backends keep their plans in persistent buffers, and a replayed step's
+  padding rows own one token each (`pad_rows_one_token_each`), so the
+  micro-batches' rebased `query_start_loc` (fresh tensors vLLM's split makes)
+  hold the same values every time;
+- launch sizes good for any context: the recording step builds its metadata
+  as vLLM's own capture does (`for_cudagraph_capture`: the longest context).
+
+Only the plugin's backends (`GRAPH_BACKENDS`) are known to keep that contract;
+with any other backend in the model, split decode steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from atom_plugin.tbo.graphs import BucketGraphs, RequestGraphs, RerunGraphs
+from atom_plugin.tbo.mode import TboConfig, plan_request_graphs
+
+GRAPH_BACKENDS = ("ATOM_AITER", "ATOM_AITER_MLA")
+# Test-only: on the CPU build, record split decode buckets (comma-separated request
+# counts) on `RerunGraphs`, the stand-in whose replay re-runs the recorded step.
+TEST_GRAPHS_ENV = "ATOM_PLUGIN_TBO_TEST_GRAPHS"
+
+
+def split_decode_graphs(
+    config: TboConfig,
+    device_type: str,
+    graphs_on: bool,
+    capture_sizes: Sequence[int],
+    max_num_reqs: int,
+    backends: Sequence[str],
+    graph_pool: Callable[[], Any],
+) -> tuple[BucketGraphs | None, str]:
+    """The runner's split decode graphs, or None and why split decode steps run eagerly.
+
+    `graphs_on`: vLLM records CUDA graphs (not --enforce-eager); `capture_sizes`:
+    its uniform-decode sizes (tokens = requests at one token each); `graph_pool`
+    gives the memory pool to share with vLLM's graphs.
+    """
+    test_buckets = os.environ.get(TEST_GRAPHS_ENV)
+    if not config.decode:
+        return None, "decode steps do not split"
+    if device_type == "cpu" and test_buckets:
+        buckets = _parse_buckets(test_buckets)
+        graphs: RequestGraphs | RerunGraphs = RerunGraphs()
+    elif device_type != "cuda":
+        return None, f"no CUDA graphs on {device_type}"
+    elif not graphs_on:
+        return None, "vLLM records no CUDA graphs here (--enforce-eager or cudagraph_mode NONE)"
+    else:
+        buckets, graphs = list(capture_sizes), None
+    others = sorted(set(backends) - set(GRAPH_BACKENDS))
+    if others:
+        return None, (
+            f"attention backend {', '.join(others)} is not one of {', '.join(GRAPH_BACKENDS)}, "
+            "whose micro-batch metadata a replay is known to read correctly"
+        )
+    buckets = [b for b in buckets if b <= max_num_reqs]
+    if not any(split for _, split in plan_request_graphs(buckets, 1, config)):
+        return None, (
+            f"no capture size of {buckets} reaches tbo_decode_min_requests="
+            f"{config.decode_min_requests}"
+        )
+    if graphs is None:
+        graphs = RequestGraphs("cuda", pool=graph_pool())
+    return BucketGraphs(graphs, buckets, 1, config), ""
+
+
+def _parse_buckets(text: str) -> list[int]:
+    try:
+        buckets = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{TEST_GRAPHS_ENV}={text!r} is not comma-separated integers") from None
+    if not buckets or min(buckets) < 1:
+        raise ValueError(f"{TEST_GRAPHS_ENV}={text!r}: buckets must be >= 1")
+    return buckets
+
+
+def pad_rows_one_token_each(query_start_loc, num_reqs: int, bucket: int) -> None:
+    """Give the padding rows of a uniform one-token decode step one token each.
+
+    `query_start_loc` is vLLM's persistent `CpuGpuBuffer` of the step, whose padding
+    rows vLLM leaves empty (flat offsets). With one token each, every replay of a
+    bucket cuts its micro-batches into the same offsets `[0, 1, ..., half]`, as the
+    harness's padded rows (`atom_plugin.tbo.graphs.pad_decode_rows`).
+    """
+    if query_start_loc.np[num_reqs] != num_reqs:
+        raise ValueError(
+            f"{num_reqs} one-token decode requests cannot end at token "
+            f"{query_start_loc.np[num_reqs]}"
+        )
+    if bucket > num_reqs:
+        query_start_loc.np[num_reqs + 1 : bucket + 1] = np.arange(num_reqs + 1, bucket + 1)
+        query_start_loc.copy_to_gpu(bucket + 1)
