@@ -44,7 +44,9 @@ def stream_chat(server: VllmServer, body: dict) -> list[str]:
     return texts
 
 
-def answers(model, tmp_path, tag: str, additional_config: dict | None, *extra, n=3) -> dict:
+def answers(
+    model, tmp_path, tag: str, additional_config: dict | None, *extra, n=3, env=None
+) -> dict:
     template = tmp_path / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
     args = [
@@ -54,7 +56,7 @@ def answers(model, tmp_path, tag: str, additional_config: dict | None, *extra, n
     ]  # fmt: skip
     if additional_config:
         args += ["--additional-config", json.dumps(additional_config)]
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    env = {"VLLM_SERVER_DEV_MODE": "1", **(env or {})}
     with VllmServer(model, args, log_path=tmp_path / f"{tag}.log", env=env) as server:
         # n > 1 needs sampling; top_k=1 samples the argmax, as greedy does
         common = {"model": str(model), "max_tokens": 8, "temperature": 1.0, "top_k": 1, "n": n}
@@ -91,10 +93,15 @@ def test_served_answers_with_tbo_equal_tbo_off(tiny_llama, tmp_path, tbo_off):
     assert on["stats"]["decode"] > 0 and on["stats"]["prefill"] > 0, on["stats"]
 
 
-def test_two_data_parallel_ranks_agree_on_every_split(tiny_llama, tmp_path, tbo_off):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "split-graphs"])
+def test_two_data_parallel_ranks_agree_on_every_split(tiny_llama, tmp_path, tbo_off, graphs):
     """DP = 2 on vLLM's CPU build: eight choices spread over both engines, whose every
-    step is decided by the plugin's one all_gather (a rank that skipped it would hang)."""
-    on = answers(tiny_llama, tmp_path, "dp2", TBO_ALL, "--data-parallel-size", "2", n=8)
+    step is decided by the plugin's one all_gather (a rank that skipped it would hang).
+    With split graphs (the CPU stand-in, buckets 4 and 8) both ranks pad to one agreed
+    bucket and replay it split; a rank left idle keeps the step whole on both."""
+    env = {"ATOM_PLUGIN_TBO_TEST_GRAPHS": "4,8"} if graphs else None
+    on = answers(tiny_llama, tmp_path, "dp2", TBO_ALL, "--data-parallel-size", "2", n=8, env=env)
     for kind in ("completion", "chat", "streamed"):
         assert set(on[kind]) == {tbo_off[kind][0]}, kind
     assert on["stats"]["decode"] > 0 and on["stats"]["prefill"] > 0, on["stats"]
+    assert (on["stats"]["replayed"] > 0) == graphs, on["stats"]
