@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tbo_harness.batches import decode_blocks, run_step, uniform_decode_batch  # noqa: E402
 from tbo_harness.dp_workers import NO_MULTICAST_ENV, free_port, wait_for_device  # noqa: E402
-from tbo_harness.graphed import GraphedDecoder, RerunGraphs  # noqa: E402
+from tbo_harness.graphed import GraphedDecoder  # noqa: E402
 from tbo_harness.model import (  # noqa: E402
     OVERLAP_SCHEDULES,
     GroupComm,
@@ -70,6 +70,7 @@ from tbo_harness.model import (  # noqa: E402
 
 from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig  # noqa: E402
 from atom_plugin.tbo.dp import decide_across_dp  # noqa: E402
+from atom_plugin.tbo.graphs import RerunGraphs  # noqa: E402
 from atom_plugin.tbo.runner import COMPUTE_STREAM_CHOICES  # noqa: E402
 from benchmarks.tbo import MODEL as BENCH_MODEL  # noqa: E402
 from benchmarks.tbo import markdown  # noqa: E402
