@@ -114,6 +114,9 @@ def test_token_plan_causal_rows_and_padding():
         (MULTI, 16, 3, {"kernel": "per_token"}),  # the kernel from before packing
         (SINGLE, 20, 2, {"kernel": "per_token", "tma": True, "BLOCK_N": 16}),
         ([(1, 4000), (2, 90)], 16, 100, {"BLOCK_N": 16}),  # 84 non-empty splits
+        # the merge split into narrow column slices, one pass and chunked
+        (SINGLE, 16, 5, {"BLOCK_N": 16, "merge_dv": 16}),
+        (SINGLE, 16, 70, {"BLOCK_N": 16, "merge_dv": 32}),
     ],
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
@@ -518,6 +521,52 @@ def test_gpu_decode_edges(heads, cache, block_size):
     out, lse = _run(mla_decode_triton, b, 512, config={"kernel": other})
     torch.testing.assert_close(out, want_out, **tol)
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"num_stages": 3},  # one tile ahead (the default before)
+        {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1},
+        {"merge_dv": 512, "pdl": False},  # one merge program per (token, head), no PDL
+    ],
+)
+def test_gpu_packed_variants(cfg, cache):
+    """The packed kernel's launch variants at 16 heads against the reference: edges,
+    NaN in unused rows, 2-token causal rows, at the planned split count, 1 and 200."""
+    b = make_mla_batch(
+        EDGE_REQS,
+        heads=16,
+        block_size=64,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0] if cache == "fp8" else None,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+        nan_unused=True,
+        col_offset=16 if cache == "fp8" else 8,
+    )
+    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    for splits in (None, 1, 200):
+        plan = plan_mla_decode(
+            b.meta,
+            b.q.shape[0],
+            16,
+            kernel_impl="triton",
+            kv_dtype=b.kv_cache.dtype,
+            config=cfg,
+            num_splits=splits,
+        )
+        assert plan.launch.kernel == "packed"
+        assert plan.launch.pdl is cfg.get("pdl", True)
+        out, lse = _run(mla_decode_triton, b, 512, plan=plan)
+        T = b.meta.num_actual_tokens
+        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
+        torch.testing.assert_close(out, want_out, **tol)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
 @pytest.mark.gpu

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from atom_plugin.backends.checks import FP8_DTYPES, is_fp8
 from atom_plugin.backends.mla_plan import check_mla_shapes, plan_mla_decode
@@ -166,7 +167,10 @@ def _mla_decode_stage1(
     FP16_MATH: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the merge may launch now; it waits for this grid before reading
+        gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     pid_r = tl.program_id(2)
@@ -258,13 +262,13 @@ def _mla_decode_stage1(
         m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
 
     has = l_i > 0
+    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID_O + t * stride_mt + head * stride_mh + split * stride_ms
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     if IS_FP8:
         out = out * kv_scale
-    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    mid = MID_O + t[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
+    tl.store(mid[:, None] + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
 
 
@@ -303,10 +307,13 @@ def _mla_decode_per_token(
     IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The kernel this module had before request packing (one program per head group,
     split and query token; fp8 tiles through pointer loads, dequantized in fp32). The
     plan keeps it where the H200 runs measured it faster (`choose_kernel`)."""
+    if PDL:  # the merge may launch now; it waits for this grid before reading
+        gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)
@@ -401,9 +408,14 @@ def _mla_decode_stage2(
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse: all at
-    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max."""
+    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max.
+    With PDL (programmatic dependent launch) its programs start while stage 1's last
+    wave runs and wait here until stage 1 has finished and its writes are visible."""
+    if PDL:
+        gdc_wait()
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
@@ -471,7 +483,7 @@ def _mla_decode_stage2(
 
 MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
 MERGE_BLOCK_S = 64
-MERGE_BLOCK_DV = 128  # output columns per merge program: many splits, few tokens x heads
+MERGE_MIN_DV = 32  # the narrowest merge program (output columns)
 MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 
 
@@ -510,6 +522,8 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
             "num_warps": 4 if small else 8,
             "num_stages": 2,
             "tma": False if fp8_cache else None,
+            "merge_dv": None,
+            "pdl": True,
         }
     if num_heads <= 16:
         return {
@@ -517,10 +531,12 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
             "BLOCK_M": 64,
             "BLOCK_N": 32,
             "num_warps": 4,
-            "num_stages": 3,
+            "num_stages": 5,
             "tma": None,
             "per_sm": 2,
             "fp8_math": "fp16",
+            "merge_dv": None,
+            "pdl": True,
         }
     return {
         "BLOCK_H": 64,
@@ -531,6 +547,8 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
         "tma": False if fp8_cache else None,
         "per_sm": 1,
         "fp8_math": "bf16",
+        "merge_dv": None,
+        "pdl": True,
     }
 
 
@@ -550,6 +568,9 @@ def _config(num_heads: int, fp8_cache: bool, kernel: str, config: dict) -> dict:
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
     if cfg.get("fp8_math", "fp16") not in ("fp16", "bf16"):
         raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
+    dv = cfg["merge_dv"]
+    if dv is not None and (not isinstance(dv, int) or dv < 16 or dv & (dv - 1)):
+        raise ValueError(f"merge_dv must be None or a power of two >= 16, got {dv!r}")
     if kernel == "per_token" and fp8_cache and cfg["tma"] is not False:
         raise ValueError(
             f"the per_token kernel reads fp8 tiles through pointer loads only (tma={cfg['tma']})"
@@ -576,6 +597,8 @@ class TritonMLALaunch:
     tma: bool | None
     fp8_cache: bool  # the cache kind the launch was planned for
     fp16_math: bool  # for an fp8 cache
+    merge_block_dv: int = 512  # output columns per merge program
+    pdl: bool = False  # the merge launched as a programmatic dependent of stage 1
 
 
 def plan_launch(
@@ -625,6 +648,7 @@ def plan_launch(
             splits = best_num_splits(programs, tiles, sms, MERGE_BLOCK_S)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"num_splits={splits} must lie in [1, {MAX_SPLITS}]")
+    merge_dv = cfg["merge_dv"] or merge_block_dv(num_tokens * num_heads, sms)
     return TritonMLALaunch(
         kernel=kernel,
         block_h=block_h,
@@ -638,6 +662,8 @@ def plan_launch(
         tma=cfg["tma"],
         fp8_cache=fp8_cache,
         fp16_math=cfg.get("fp8_math") == "fp16",
+        merge_block_dv=merge_dv,
+        pdl=cfg["pdl"] and device.type == "cuda" and device_has_tma(device),
     )
 
 
@@ -689,6 +715,14 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
         TensorDescriptor(rows, [n, lora], [stride, 1], [block_n, lora]),
         TensorDescriptor(rows[:, lora:], [n, rope], [stride, 1], [block_n, rope]),
     )
+
+
+def merge_block_dv(rows: int, sms: int, dv: int = 512) -> int:
+    """Output columns per merge program: all of a (token, head)'s `dv` when the rows
+    alone fill two waves of the SMs, else narrower (down to MERGE_MIN_DV) until they do,
+    so a batch-1 step's merge of many splits is not left to a few programs."""
+    parts = next_power_of_2(max(1, cdiv(2 * sms, max(1, rows))))
+    return max(min(dv, MERGE_MIN_DV), dv // parts)
 
 
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
@@ -802,6 +836,7 @@ def mla_decode_triton(
         IS_FP8=fp8,
         PRECISION=precision,
         TMA=tma,
+        PDL=launch.pdl,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
@@ -824,9 +859,8 @@ def mla_decode_triton(
     if splits == 1:
         return lse
     dv = next_power_of_2(kv_lora_rank)
-    one_chunk = splits <= MERGE_BLOCK_S  # the merge as it was before 256 splits
-    few = T * H < device_sm_count(q.device)
-    block_dv = min(dv, MERGE_BLOCK_DV) if few and not one_chunk else dv
+    one_chunk = splits <= MERGE_BLOCK_S  # all splits in one pass
+    block_dv = min(dv, launch.merge_block_dv)
     _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
         mid_lse,
@@ -846,5 +880,7 @@ def mla_decode_triton(
         BLOCK_DV=block_dv,
         BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
         ONE_CHUNK=one_chunk,
+        PDL=launch.pdl,
+        launch_pdl=launch.pdl,
     )
     return lse
