@@ -523,21 +523,30 @@ def test_gpu_decode_edges(heads, cache, block_size):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
+NARROW = {"BLOCK_N": 32, "num_warps": 4, "per_sm": 2}  # 16 heads, one query token
+WIDE = {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}  # 16 heads, speculative tokens
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("q_len", [1, 2])
 @pytest.mark.parametrize(
     "cfg",
     [
+        None,  # the default for the step's query length
         {"num_stages": 3},  # one tile ahead (the default before)
-        {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1},
-        {"merge_dv": 512, "pdl": False},  # one merge program per (token, head), no PDL
+        NARROW,
+        WIDE,
+        {"merge_dv": 512},  # one merge program per (token, head)
     ],
 )
-def test_gpu_packed_variants(cfg, cache):
+def test_gpu_packed_variants(cfg, q_len, cache):
     """The packed kernel's launch variants at 16 heads against the reference: edges,
-    NaN in unused rows, 2-token causal rows, at the planned split count, 1 and 200."""
+    NaN in unused rows, one-token rows or 2-token causal rows (the two defaults), at
+    the planned split count, 1 and 200."""
+    reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
     b = make_mla_batch(
-        EDGE_REQS,
+        reqs,
         heads=16,
         block_size=64,
         dtype=torch.bfloat16,
@@ -561,7 +570,12 @@ def test_gpu_packed_variants(cfg, cache):
             num_splits=splits,
         )
         assert plan.launch.kernel == "packed"
-        assert plan.launch.pdl is cfg.get("pdl", True)
+        if cfg is None:
+            want = WIDE if q_len > 1 else NARROW
+            assert (plan.launch.block_n, plan.launch.num_warps) == (
+                want["BLOCK_N"],
+                want["num_warps"],
+            )
         out, lse = _run(mla_decode_triton, b, 512, plan=plan)
         T = b.meta.num_actual_tokens
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
@@ -611,8 +625,9 @@ def test_gpu_dcp_token_kv_lens(heads):
 
 @pytest.mark.gpu
 def test_gpu_decode_replays_from_a_cuda_graph():
-    """Captured once with the plan in persistent buffers and the split count planned for
-    the longest context, the graph replays a later step's plan (shorter contexts)."""
+    """Captured once with the plan in persistent buffers and a launch fixed for the
+    bucket (planned for the longest context, 96 splits), the graph replays a later
+    step's plan (shorter contexts)."""
     b = make_mla_batch(
         [(1, 5000), (2, 3000), (1, 64)],
         heads=16,
@@ -623,9 +638,11 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     )
     T = b.q.shape[0]
     bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
-    plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs)
-    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S  # the chunked, column-split merge
-    assert plan.launch.num_splits > 1
+    # more splits than one merge pass: the chunked, column-split merge runs in the graph
+    plan = plan_mla_decode(
+        b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs, num_splits=96
+    )
+    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S
     out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
 
     def step():

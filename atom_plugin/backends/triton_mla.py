@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from atom_plugin.backends.checks import FP8_DTYPES, is_fp8
 from atom_plugin.backends.mla_plan import check_mla_shapes, plan_mla_decode
@@ -167,10 +166,7 @@ def _mla_decode_stage1(
     FP16_MATH: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # the merge may launch now; it waits for this grid before reading
-        gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     pid_r = tl.program_id(2)
@@ -262,13 +258,13 @@ def _mla_decode_stage1(
         m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
 
     has = l_i > 0
-    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    mid = MID_O + t * stride_mt + head * stride_mh + split * stride_ms
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     if IS_FP8:
         out = out * kv_scale
+    lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID_O + t[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    tl.store(mid[:, None] + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
+    tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
 
 
@@ -307,13 +303,10 @@ def _mla_decode_per_token(
     IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """The kernel this module had before request packing (one program per head group,
     split and query token; fp8 tiles through pointer loads, dequantized in fp32). The
     plan keeps it where the H200 runs measured it faster (`choose_kernel`)."""
-    if PDL:  # the merge may launch now; it waits for this grid before reading
-        gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)
@@ -408,14 +401,9 @@ def _mla_decode_stage2(
     BLOCK_DV: tl.constexpr,
     BLOCK_S: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse: all at
-    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max.
-    With PDL (programmatic dependent launch) its programs start while stage 1's last
-    wave runs and wait here until stage 1 has finished and its writes are visible."""
-    if PDL:
-        gdc_wait()
+    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
@@ -502,18 +490,24 @@ def choose_kernel(num_heads: int, num_reqs: int, context: int, packed_splits: in
     return "per_token" if num_reqs * context <= PER_TOKEN_MAX_KEYS else "packed"
 
 
-def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packed") -> dict:
-    """Launch parameters per kernel, head count and cache kind. `BLOCK_H`: heads per
-    program; `BLOCK_M`: query rows per program (heads x packed tokens of one request);
-    `per_sm`: programs the split rule assumes run at once on one SM; `fp8_math`: the
-    matmul dtype for an fp8 cache ("fp16": e4m3 widens in one instruction per pair;
-    "bf16"). `tma`: load whole tiles through TMA tensor descriptors - True requires it,
-    False never, None whenever the cache allows it on a CUDA GPU with TMA. The packed
-    kernel's choices are the H200 sweeps' fastest (docs/benchmarks.md): at 16 heads
-    32-key tiles three stages deep, two programs per SM, fp8 through TMA widened to
-    fp16; above, 64 heads x 64 keys per step on 8 warps, fp8 through pointer loads
-    widened to bf16. The per-token kernel keeps its launch from before packing (its
-    fp8 tiles always take pointer loads)."""
+def default_config(
+    num_heads: int, fp8_cache: bool = False, kernel: str = "packed", max_query_len: int = 1
+) -> dict:
+    """Launch parameters per kernel, head count, cache kind and query tokens per
+    request. `BLOCK_H`: heads per program; `BLOCK_M`: query rows per program (heads x
+    packed tokens of one request); `per_sm`: programs the split rule assumes run at
+    once on one SM; `fp8_math`: the matmul dtype for an fp8 cache ("fp16": e4m3 widens
+    in one instruction per pair; "bf16"). `tma`: load whole tiles through TMA tensor
+    descriptors - True requires it, False never, None whenever the cache allows it on
+    a CUDA GPU with TMA. `merge_dv`: output columns per merge program (None:
+    `merge_block_dv`'s rule). The packed kernel's choices are the H200 sweeps' fastest
+    (docs/benchmarks.md): at 16 heads and one query token 32-key tiles five stages deep
+    (Triton pipelines a tile whose page comes from the block table (stages - 1) // 2
+    tiles ahead: two here, in 93.7 KB of shared memory, so two programs still share an
+    SM), fp8 through TMA widened to fp16; with speculative tokens 64-key tiles on 8
+    warps, one program per SM; above 16 heads, 64 heads x 64 keys per step on 8 warps,
+    fp8 through pointer loads widened to bf16. The per-token kernel keeps its launch
+    from before packing (its fp8 tiles always take pointer loads)."""
     if kernel == "per_token":
         small = num_heads <= 16
         return {
@@ -523,20 +517,19 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
             "num_stages": 2,
             "tma": False if fp8_cache else None,
             "merge_dv": None,
-            "pdl": True,
         }
     if num_heads <= 16:
+        wide = max_query_len > 1
         return {
             "BLOCK_H": 16,
             "BLOCK_M": 64,
-            "BLOCK_N": 32,
-            "num_warps": 4,
+            "BLOCK_N": 64 if wide else 32,
+            "num_warps": 8 if wide else 4,
             "num_stages": 5,
             "tma": None,
-            "per_sm": 2,
+            "per_sm": 1 if wide else 2,
             "fp8_math": "fp16",
             "merge_dv": None,
-            "pdl": True,
         }
     return {
         "BLOCK_H": 64,
@@ -548,15 +541,16 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
         "per_sm": 1,
         "fp8_math": "bf16",
         "merge_dv": None,
-        "pdl": True,
     }
 
 
 KERNELS = ("packed", "per_token")
 
 
-def _config(num_heads: int, fp8_cache: bool, kernel: str, config: dict) -> dict:
-    cfg = default_config(num_heads, fp8_cache, kernel)
+def _config(
+    num_heads: int, fp8_cache: bool, kernel: str, config: dict, max_query_len: int = 1
+) -> dict:
+    cfg = default_config(num_heads, fp8_cache, kernel, max_query_len)
     unknown = sorted(set(config) - set(cfg))
     if unknown:
         raise ValueError(
@@ -597,8 +591,7 @@ class TritonMLALaunch:
     tma: bool | None
     fp8_cache: bool  # the cache kind the launch was planned for
     fp16_math: bool  # for an fp8 cache
-    merge_block_dv: int = 512  # output columns per merge program
-    pdl: bool = False  # the merge launched as a programmatic dependent of stage 1
+    merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
 
 
 def plan_launch(
@@ -623,7 +616,7 @@ def plan_launch(
     sms = device_sm_count(device)
     most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
     if kernel in (None, "packed"):
-        cfg = _config(num_heads, fp8_cache, "packed", config)
+        cfg = _config(num_heads, fp8_cache, "packed", config, max_query_len)
         block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
         q_max = max(1, max_query_len)
         tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
@@ -663,7 +656,6 @@ def plan_launch(
         fp8_cache=fp8_cache,
         fp16_math=cfg.get("fp8_math") == "fp16",
         merge_block_dv=merge_dv,
-        pdl=cfg["pdl"] and device.type == "cuda" and device_has_tma(device),
     )
 
 
@@ -836,7 +828,6 @@ def mla_decode_triton(
         IS_FP8=fp8,
         PRECISION=precision,
         TMA=tma,
-        PDL=launch.pdl,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
@@ -880,7 +871,5 @@ def mla_decode_triton(
         BLOCK_DV=block_dv,
         BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
         ONE_CHUNK=one_chunk,
-        PDL=launch.pdl,
-        launch_pdl=launch.pdl,
     )
     return lse
