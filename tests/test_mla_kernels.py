@@ -397,6 +397,15 @@ def test_split_count_fills_whole_waves(programs, tiles, want):
     assert triton_mla.best_num_splits(programs, tiles, 132) == want
 
 
+@pytest.mark.parametrize(
+    "rows,want",
+    [(16, 32), (64, 64), (65, 64), (66, 512), (128, 512), (4096, 512), (1, 32)],
+)
+def test_merge_columns_narrow_only_for_few_rows(rows, want):
+    """132 SMs: whole rows from half the SMs up, else programs narrowed to two waves."""
+    assert triton_mla.merge_block_dv(rows, 132) == want
+
+
 def test_split_count_keeps_64_keys_per_split():
     """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
     not the 128 the wave rule alone would take."""

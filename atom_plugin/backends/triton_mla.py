@@ -710,10 +710,14 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
 
 
 def merge_block_dv(rows: int, sms: int, dv: int = 512) -> int:
-    """Output columns per merge program: all of a (token, head)'s `dv` when the rows
-    alone fill two waves of the SMs, else narrower (down to MERGE_MIN_DV) until they do,
-    so a batch-1 step's merge of many splits is not left to a few programs."""
-    parts = next_power_of_2(max(1, cdiv(2 * sms, max(1, rows))))
+    """Output columns per merge program for `rows` (token, head) pairs: all `dv` of a
+    row when the rows number at least half the SMs; fewer, down to MERGE_MIN_DV, until
+    the merge programs fill two waves. H200 (132 SMs), batch 1: 16 rows (16 heads) in
+    32-column programs 1.04-1.10x, 64 rows in 64-column ones 1.03x; 128 rows (128 heads)
+    in 128-column ones lost 2-5% to whole rows, which they keep (docs/benchmarks.md)."""
+    if rows >= sms // 2:
+        return dv
+    parts = next_power_of_2(cdiv(2 * sms, max(1, rows)))
     return max(min(dv, MERGE_MIN_DV), dv // parts)
 
 
