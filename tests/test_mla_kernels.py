@@ -398,12 +398,24 @@ def test_split_count_fills_whole_waves(programs, tiles, want):
 
 
 @pytest.mark.parametrize(
-    "rows,want",
-    [(16, 32), (64, 64), (65, 64), (66, 512), (128, 512), (4096, 512), (1, 32)],
+    "rows,splits,want",
+    [
+        (16, 64, 32),
+        (16, 256, 32),
+        (1, 8, 32),
+        (64, 128, 64),
+        (65, 2, 64),
+        (66, 64, 512),
+        (128, 64, 512),
+        (128, 65, 128),
+        (132, 256, 512),
+        (4096, 8, 512),
+    ],
 )
-def test_merge_columns_narrow_only_for_few_rows(rows, want):
-    """132 SMs: whole rows from half the SMs up, else programs narrowed to two waves."""
-    assert triton_mla.merge_block_dv(rows, 132) == want
+def test_merge_columns_narrow_only_for_few_rows(rows, splits, want):
+    """132 SMs: below half the SMs' worth of rows, programs narrowed to two waves;
+    above, whole rows, except 128 columns for fewer rows than SMs in chunked merges."""
+    assert triton_mla.merge_block_dv(rows, splits, 132) == want
 
 
 def test_split_count_keeps_64_keys_per_split():

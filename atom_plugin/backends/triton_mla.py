@@ -472,6 +472,7 @@ def _mla_decode_stage2(
 MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
 MERGE_BLOCK_S = 64
 MERGE_MIN_DV = 32  # the narrowest merge program (output columns)
+MERGE_CHUNKED_DV = 128  # columns per merge program: many splits, fewer rows than SMs
 MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 
 
@@ -641,7 +642,7 @@ def plan_launch(
             splits = best_num_splits(programs, tiles, sms, MERGE_BLOCK_S)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"num_splits={splits} must lie in [1, {MAX_SPLITS}]")
-    merge_dv = cfg["merge_dv"] or merge_block_dv(num_tokens * num_heads, sms)
+    merge_dv = cfg["merge_dv"] or merge_block_dv(num_tokens * num_heads, splits, sms)
     return TritonMLALaunch(
         kernel=kernel,
         block_h=block_h,
@@ -709,16 +710,18 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
     )
 
 
-def merge_block_dv(rows: int, sms: int, dv: int = 512) -> int:
-    """Output columns per merge program for `rows` (token, head) pairs: all `dv` of a
-    row when the rows number at least half the SMs; fewer, down to MERGE_MIN_DV, until
-    the merge programs fill two waves. H200 (132 SMs), batch 1: 16 rows (16 heads) in
-    32-column programs 1.04-1.10x, 64 rows in 64-column ones 1.03x; 128 rows (128 heads)
-    in 128-column ones lost 2-5% to whole rows, which they keep (docs/benchmarks.md)."""
-    if rows >= sms // 2:
-        return dv
-    parts = next_power_of_2(cdiv(2 * sms, max(1, rows)))
-    return max(min(dv, MERGE_MIN_DV), dv // parts)
+def merge_block_dv(rows: int, splits: int, sms: int, dv: int = 512) -> int:
+    """Output columns per merge program for `rows` (token, head) pairs. Fewer rows than
+    half the SMs: programs narrowed, down to MERGE_MIN_DV, until they fill two waves
+    (H200, 132 SMs, batch 1: 16 rows (16 heads) in 32-column programs 1.04-1.10x the
+    rule before, 64 rows in 64-column ones 1.03x). From there the rule before: 128
+    columns for fewer rows than SMs merging more than one pass of splits, else whole
+    rows (128 rows, 128 heads at batch 1 and 64 splits, lost 2-5% in 128-column
+    programs; docs/benchmarks.md)."""
+    if rows < sms // 2:
+        parts = next_power_of_2(cdiv(2 * sms, max(1, rows)))
+        return max(min(dv, MERGE_MIN_DV), dv // parts)
+    return min(dv, MERGE_CHUNKED_DV) if rows < sms and splits > MERGE_BLOCK_S else dv
 
 
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
