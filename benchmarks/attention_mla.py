@@ -15,7 +15,7 @@ cache's element size (fp8: 1 byte, one per-tensor scale). Each measurement is th
 of 20 CUDA-graph replays timed with events, L2 flushed before every replay; the per-step
 plan is built outside the timed region, as the metadata builder builds it once per step.
 
-    git show a3544c1:atom_plugin/backends/triton_mla.py > /tmp/mla_old.py
+    git show 435a366:atom_plugin/backends/triton_mla.py > /tmp/mla_old.py
     python -m benchmarks.attention_mla --baseline /tmp/mla_old.py [--sweep] \\
         [--json out.json] [--markdown out.md]
 """
@@ -42,15 +42,33 @@ FP8_SCALE = 0.37  # a non-unit per-tensor scale
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
 
 # Alternatives to the default (triton_mla.plan_launch's choice; a config naming no kernel
-# tunes the packed one), each timed at the rule's split count and at SWEEP_SPLITS (none by
-# default: the split sweep behind the rule is in docs/benchmarks.md), on SWEEP_SHAPES.
-SWEEP_CONFIGS = {
-    16: [{}, {"kernel": "per_token"}, {"num_stages": 2}, {"fp8_math": "bf16"}],
-    64: [{}, {"kernel": "packed"}, {"kernel": "packed", "tma": None}],
-    128: [{}, {"kernel": "packed"}, {"kernel": "packed", "tma": None}],
-}
-SWEEP_SHAPES = {16: ((1, 4096, 1),), 64: ((32, 4096, 1),), 128: ((32, 4096, 1),)}
-SWEEP_SPLITS: dict[int, tuple[int, ...]] = {}
+# tunes the packed one): each group's configs on its shapes and caches, at the rule's
+# split count and at the group's extra split counts. The first config of a group is
+# the reference its outputs are compared with.
+_WIDE = {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}  # 16 heads: 64-key tiles, 8 warps
+SWEEP = [
+    {
+        "heads": 16,
+        "caches": ("bf16",),
+        "shapes": ((32, 4096, 1),),
+        "configs": [{}, _WIDE, {"num_stages": 3}],
+        "splits": (),
+    },
+    {
+        "heads": 16,
+        "caches": ("bf16",),
+        "shapes": ((1, 16384, 1), (1, 32768, 1)),
+        "configs": [{}],
+        "splits": (64, 128),
+    },
+    {
+        "heads": 128,
+        "caches": ("bf16",),
+        "shapes": ((1, 4096, 1), (1, 32768, 1)),
+        "configs": [{}, {"kernel": "per_token", "merge_dv": 512}],
+        "splits": (),
+    },
+]
 
 
 def make_decode_batch(
@@ -92,6 +110,7 @@ def load_baseline(path: str):
     """The replaced kernel's module, from its source file (see the module docstring)."""
     spec = importlib.util.spec_from_file_location("mla_baseline", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -145,10 +164,26 @@ class Shape:
         return us, out, plan
 
     def time_old(self, old, flush):
-        from atom_plugin.backends.mla_plan import mla_token_plan
+        """The baseline module timed on the same inputs: a kernel that takes a per-step
+        plan gets one made by its own `plan_launch`; an older one takes the token plan."""
+        from atom_plugin.backends.mla_plan import MLADecodePlan, mla_token_plan
 
         out = self.new_out()
         token_plan = mla_token_plan(self.meta, self.q.shape[0])
+        if hasattr(old, "plan_launch"):
+            m = self.meta
+            launch = old.plan_launch(
+                m.num_reqs,
+                self.q.shape[0],
+                m.max_query_len,
+                self.heads,
+                m.max_seq_len,
+                self.q.device,
+                fp8_cache=self.cache == "fp8",
+            )
+            kw = {"plan": MLADecodePlan("triton", *token_plan, launch)}
+        else:
+            kw = {"token_plan": token_plan}
 
         def call():
             return old.mla_decode_triton(
@@ -158,7 +193,7 @@ class Shape:
                 scale=self.scale,
                 output=out,
                 kv_scale=self.kv_scale,
-                token_plan=token_plan,
+                **kw,
             )
 
         return time_us(call, flush=flush), out
@@ -297,16 +332,44 @@ def _row_line(r: dict) -> str:
     )
 
 
+_SEEN_KERNELS: set[int] = set()
+
+
+def _new_kernels() -> str:
+    """Shared memory, registers and spills of the stage-1 kernels compiled since the
+    last call (what bounds how many programs an SM holds)."""
+    from atom_plugin.backends import triton_mla
+
+    found = []
+    for fn in (triton_mla._mla_decode_stage1, triton_mla._mla_decode_per_token):
+        try:
+            caches = [c[0] for c in fn.device_caches.values()]
+        except (AttributeError, TypeError, IndexError):
+            return ""
+        for cache in caches:
+            for k in cache.values():
+                if id(k) not in _SEEN_KERNELS:
+                    _SEEN_KERNELS.add(id(k))
+                    try:
+                        k._init_handles()
+                        md = k.metadata
+                        found.append(f"smem {md.shared} regs {k.n_regs} spills {k.n_spills}")
+                    except Exception as exc:  # informational only
+                        found.append(repr(exc)[:60])
+    return "; ".join(found)
+
+
 def sweep(copy_gbps, flush, device="cuda") -> list[dict]:
-    """Each SWEEP_CONFIGS entry at the rule's split count and at SWEEP_SPLITS."""
+    """Each SWEEP group's configs at the rule's split count and at the group's splits."""
     results = []
-    for h, configs in SWEEP_CONFIGS.items():
-        for cache in CACHES:
-            for b, c, ql in SWEEP_SHAPES[h]:
+    for group in SWEEP:
+        h = group["heads"]
+        for cache in group["caches"]:
+            for b, c, ql in group["shapes"]:
                 shape = Shape(b, c, h, ql, cache, device)
                 ref = None
-                for cfg in configs:
-                    for splits in (None, *SWEEP_SPLITS.get(b, ())):
+                for cfg in group["configs"]:
+                    for splits in (None, *group["splits"]):
                         try:
                             us, out, plan = shape.time_new(flush, cfg or None, splits)
                         except Exception as exc:
@@ -321,18 +384,21 @@ def sweep(copy_gbps, flush, device="cuda") -> list[dict]:
                             "context": c,
                             "q_len": ql,
                             "config": cfg,
+                            "kernel": plan.launch.kernel,
                             "num_splits": plan.launch.num_splits,
                             "rule": splits is None,
                             "us": us,
                             "frac_copy": shape.kv_bytes / (us * 1e-6) / 1e9 / copy_gbps,
                             "maxdiff_vs_first": _maxdiff(out, ref),
+                            "compiled": _new_kernels(),
                         }
                         results.append(r)
                         print(
                             f"sweep H={h} {cache} B={b} ctx={c} q={ql} {cfg} "
-                            f"splits={r['num_splits']}{' (rule)' if r['rule'] else ''}: "
+                            f"{r['kernel']} splits={r['num_splits']}"
+                            f"{' (rule)' if r['rule'] else ''}: "
                             f"{us:.1f} us {100 * r['frac_copy']:.1f}% "
-                            f"(diff {r['maxdiff_vs_first']:.1e})",
+                            f"(diff {r['maxdiff_vs_first']:.1e}) {r['compiled']}",
                             flush=True,
                         )
                 del shape
@@ -369,7 +435,7 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", help="source file of the replaced kernel, timed beside")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the table as markdown here")
-    p.add_argument("--sweep", action="store_true", help="time SWEEP_CONFIGS x splits too")
+    p.add_argument("--sweep", action="store_true", help="time the SWEEP groups too")
     p.add_argument("--heads", default=",".join(map(str, HEADS)), help="comma-separated")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated")
     p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated")

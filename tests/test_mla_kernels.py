@@ -114,6 +114,9 @@ def test_token_plan_causal_rows_and_padding():
         (MULTI, 16, 3, {"kernel": "per_token"}),  # the kernel from before packing
         (SINGLE, 20, 2, {"kernel": "per_token", "tma": True, "BLOCK_N": 16}),
         ([(1, 4000), (2, 90)], 16, 100, {"BLOCK_N": 16}),  # 84 non-empty splits
+        # the merge split into narrow column slices, one pass and chunked
+        (SINGLE, 16, 5, {"BLOCK_N": 16, "merge_dv": 16}),
+        (SINGLE, 16, 70, {"BLOCK_N": 16, "merge_dv": 32}),
     ],
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
@@ -394,6 +397,27 @@ def test_split_count_fills_whole_waves(programs, tiles, want):
     assert triton_mla.best_num_splits(programs, tiles, 132) == want
 
 
+@pytest.mark.parametrize(
+    "rows,splits,want",
+    [
+        (16, 64, 32),
+        (16, 256, 32),
+        (1, 8, 32),
+        (64, 128, 64),
+        (65, 2, 64),
+        (66, 64, 512),
+        (128, 64, 512),
+        (128, 65, 128),
+        (132, 256, 512),
+        (4096, 8, 512),
+    ],
+)
+def test_merge_columns_narrow_only_for_few_rows(rows, splits, want):
+    """132 SMs: below half the SMs' worth of rows, programs narrowed to two waves;
+    above, whole rows, except 128 columns for fewer rows than SMs in chunked merges."""
+    assert triton_mla.merge_block_dv(rows, splits, 132) == want
+
+
 def test_split_count_keeps_64_keys_per_split():
     """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
     not the 128 the wave rule alone would take."""
@@ -520,6 +544,66 @@ def test_gpu_decode_edges(heads, cache, block_size):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
+NARROW = {"BLOCK_N": 32, "num_warps": 4, "per_sm": 2}  # 16 heads, one query token
+WIDE = {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}  # 16 heads, speculative tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        None,  # the default for the step's query length
+        {"num_stages": 3},  # one tile ahead (the default before)
+        NARROW,
+        WIDE,
+        {"merge_dv": 512},  # one merge program per (token, head)
+    ],
+)
+def test_gpu_packed_variants(cfg, q_len, cache):
+    """The packed kernel's launch variants at 16 heads against the reference: edges,
+    NaN in unused rows, one-token rows or 2-token causal rows (the two defaults), at
+    the planned split count, 1 and 200."""
+    reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
+    b = make_mla_batch(
+        reqs,
+        heads=16,
+        block_size=64,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0] if cache == "fp8" else None,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+        nan_unused=True,
+        col_offset=16 if cache == "fp8" else 8,
+    )
+    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    for splits in (None, 1, 200):
+        plan = plan_mla_decode(
+            b.meta,
+            b.q.shape[0],
+            16,
+            kernel_impl="triton",
+            kv_dtype=b.kv_cache.dtype,
+            config=cfg,
+            num_splits=splits,
+        )
+        assert plan.launch.kernel == "packed"
+        if cfg is None:
+            want = WIDE if q_len > 1 else NARROW
+            assert (plan.launch.block_n, plan.launch.num_warps) == (
+                want["BLOCK_N"],
+                want["num_warps"],
+            )
+        out, lse = _run(mla_decode_triton, b, 512, plan=plan)
+        T = b.meta.num_actual_tokens
+        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
+        torch.testing.assert_close(out, want_out, **tol)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 128])
 def test_gpu_fp8_bf16_math(heads):
@@ -562,8 +646,9 @@ def test_gpu_dcp_token_kv_lens(heads):
 
 @pytest.mark.gpu
 def test_gpu_decode_replays_from_a_cuda_graph():
-    """Captured once with the plan in persistent buffers and the split count planned for
-    the longest context, the graph replays a later step's plan (shorter contexts)."""
+    """Captured once with the plan in persistent buffers and a launch fixed for the
+    bucket (planned for the longest context, 96 splits), the graph replays a later
+    step's plan (shorter contexts)."""
     b = make_mla_batch(
         [(1, 5000), (2, 3000), (1, 64)],
         heads=16,
@@ -574,9 +659,11 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     )
     T = b.q.shape[0]
     bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
-    plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs)
-    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S  # the chunked, column-split merge
-    assert plan.launch.num_splits > 1
+    # more splits than one merge pass: the chunked, column-split merge runs in the graph
+    plan = plan_mla_decode(
+        b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs, num_splits=96
+    )
+    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S
     out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
 
     def step():

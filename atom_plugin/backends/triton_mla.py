@@ -471,7 +471,8 @@ def _mla_decode_stage2(
 
 MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
 MERGE_BLOCK_S = 64
-MERGE_BLOCK_DV = 128  # output columns per merge program: many splits, few tokens x heads
+MERGE_MIN_DV = 32  # the narrowest merge program (output columns)
+MERGE_CHUNKED_DV = 128  # columns per merge program: many splits, fewer rows than SMs
 MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 
 
@@ -490,18 +491,24 @@ def choose_kernel(num_heads: int, num_reqs: int, context: int, packed_splits: in
     return "per_token" if num_reqs * context <= PER_TOKEN_MAX_KEYS else "packed"
 
 
-def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packed") -> dict:
-    """Launch parameters per kernel, head count and cache kind. `BLOCK_H`: heads per
-    program; `BLOCK_M`: query rows per program (heads x packed tokens of one request);
-    `per_sm`: programs the split rule assumes run at once on one SM; `fp8_math`: the
-    matmul dtype for an fp8 cache ("fp16": e4m3 widens in one instruction per pair;
-    "bf16"). `tma`: load whole tiles through TMA tensor descriptors - True requires it,
-    False never, None whenever the cache allows it on a CUDA GPU with TMA. The packed
-    kernel's choices are the H200 sweeps' fastest (docs/benchmarks.md): at 16 heads
-    32-key tiles three stages deep, two programs per SM, fp8 through TMA widened to
-    fp16; above, 64 heads x 64 keys per step on 8 warps, fp8 through pointer loads
-    widened to bf16. The per-token kernel keeps its launch from before packing (its
-    fp8 tiles always take pointer loads)."""
+def default_config(
+    num_heads: int, fp8_cache: bool = False, kernel: str = "packed", max_query_len: int = 1
+) -> dict:
+    """Launch parameters per kernel, head count, cache kind and query tokens per
+    request. `BLOCK_H`: heads per program; `BLOCK_M`: query rows per program (heads x
+    packed tokens of one request); `per_sm`: programs the split rule assumes run at
+    once on one SM; `fp8_math`: the matmul dtype for an fp8 cache ("fp16": e4m3 widens
+    in one instruction per pair; "bf16"). `tma`: load whole tiles through TMA tensor
+    descriptors - True requires it, False never, None whenever the cache allows it on
+    a CUDA GPU with TMA. `merge_dv`: output columns per merge program (None:
+    `merge_block_dv`'s rule). The packed kernel's choices are the H200 sweeps' fastest
+    (docs/benchmarks.md): at 16 heads and one query token 32-key tiles five stages deep
+    (Triton pipelines a tile whose page comes from the block table (stages - 1) // 2
+    tiles ahead: two here, in 93.7 KB of shared memory, so two programs still share an
+    SM), fp8 through TMA widened to fp16; with speculative tokens 64-key tiles on 8
+    warps, one program per SM; above 16 heads, 64 heads x 64 keys per step on 8 warps,
+    fp8 through pointer loads widened to bf16. The per-token kernel keeps its launch
+    from before packing (its fp8 tiles always take pointer loads)."""
     if kernel == "per_token":
         small = num_heads <= 16
         return {
@@ -510,17 +517,20 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
             "num_warps": 4 if small else 8,
             "num_stages": 2,
             "tma": False if fp8_cache else None,
+            "merge_dv": None,
         }
     if num_heads <= 16:
+        wide = max_query_len > 1
         return {
             "BLOCK_H": 16,
             "BLOCK_M": 64,
-            "BLOCK_N": 32,
-            "num_warps": 4,
-            "num_stages": 3,
+            "BLOCK_N": 64 if wide else 32,
+            "num_warps": 8 if wide else 4,
+            "num_stages": 5,
             "tma": None,
-            "per_sm": 2,
+            "per_sm": 1 if wide else 2,
             "fp8_math": "fp16",
+            "merge_dv": None,
         }
     return {
         "BLOCK_H": 64,
@@ -531,14 +541,17 @@ def default_config(num_heads: int, fp8_cache: bool = False, kernel: str = "packe
         "tma": False if fp8_cache else None,
         "per_sm": 1,
         "fp8_math": "bf16",
+        "merge_dv": None,
     }
 
 
 KERNELS = ("packed", "per_token")
 
 
-def _config(num_heads: int, fp8_cache: bool, kernel: str, config: dict) -> dict:
-    cfg = default_config(num_heads, fp8_cache, kernel)
+def _config(
+    num_heads: int, fp8_cache: bool, kernel: str, config: dict, max_query_len: int = 1
+) -> dict:
+    cfg = default_config(num_heads, fp8_cache, kernel, max_query_len)
     unknown = sorted(set(config) - set(cfg))
     if unknown:
         raise ValueError(
@@ -550,6 +563,9 @@ def _config(num_heads: int, fp8_cache: bool, kernel: str, config: dict) -> dict:
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
     if cfg.get("fp8_math", "fp16") not in ("fp16", "bf16"):
         raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
+    dv = cfg["merge_dv"]
+    if dv is not None and (not isinstance(dv, int) or dv < 16 or dv & (dv - 1)):
+        raise ValueError(f"merge_dv must be None or a power of two >= 16, got {dv!r}")
     if kernel == "per_token" and fp8_cache and cfg["tma"] is not False:
         raise ValueError(
             f"the per_token kernel reads fp8 tiles through pointer loads only (tma={cfg['tma']})"
@@ -576,6 +592,7 @@ class TritonMLALaunch:
     tma: bool | None
     fp8_cache: bool  # the cache kind the launch was planned for
     fp16_math: bool  # for an fp8 cache
+    merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
 
 
 def plan_launch(
@@ -600,7 +617,7 @@ def plan_launch(
     sms = device_sm_count(device)
     most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
     if kernel in (None, "packed"):
-        cfg = _config(num_heads, fp8_cache, "packed", config)
+        cfg = _config(num_heads, fp8_cache, "packed", config, max_query_len)
         block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
         q_max = max(1, max_query_len)
         tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
@@ -625,6 +642,7 @@ def plan_launch(
             splits = best_num_splits(programs, tiles, sms, MERGE_BLOCK_S)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"num_splits={splits} must lie in [1, {MAX_SPLITS}]")
+    merge_dv = cfg["merge_dv"] or merge_block_dv(num_tokens * num_heads, splits, sms)
     return TritonMLALaunch(
         kernel=kernel,
         block_h=block_h,
@@ -638,6 +656,7 @@ def plan_launch(
         tma=cfg["tma"],
         fp8_cache=fp8_cache,
         fp16_math=cfg.get("fp8_math") == "fp16",
+        merge_block_dv=merge_dv,
     )
 
 
@@ -689,6 +708,20 @@ def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int)
         TensorDescriptor(rows, [n, lora], [stride, 1], [block_n, lora]),
         TensorDescriptor(rows[:, lora:], [n, rope], [stride, 1], [block_n, rope]),
     )
+
+
+def merge_block_dv(rows: int, splits: int, sms: int, dv: int = 512) -> int:
+    """Output columns per merge program for `rows` (token, head) pairs. Fewer rows than
+    half the SMs: programs narrowed, down to MERGE_MIN_DV, until they fill two waves
+    (H200, 132 SMs, batch 1: 16 rows (16 heads) in 32-column programs 1.04-1.10x the
+    rule before, 64 rows in 64-column ones 1.03x). From there the rule before: 128
+    columns for fewer rows than SMs merging more than one pass of splits, else whole
+    rows (128 rows, 128 heads at batch 1 and 64 splits, lost 2-5% in 128-column
+    programs; docs/benchmarks.md)."""
+    if rows < sms // 2:
+        parts = next_power_of_2(cdiv(2 * sms, max(1, rows)))
+        return max(min(dv, MERGE_MIN_DV), dv // parts)
+    return min(dv, MERGE_CHUNKED_DV) if rows < sms and splits > MERGE_BLOCK_S else dv
 
 
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
@@ -824,9 +857,8 @@ def mla_decode_triton(
     if splits == 1:
         return lse
     dv = next_power_of_2(kv_lora_rank)
-    one_chunk = splits <= MERGE_BLOCK_S  # the merge as it was before 256 splits
-    few = T * H < device_sm_count(q.device)
-    block_dv = min(dv, MERGE_BLOCK_DV) if few and not one_chunk else dv
+    one_chunk = splits <= MERGE_BLOCK_S  # all splits in one pass
+    block_dv = min(dv, launch.merge_block_dv)
     _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
         mid_lse,
