@@ -106,7 +106,10 @@ def _builder_without_vllm_config():
     b = AtomAiterMLAMetadataBuilder.__new__(AtomAiterMLAMetadataBuilder)
     b.kernel_impl, b.dcp_world_size, b.dcp_rank, b.cp_kv_cache_interleave_size = "torch", 1, 0, 1
     b._block_table = None
-    b.num_heads, b._plan_buffers, b._capture_context = 4, None, None
+    b.num_heads, b._capture_context = 4, None
+    b._plan_buffers = [
+        tuple(torch.zeros(64, dtype=torch.int32) for _ in range(2)) for _ in range(3)
+    ]
     b._kv_dtype = torch.bfloat16
     return b
 

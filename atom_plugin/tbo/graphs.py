@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
-from atom_plugin.tbo.mode import GraphKey, TboConfig, plan_request_graphs
+from atom_plugin.tbo.mode import GraphKey
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 _TENSORS = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
@@ -242,20 +242,16 @@ class RerunGraphs:
 class BucketGraphs:
     """The decode buckets' request graphs, each recorded on the first step that replays it.
 
-    `graphs` is a `RequestGraphs` (or `RerunGraphs` on CPU). `keys` are every
-    bucket, for `ForwardMode.decide` (which picks the bucket a step pads to and
-    whether its replay splits); `split_buckets` those recorded split.
+    `graphs` is a `RequestGraphs` (or `RerunGraphs` on CPU); `planned` is
+    `plan_request_graphs`' answer. `keys` are every bucket, for
+    `ForwardMode.decide` (which picks the bucket a step pads to and whether its
+    replay splits); `split_buckets` those recorded split.
     """
 
     def __init__(
-        self,
-        graphs: RequestGraphs | RerunGraphs,
-        buckets: Sequence[int],
-        query_len: int,
-        config: TboConfig,
+        self, graphs: RequestGraphs | RerunGraphs, planned: Sequence[tuple[GraphKey, bool]]
     ):
         self.graphs = graphs
-        planned = plan_request_graphs(buckets, query_len, config)
         self.keys: list[GraphKey] = [key for key, _ in planned]
         self.split_buckets: list[int] = [key.bucket for key, split in planned if split]
 

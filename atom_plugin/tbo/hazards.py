@@ -32,12 +32,11 @@ def reads_blocks_written_now(
     if readers.size == 0:
         return False
     for table, block_size in block_tables:
+        columns = np.arange(table.shape[1])
         first = computed // block_size
         stop = (computed + lens + block_size - 1) // block_size
-        written = set()
-        for i in range(len(lens)):
-            written.update(table[i, first[i] : stop[i]].tolist())
-        for r in readers:
-            if written.intersection(table[r, : computed[r] // block_size].tolist()):
-                return True
+        writes = (columns >= first[:, None]) & (columns < stop[:, None])
+        whole = columns < (computed[readers] // block_size)[:, None]
+        if np.isin(table[readers][whole], table[: len(lens)][writes]).any():
+            return True
     return False

@@ -169,7 +169,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 token_kv_lens=token_kv_lens,
                 context=self._capture_context,
                 kv_dtype=self._kv_dtype,
-                out=self._plan_buffers[part] if self._plan_buffers else None,
+                out=self._plan_buffers[part],
             )
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,

@@ -74,14 +74,15 @@ def split_decode_graphs(
             "whose micro-batch metadata a replay is known to read correctly"
         )
     buckets = [b for b in buckets if b <= max_num_reqs]
-    if not any(split for _, split in plan_request_graphs(buckets, 1, config)):
+    planned = plan_request_graphs(buckets, 1, config)
+    if not any(split for _, split in planned):
         return None, (
             f"no capture size of {buckets} reaches tbo_decode_min_requests="
             f"{config.decode_min_requests}"
         )
     if graphs is None:
         graphs = RequestGraphs("cuda", pool=graph_pool())
-    return BucketGraphs(graphs, buckets, 1, config), ""
+    return BucketGraphs(graphs, planned), ""
 
 
 def _parse_buckets(text: str) -> list[int]:

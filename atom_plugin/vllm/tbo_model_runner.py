@@ -103,6 +103,7 @@ class TboModelRunnerMixin:
         self._tbo_in_step = False
         self._tbo_step: SplitStep | None = None
         self._tbo_graphs: BucketGraphs | None = None  # set with the builders
+        self._tbo_miscut = os.environ.get(MISCUT_ENV) == "1"
 
     def tbo_stats(self) -> dict[str, int]:
         kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
@@ -182,7 +183,10 @@ class TboModelRunnerMixin:
 
     def _tbo_batch_shape(self, query_lens: list[int]) -> BatchShape:
         shape = BatchShape.from_query_lens(query_lens)
-        if shape.kind == "prefill" and self._tbo_prefix_hazard(query_lens):
+        config = self.tbo_config
+        # Only a step that could split is searched for readers of blocks written now.
+        could_split = config.prefill and shape.num_tokens >= config.prefill_min_tokens
+        if shape.kind == "prefill" and could_split and self._tbo_prefix_hazard(query_lens):
             self.tbo_steps["vetoed"] += 1
             shape = replace(shape, splittable=False)
         return shape
@@ -217,7 +221,7 @@ class TboModelRunnerMixin:
             # The step that records the graph plans for any context, as vLLM's capture does.
             kwargs["for_cudagraph_capture"] = not self._tbo_graphs.recorded(step.mode.graph_key)
         attn_metadata, spec_common = super()._build_attention_metadata(*args, **kwargs)
-        if os.environ.get(MISCUT_ENV) == "1":
+        if self._tbo_miscut:
             attn_metadata[1] = {k: _miscut(v) for k, v in attn_metadata[1].items()}
         return attn_metadata, spec_common
 

@@ -44,9 +44,10 @@ class GraphedDecoder:
         """`graphs` replaces the CUDA `RequestGraphs` (CPU tests pass `RerunGraphs`).
         `steps` counts the graphs "captured" and the steps "replayed"."""
         self.model, self.caches, self.runner, self.config = model, caches, runner, config
-        self.plan = dict(plan_request_graphs(buckets, 1, config))
+        planned = plan_request_graphs(buckets, 1, config)
+        self.plan = dict(planned)
         self.graphs = graphs or RequestGraphs(model.device, capture_error_mode=capture_error_mode)
-        self.recorder = BucketGraphs(self.graphs, buckets, 1, config)
+        self.recorder = BucketGraphs(self.graphs, planned)
         self.steps: Counter = Counter()
         self.buffers: dict = {}
         self.input_ids: dict = {}
