@@ -128,6 +128,10 @@ class Shape:
         self.kv_bytes = batch * context * (LORA + ROPE) * self.kv.element_size()
         self.flops = batch * q_len * heads * context * FLOPS_PER_KEY_HEAD
 
+    def kv_gbps(self, us: float) -> float:
+        """The KV bytes read per second, in GB/s, by a call taking `us` microseconds."""
+        return self.kv_bytes / (us * 1e-6) / 1e9
+
     def new_out(self):
         t = self.q.shape[0]
         return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
@@ -145,18 +149,16 @@ class Shape:
             num_splits=num_splits,
         )
 
+    def decode(self, mla_decode_triton, out, **kw):
+        """`mla_decode_triton` (the plugin's or the baseline's) on this shape's inputs."""
+        return mla_decode_triton(
+            self.q, self.kv, self.meta, scale=self.scale, output=out, kv_scale=self.kv_scale, **kw
+        )
+
     def run_new(self, out, plan):
         from atom_plugin.backends.triton_mla import mla_decode_triton
 
-        return mla_decode_triton(
-            self.q,
-            self.kv,
-            self.meta,
-            scale=self.scale,
-            output=out,
-            kv_scale=self.kv_scale,
-            plan=plan,
-        )
+        return self.decode(mla_decode_triton, out, plan=plan)
 
     def time_new(self, flush, config=None, num_splits=None):
         out, plan = self.new_out(), self.plan(config, num_splits)
@@ -185,18 +187,7 @@ class Shape:
         else:
             kw = {"token_plan": token_plan}
 
-        def call():
-            return old.mla_decode_triton(
-                self.q,
-                self.kv,
-                self.meta,
-                scale=self.scale,
-                output=out,
-                kv_scale=self.kv_scale,
-                **kw,
-            )
-
-        return time_us(call, flush=flush), out
+        return time_us(lambda: self.decode(old.mla_decode_triton, out, **kw), flush=flush), out
 
     def sdpa(self):
         """SDPA over the rows gathered contiguously (gather not timed): all heads as
@@ -267,7 +258,7 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) 
         "num_splits": plan.launch.num_splits,
         "tokens_per_program": plan.launch.tokens,
         "us": us,
-        "kv_gbps": shape.kv_bytes / (us * 1e-6) / 1e9,
+        "kv_gbps": shape.kv_gbps(us),
         "tflops": shape.flops / (us * 1e-6) / 1e12,
         "limit_us": limit_us,
         "frac_limit": limit_us / us,
@@ -363,46 +354,55 @@ def sweep(copy_gbps, flush, device="cuda") -> list[dict]:
     """Each SWEEP group's configs at the rule's split count and at the group's splits."""
     results = []
     for group in SWEEP:
-        h = group["heads"]
         for cache in group["caches"]:
             for b, c, ql in group["shapes"]:
-                shape = Shape(b, c, h, ql, cache, device)
-                ref = None
-                for cfg in group["configs"]:
-                    for splits in (None, *group["splits"]):
-                        try:
-                            us, out, plan = shape.time_new(flush, cfg or None, splits)
-                        except Exception as exc:
-                            results.append({"heads": h, "config": cfg, "error": repr(exc)[:200]})
-                            print(f"H={h} {cache} {cfg}: {exc!r:.200}", flush=True)
-                            break
-                        ref = out if ref is None else ref
-                        r = {
-                            "heads": h,
-                            "cache": cache,
-                            "batch": b,
-                            "context": c,
-                            "q_len": ql,
-                            "config": cfg,
-                            "kernel": plan.launch.kernel,
-                            "num_splits": plan.launch.num_splits,
-                            "rule": splits is None,
-                            "us": us,
-                            "frac_copy": shape.kv_bytes / (us * 1e-6) / 1e9 / copy_gbps,
-                            "maxdiff_vs_first": _maxdiff(out, ref),
-                            "compiled": _new_kernels(),
-                        }
-                        results.append(r)
-                        print(
-                            f"sweep H={h} {cache} B={b} ctx={c} q={ql} {cfg} "
-                            f"{r['kernel']} splits={r['num_splits']}"
-                            f"{' (rule)' if r['rule'] else ''}: "
-                            f"{us:.1f} us {100 * r['frac_copy']:.1f}% "
-                            f"(diff {r['maxdiff_vs_first']:.1e}) {r['compiled']}",
-                            flush=True,
-                        )
+                shape = Shape(b, c, group["heads"], ql, cache, device)
+                results += sweep_shape(shape, group["configs"], group["splits"], copy_gbps, flush)
                 del shape
                 torch.cuda.empty_cache()
+    return results
+
+
+def sweep_shape(shape, configs, extra_splits, copy_gbps, flush) -> list[dict]:
+    """One shape's sweep rows: each config (the first is the reference the others'
+    outputs are compared with) at the rule's split count, then at `extra_splits`; a
+    config that fails gives one error row and its remaining split counts are skipped."""
+    h, cache, b, c, ql = shape.heads, shape.cache, shape.batch, shape.context, shape.q_len
+    results = []
+    ref = None
+    for cfg in configs:
+        for splits in (None, *extra_splits):
+            try:
+                us, out, plan = shape.time_new(flush, cfg or None, splits)
+            except Exception as exc:
+                results.append({"heads": h, "config": cfg, "error": repr(exc)[:200]})
+                print(f"H={h} {cache} {cfg}: {exc!r:.200}", flush=True)
+                break
+            ref = out if ref is None else ref
+            r = {
+                "heads": h,
+                "cache": cache,
+                "batch": b,
+                "context": c,
+                "q_len": ql,
+                "config": cfg,
+                "kernel": plan.launch.kernel,
+                "num_splits": plan.launch.num_splits,
+                "rule": splits is None,
+                "us": us,
+                "frac_copy": shape.kv_gbps(us) / copy_gbps,
+                "maxdiff_vs_first": _maxdiff(out, ref),
+                "compiled": _new_kernels(),
+            }
+            results.append(r)
+            print(
+                f"sweep H={h} {cache} B={b} ctx={c} q={ql} {cfg} "
+                f"{r['kernel']} splits={r['num_splits']}"
+                f"{' (rule)' if r['rule'] else ''}: "
+                f"{us:.1f} us {100 * r['frac_copy']:.1f}% "
+                f"(diff {r['maxdiff_vs_first']:.1e}) {r['compiled']}",
+                flush=True,
+            )
     return results
 
 

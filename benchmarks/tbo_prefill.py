@@ -71,6 +71,7 @@ from atom_plugin.tbo.split import prefill_ubatch_ranges  # noqa: E402
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
 SHARES = (3, 1, 7, 5)  # sixteenths of the step's new tokens per request: the cut falls in the 3rd
 PREFIX = (0, 512, 256, 0)  # cached tokens per request before this step
+MIN_TOKENS = sum(SHARES)  # the smallest step in which every request gets a token
 MAX_REL_ERROR = 0.05
 # (column, compute streams, hand-over schedule) of each split
 SPLITS = (
@@ -83,7 +84,7 @@ SPLITS = (
 
 def prefill_query_lens(tokens: int) -> list[int]:
     """New tokens per request for a step of `tokens` (SHARES of it; the rest to the last)."""
-    if tokens < 16:
+    if tokens < MIN_TOKENS:
         raise ValueError(f"a prefill step of {tokens} tokens cannot hold {len(SHARES)} requests")
     lens = [tokens * s // sum(SHARES) for s in SHARES]
     lens[-1] += tokens - sum(lens)
@@ -180,7 +181,7 @@ def measure_size(tokens, args, model, rate_per_ms, runners, device) -> list[dict
     """The rows of one step size, one per communication fraction."""
     batch, caches = prefill_batch(model.cfg, tokens, device)
     compute_ms, graphed_ok = gpu_ms(lambda: run_unsplit(model, batch, caches), args.iters, device)
-    rows = [
+    return [
         dict(
             measure(batch, caches, f, compute_ms, rate_per_ms, model, runners, args.iters),
             compute_graphed=graphed_ok,
@@ -188,7 +189,6 @@ def measure_size(tokens, args, model, rate_per_ms, runners, device) -> list[dict
         )
         for f in args.comm
     ]
-    return rows
 
 
 COLUMNS = [
@@ -228,9 +228,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--comm fractions must be in [0, 1), got {bad}")
     if args.device == "cpu" and any(args.comm):
         p.error(f"--comm {args.comm}: the stand-in communication is a CUDA kernel; use 0 on CPU")
-    small = [t for t in args.tokens if t < 16]
+    small = [t for t in args.tokens if t < MIN_TOKENS]
     if small:
-        p.error(f"--tokens must be >= 16 (four requests, one straddling the cut), got {small}")
+        p.error(
+            f"--tokens must be >= {MIN_TOKENS} (four requests, one straddling the cut), got {small}"
+        )
     if MODELS[args.model].experts % args.ep_ranks:
         p.error(f"--ep-ranks {args.ep_ranks} does not divide the {args.model} model's experts")
     return args
