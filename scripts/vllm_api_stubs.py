@@ -17,7 +17,7 @@ from pathlib import Path
 
 from atom_plugin.vllm.compat.check import ROLE_RECEIVERS
 from atom_plugin.vllm.compat.hosts import SourceHost
-from atom_plugin.vllm.compat.source import SourceTree
+from atom_plugin.vllm.compat.source import receiver_name
 
 KEPT_DECORATORS = {
     "staticmethod",
@@ -31,16 +31,10 @@ RECEIVERS = {r for receivers in ROLE_RECEIVERS.values() for r in receivers} | {"
 ANY = ast.Name("_")
 
 
-def _receiver_tail(expr: ast.expr) -> str | None:
-    if isinstance(expr, ast.Attribute):
-        return expr.attr
-    return expr.id if isinstance(expr, ast.Name) else None
-
-
 def _call_stub(call: ast.Call) -> ast.stmt:
     func = call.func
     assert isinstance(func, ast.Attribute)
-    receiver = _receiver_tail(func.value)
+    receiver = receiver_name(func.value)
     value = ast.Name(receiver) if receiver in ("self", "cls") else ast.Attribute(ANY, receiver)
     args = [ast.Starred(ANY) if isinstance(a, ast.Starred) else ANY for a in call.args]
     keywords = [ast.keyword(k.arg, ANY) for k in call.keywords]
@@ -79,7 +73,7 @@ def _function(node, in_class: bool) -> ast.FunctionDef:
             if (
                 isinstance(sub, ast.Call)
                 and isinstance(sub.func, ast.Attribute)
-                and _receiver_tail(sub.func.value) in RECEIVERS
+                and receiver_name(sub.func.value) in RECEIVERS
                 and not isinstance(sub.func.value, ast.Call)
             ):
                 body.append(_call_stub(sub))
@@ -159,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         "those top-level names",
     )
     args = parser.parse_args(argv)
-    tree = SourceTree(args.source)
+    host = SourceHost(args.source)
+    tree = host.tree
     out = Path(args.out)
-    version = SourceHost(args.source).version()
     for spec in ["vllm", *args.modules]:
         module, _, names = spec.partition(":")
         only = set(names.split(",")) if names else None
@@ -177,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             body = stub(text, origin, only)
         path.write_text(body)
         print(f"wrote {path} ({len(body.splitlines())} lines)")
-    (out / "vllm" / "_version.py").write_text(f"__version__ = {version!r}\n")
+    (out / "vllm" / "_version.py").write_text(f"__version__ = {host.version()!r}\n")
     return 0
 
 

@@ -9,6 +9,7 @@ the case.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,8 +41,7 @@ class Finding:
 class Check:
     """One implementation's run through one capability's contract."""
 
-    plugin: str  # the name the plugin manager holds it under
-    implementation: str
+    implementation: str  # what it is and the plugin that registered it
     run: Callable[[], Iterator[Finding]]
 
 
@@ -69,9 +69,12 @@ def load(class_path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def hook_results(module, hook: str) -> list:
-    """What one plugin's implementation of `hook` returns (none: [])."""
+def checks_of(module, plugin: str, hook: str, describe, check) -> list[Check]:
+    """A Check for each spec that `plugin`'s implementation of `hook` returns (none
+    implemented: none), labelled `describe(spec)` and the plugin; it runs `check(spec, label)`."""
     impl = getattr(module, hook, None)
-    if impl is None:
-        return []
-    return list(impl() or [])
+    found = []
+    for spec in (impl() or []) if impl is not None else []:
+        label = f"{describe(spec)} ({plugin})"
+        found.append(Check(label, functools.partial(check, spec, label)))
+    return found

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
-from atom_plugin.conformance import Check, Finding, MissingDependency, hook_results, load
+from atom_plugin.conformance import Check, Finding, MissingDependency, checks_of, load
 from atom_plugin.conformance.cases import ATTENTION_CASES, BatchSpec, tolerance
 from atom_plugin.specs import AttentionBackendSpec
 
@@ -49,11 +49,9 @@ IMPL_ARGS = (
 
 
 def checks_for(module, plugin: str) -> list[Check]:
-    out = []
-    for spec in hook_results(module, HOOK):
-        label = f"attention backend {spec.name} ({plugin})"
-        out.append(Check(plugin, label, lambda s=spec, lb=label: check_backend(s, lb)))
-    return out
+    return checks_of(
+        module, plugin, HOOK, lambda spec: f"attention backend {spec.name}", check_backend
+    )
 
 
 def check_backend(spec: AttentionBackendSpec, label: str) -> Iterator[Finding]:
@@ -130,16 +128,17 @@ def _contract(spec, backend, finding) -> Iterator[Finding]:
         return None if ok else f"get_supported_head_sizes() gave {sizes!r}"
 
     def builder_signature():
-        return _takes(backend.get_builder_cls(), len(BUILDER_ARGS), BUILDER_ARGS, "builder")
+        return _takes(backend.get_builder_cls(), BUILDER_ARGS, "builder", by_keyword=True)
 
     def impl_signature():
-        return _takes(backend.get_impl_cls(), len(IMPL_ARGS), (), "impl")
+        return _takes(backend.get_impl_cls(), IMPL_ARGS, "impl", by_keyword=False)
 
     def profiling_run():
-        impl, d, block, hkv = _impl(backend, hq=4, hkv=4)
-        output = torch.full((3, 4, d), 7.0)
-        q = torch.randn(3, 4, d)
-        kv = torch.zeros(2, hkv, block, 2 * d)
+        heads = 4
+        impl, d, block = _impl(backend, hq=heads, hkv=heads)
+        output = torch.full((3, heads, d), 7.0)
+        q = torch.randn(3, heads, d)
+        kv = torch.zeros(2, heads, block, 2 * d)
         returned = impl.forward(_layer(), q, q, q, kv, None, output)
         if returned is not output and returned.data_ptr() != output.data_ptr():
             return "forward returned a new tensor for the profiling run"
@@ -162,13 +161,14 @@ def _contract(spec, backend, finding) -> Iterator[Finding]:
         yield _safe(finding, item, fn)
 
 
-def _takes(cls, positional: int, keywords: tuple[str, ...], what: str) -> str | None:
+def _takes(cls, args: tuple[str, ...], what: str, *, by_keyword: bool) -> str | None:
+    """Whether `cls(...)` accepts `args` by position (and, `by_keyword`, by name too)."""
     from atom_plugin.vllm.compat.signature import CallShape, call_problems, sig_from_callable
 
     sig = sig_from_callable(cls.__init__, bound=True)
-    problems = call_problems(sig, CallShape(positional, ()))
-    if keywords:
-        problems += call_problems(sig, CallShape(0, keywords))
+    problems = call_problems(sig, CallShape(len(args), ()))
+    if by_keyword:
+        problems += call_problems(sig, CallShape(0, args))
     if problems:
         return f"{what} {cls.__name__}{sig} cannot be made the way vLLM makes it: {problems[0]}"
     return None
@@ -207,7 +207,7 @@ def _impl(backend, *, hq: int, hkv: int):
     impl = backend.get_impl_cls()(
         hq, d, d**-0.5, hkv, None, None, "auto", None, AttentionType.DECODER, None
     )
-    return impl, d, _pick_block_size(backend), hkv
+    return impl, d, _pick_block_size(backend)
 
 
 def _builder(backend, block: int, hkv: int, d: int, dtype: torch.dtype):
@@ -225,24 +225,23 @@ def _default_config():
     return VllmConfig()
 
 
-def dense_reference(batch, hq: int) -> torch.Tensor:
+def dense_reference(meta, query, key_cache, value_cache) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole context, read from the
     expected cache through its block table (GQA by repeating kv heads)."""
-    meta = batch.meta
     t = meta.num_actual_tokens
-    d = batch.query.shape[-1]
+    hq, d = query.shape[1:]
     out = torch.zeros(t, hq, d, dtype=torch.float32)
-    block = batch.key_cache.shape[1]
+    block = key_cache.shape[1]
     qsl = meta.query_start_loc.tolist()
     for r in range(meta.num_reqs):
         s = int(meta.seq_lens[r])
         pos = torch.arange(s)
         blocks = meta.block_table[r, pos // block].long()
-        k = batch.key_cache[blocks, pos % block].float()
-        v = batch.value_cache[blocks, pos % block].float()
+        k = key_cache[blocks, pos % block].float()
+        v = value_cache[blocks, pos % block].float()
         groups = hq // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        q = batch.query[qsl[r] : qsl[r + 1]].float()
+        q = query[qsl[r] : qsl[r + 1]].float()
         n_q = q.shape[0]
         scores = torch.einsum("qhd,khd->hqk", q, k) * d**-0.5
         causal = torch.arange(s)[None, :] > torch.arange(s - n_q, s)[:, None]
@@ -256,7 +255,7 @@ def _run_case(backend, case: BatchSpec, finding) -> Iterator[Finding]:
 
     name = case.name
     try:
-        impl, d, block, _ = _impl(backend, hq=case.hq, hkv=case.hkv)
+        impl, d, block = _impl(backend, hq=case.hq, hkv=case.hkv)
         dtype = _pick_dtype(backend)
         batch = case.build(d=d, block_size=block, dtype=dtype)
         meta = batch.meta
@@ -298,8 +297,7 @@ def _run_case(backend, case: BatchSpec, finding) -> Iterator[Finding]:
         yield finding("kv write touches only scheduled slots", not changed, detail, name)
     in_place = returned is output or returned.data_ptr() == output.data_ptr()
     yield finding("writes output in place", in_place, "" if in_place else "new tensor", name)
-    batch.key_cache, batch.value_cache = exp_k, exp_v
-    want = dense_reference(batch, case.hq)
+    want = dense_reference(meta, batch.query, exp_k, exp_v)
     got = output[:t].view(t, case.hq, d).float()
     tol = tolerance(dtype)
     close = torch.allclose(got, want, **tol)

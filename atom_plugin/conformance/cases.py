@@ -46,11 +46,10 @@ def vllm_kv_cache(num_blocks, block_size, hkv, d, dtype, device="cpu", gen=None)
 
     Returns (raw, key_cache, value_cache); the views are [nb, bs, Hkv, D] and strided.
     """
+    raw = torch.randn(num_blocks, hkv, block_size, 2 * d, generator=gen)
     if is_fp8(dtype):
-        raw = torch.randn(num_blocks, hkv, block_size, 2 * d, generator=gen).clamp(-8, 8)
-        raw = raw.to(dtype).to(device)
-    else:
-        raw = torch.randn(num_blocks, hkv, block_size, 2 * d, generator=gen).to(dtype).to(device)
+        raw = raw.clamp(-8, 8)
+    raw = raw.to(dtype).to(device)
     key_cache, value_cache = raw.transpose(1, 2).split(d, dim=-1)
     return raw, key_cache, value_cache
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from atom_plugin.conformance import Check, Finding, hook_results, load
+from atom_plugin.conformance import Check, Finding, checks_of, load
 from atom_plugin.specs import LogitsProcessorSpec
 
 HOOK = "atom_logits_processors"
@@ -32,11 +32,13 @@ INTERFACES = {
 
 
 def checks_for(module, plugin: str) -> list[Check]:
-    out = []
-    for spec in hook_results(module, HOOK):
-        label = f"logits processor {spec.name} [{spec.runner}] ({plugin})"
-        out.append(Check(plugin, label, lambda s=spec, lb=label: check_processor(s, lb)))
-    return out
+    return checks_of(
+        module,
+        plugin,
+        HOOK,
+        lambda spec: f"logits processor {spec.name} [{spec.runner}]",
+        check_processor,
+    )
 
 
 def _config():

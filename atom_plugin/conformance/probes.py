@@ -22,7 +22,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-from atom_plugin.conformance import Check, Finding, hook_results
+from atom_plugin.conformance import Check, Finding, checks_of
 from atom_plugin.specs import HealthProbeSpec
 
 HOOK = "atom_health_probes"
@@ -31,11 +31,7 @@ NOISE = ("", "\n\n", "GPU\n", "Device  Temp  Power\n0  N/A\n", "\x00\xff garbage
 
 
 def checks_for(module, plugin: str) -> list[Check]:
-    out = []
-    for spec in hook_results(module, HOOK):
-        label = f"health probe {spec.smi} ({plugin})"
-        out.append(Check(plugin, label, lambda s=spec, lb=label: check_probe(s, lb)))
-    return out
+    return checks_of(module, plugin, HOOK, lambda spec: f"health probe {spec.smi}", check_probe)
 
 
 def _only(spec: HealthProbeSpec):

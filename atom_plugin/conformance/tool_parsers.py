@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Iterator
 
-from atom_plugin.conformance import Check, Finding, MissingDependency, hook_results, load
+from atom_plugin.conformance import Check, Finding, MissingDependency, checks_of, load
 from atom_plugin.specs import ToolParserSpec
 
 HOOK = "atom_tool_parsers"
@@ -41,11 +41,7 @@ EXAMPLES = 60
 
 
 def checks_for(module, plugin: str) -> list[Check]:
-    out = []
-    for spec in hook_results(module, HOOK):
-        label = f"tool parser {spec.name} ({plugin})"
-        out.append(Check(plugin, label, lambda s=spec, lb=label: check_parser(s, lb)))
-    return out
+    return checks_of(module, plugin, HOOK, lambda spec: f"tool parser {spec.name}", check_parser)
 
 
 def _hypothesis():

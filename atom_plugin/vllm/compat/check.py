@@ -329,13 +329,10 @@ class _Checker:
 
     def _check_abstract(self, cls: AdapterClass, mro: list, where: str) -> None:
         seen: set[str] = set()
-        missing = []
         for node in mro:
             for name, method in self._methods(node).items():
                 if name in seen:
                     continue
                 seen.add(name)
                 if isinstance(node, ClassRef) and method.abstract:
-                    missing.append(f"{name} (abstract in {node})")
-        for item in missing:
-            self._add("abstract", where, f"does not implement {item}")
+                    self._add("abstract", where, f"does not implement {name} (abstract in {node})")

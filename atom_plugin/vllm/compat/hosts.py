@@ -3,6 +3,7 @@ wheel (parsed, never imported). The checks (`compat.check`) ask both the same qu
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
@@ -21,6 +22,7 @@ from atom_plugin.vllm.compat.source import (
     binding_target,
     class_info,
     dotted_name,
+    receiver_name,
 )
 
 HOST_PACKAGE = "vllm"
@@ -51,7 +53,6 @@ class HostMethod:
     sig: Sig
     kind: str
     abstract: bool
-    where: str
 
 
 @dataclass(frozen=True)
@@ -148,37 +149,23 @@ class SourceHost:
         node = self._class(ref)
         if node is None:
             return {}
-        where = self.tree.location(ref.module)
-        return {
-            name: HostMethod(m.sig, m.kind, m.abstract, f"{where}:{m.line} {ref.name}.{name}")
-            for name, m in node.methods.items()
-        }
+        return {name: HostMethod(m.sig, m.kind, m.abstract) for name, m in node.methods.items()}
 
     def self_calls(self, ref: ClassRef) -> list[CallSite]:
         node = self._class(ref)
         return [] if node is None else node.self_calls
 
     def calls_through(self, receiver: str, method: str) -> list[RemoteCall]:
-        return calls_through(self.tree, receiver, method)
-
-
-def calls_through(tree: SourceTree, receiver: str, method: str) -> list[RemoteCall]:
-    """Calls `<...>.receiver.method(...)` or `receiver.method(...)` anywhere in vLLM."""
-    import ast
-
-    calls = []
-    for module in tree.attribute_calls(receiver, HOST_PACKAGE).get(method, ()):
-        for node in ast.walk(ast.parse(tree.text(module))):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-                continue
-            if node.func.attr != method:
-                continue
-            value = node.func.value
-            tail = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", None)
-            if tail == receiver:
-                where = f"{tree.location(module)}:{node.lineno}"
-                calls.append(RemoteCall(where, CallShape.of(node)))
-    return calls
+        """Calls `<...>.receiver.method(...)` or `receiver.method(...)` anywhere in vLLM."""
+        calls = []
+        for module in self.tree.attribute_calls(receiver, HOST_PACKAGE).get(method, ()):
+            for node in ast.walk(ast.parse(self.tree.text(module))):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                if node.func.attr == method and receiver_name(node.func.value) == receiver:
+                    where = f"{self.tree.location(module)}:{node.lineno}"
+                    calls.append(RemoteCall(where, CallShape.of(node)))
+        return calls
 
 
 class InstalledHost:
@@ -193,9 +180,7 @@ class InstalledHost:
         import vllm
 
         self.vllm = vllm
-        root = Path(vllm.__file__).parent.parent
-        self.tree = SourceTree(root)
-        self.source = SourceHost(root)
+        self.source = SourceHost(Path(vllm.__file__).parent.parent)  # one parsed tree for both
         self.source_only: dict[str, str] = {}  # module -> why it was not imported
         self.partial = False
         self.label = f"installed vLLM {vllm.__version__} ({Path(vllm.__file__).parent})"
@@ -216,7 +201,7 @@ class InstalledHost:
     def lookup(self, module: str, name: str | None) -> Found:
         mod = self._import(module)
         if mod is None:
-            if not self.tree.has_module(module):
+            if not self.source.tree.has_module(module):
                 return Found("missing", detail=f"no module {module}")
             return self.source.lookup(module, name)
         if name is None:
@@ -269,14 +254,10 @@ class InstalledHost:
                 sig = sig_from_callable(func, bound=kind != STATIC)
             except (TypeError, ValueError):
                 continue
-            abstract = bool(getattr(raw, "__isabstractmethod__", False))
-            where = f"{ref.module.replace('.', '/')}.py {ref.name}.{name}"
-            out[name] = HostMethod(sig, kind, abstract, where)
+            out[name] = HostMethod(sig, kind, bool(getattr(raw, "__isabstractmethod__", False)))
         return out
 
     def self_calls(self, ref: ClassRef) -> list[CallSite]:
-        import ast
-
         if self._import(ref.module) is None:
             return self.source.self_calls(ref)
         try:
@@ -287,4 +268,4 @@ class InstalledHost:
         return class_info(node).self_calls if hasattr(node, "bases") else []
 
     def calls_through(self, receiver: str, method: str) -> list[RemoteCall]:
-        return calls_through(self.tree, receiver, method)
+        return self.source.calls_through(receiver, method)

@@ -220,7 +220,7 @@ class ModuleInfo:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     info.imports.append(ImportedName(alias.name, None, node.lineno))
-        info._top_level(tree.body)
+        info._top_level(tree.body, is_package)
         if "__getattr__" in info.defined:
             info.lazy_names = {
                 n.value
@@ -229,7 +229,7 @@ class ModuleInfo:
             }
         return info
 
-    def _top_level(self, body: list[ast.stmt]) -> None:
+    def _top_level(self, body: list[ast.stmt], is_package: bool) -> None:
         for node in body:
             if isinstance(node, ast.ClassDef):
                 self.classes[node.name] = class_info(node)
@@ -245,26 +245,21 @@ class ModuleInfo:
                             self.defined.add(sub.id)
                     if isinstance(target, ast.Name) and choices:
                         self.aliases[target.id] = choices
-            elif isinstance(node, ast.ImportFrom | ast.Import):
-                for imp in self._imports_of(node):
-                    self.bindings[imp[0]] = imp[1]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    local = alias.asname or alias.name.split(".")[0]
+                    self.bindings[local] = (alias.name if alias.asname else local, None)
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(self.name, is_package, node.level, node.module)
+                for alias in node.names:
+                    if alias.name != "*":
+                        self.bindings[alias.asname or alias.name] = (module, alias.name)
             elif isinstance(node, ast.If | ast.Try | ast.With):
                 # try/except ImportError, version switches, TYPE_CHECKING: every branch binds
                 for branch in ("body", "orelse", "finalbody"):
-                    self._top_level(getattr(node, branch, []))
+                    self._top_level(getattr(node, branch, []), is_package)
                 for handler in getattr(node, "handlers", []):
-                    self._top_level(handler.body)
-
-    def _imports_of(self, node: ast.ImportFrom | ast.Import):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                local = alias.asname or alias.name.split(".")[0]
-                yield local, (alias.name if alias.asname else local, None)
-            return
-        for imp in self.imports:
-            if imp.line == node.lineno and imp.name in {a.name for a in node.names}:
-                alias = next(a for a in node.names if a.name == imp.name)
-                yield alias.asname or imp.name, (imp.module, imp.name)
+                    self._top_level(handler.body, is_package)
 
 
 def binding_target(info: ModuleInfo, dotted: str) -> tuple[str, str] | None:
@@ -290,6 +285,13 @@ def _alias_choices(value: ast.expr) -> list[str]:
         name = dotted_name(value)
         return [name] if name else []
     return []
+
+
+def receiver_name(expr: ast.expr) -> str | None:
+    """The last name of a call's receiver: `impl` for `layer.impl.m()` and for `impl.m()`."""
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else None
 
 
 def dotted_name(expr: ast.expr) -> str | None:
