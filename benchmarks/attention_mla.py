@@ -68,6 +68,13 @@ SWEEP = [
         "configs": [{}, {"kernel": "per_token", "merge_dv": 512}],
         "splits": (),
     },
+    {
+        "heads": 16,  # the Gluon kernel's 64 rows hold 16 heads x up to 4 tokens
+        "caches": ("bf16", "fp8"),
+        "shapes": ((1, 32768, 1), (32, 4096, 1), (128, 4096, 1), (32, 8192, 2)),
+        "configs": [{}, {"kernel": "gluon"}],
+        "splits": (),
+    },
 ]
 
 
@@ -137,7 +144,7 @@ class Shape:
         return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
 
     def plan(self, config=None, num_splits=None):
-        from atom_plugin.backends.mla_plan import plan_mla_decode
+        from atom_plugin.backends.mla_plan import MLAStepLayout, plan_mla_decode
 
         return plan_mla_decode(
             self.meta,
@@ -147,6 +154,7 @@ class Shape:
             kv_dtype=self.kv.dtype,
             config=config,
             num_splits=num_splits,
+            layout=MLAStepLayout(self.q.dtype, PAGE, LORA, ROPE),
         )
 
     def decode(self, mla_decode_triton, out, **kw):
@@ -350,10 +358,12 @@ def _new_kernels() -> str:
     return "; ".join(found)
 
 
-def sweep(copy_gbps, flush, device="cuda") -> list[dict]:
-    """Each SWEEP group's configs at the rule's split count and at the group's splits."""
+def sweep(copy_gbps, flush, heads=HEADS, device="cuda") -> list[dict]:
+    """Each SWEEP group of `heads` at the rule's split count and at the group's splits."""
     results = []
     for group in SWEEP:
+        if group["heads"] not in heads:
+            continue
         for cache in group["caches"]:
             for b, c, ql in group["shapes"]:
                 shape = Shape(b, c, group["heads"], ql, cache, device)
@@ -457,7 +467,7 @@ def main(argv=None) -> int:
     print(header, flush=True)
     result = {"device": device_name, "copy_gbps": copy_gbps, "matmul_tflops": matmul_rate}
     if args.sweep:
-        result["sweep"] = sweep(copy_gbps, flush)
+        result["sweep"] = sweep(copy_gbps, flush, _ints(args.heads))
     old = load_baseline(args.baseline) if args.baseline else None
     rows = run_mla_benchmarks(
         _ints(args.heads),

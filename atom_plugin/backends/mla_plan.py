@@ -73,6 +73,17 @@ def check_mla_shapes(
 
 
 @dataclass(frozen=True)
+class MLAStepLayout:
+    """What the kernel choice needs beyond the step's sizes: the query's dtype and the
+    cache's block size, latent and rope widths (the metadata builder knows them)."""
+
+    q_dtype: torch.dtype
+    block_size: int
+    kv_lora_rank: int = 512
+    rope: int = 64
+
+
+@dataclass(frozen=True)
 class MLADecodePlan:
     """One step's decode plan, shared by every layer: per query token its request row
     (-1: none) and visible cached rows (`mla_token_plan`), and the kernel path's launch
@@ -96,13 +107,15 @@ def plan_mla_decode(
     config: dict | None = None,
     num_splits: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    layout: MLAStepLayout | None = None,
 ) -> MLADecodePlan:
     """Plan a decode step once, on the host, with no device reads: the token plan and,
     for the Triton kernels, the launch. `context` is the key count the split rule plans
     for (default `meta.max_seq_len`; a CUDA-graph capture passes the longest context the
     graph may replay). `kv_dtype` is the cache's (the Triton launch differs for fp8).
     `out` holds persistent buffers the token plan is copied into, so a captured graph
-    reads each step's plan at the same addresses."""
+    reads each step's plan at the same addresses. `layout` (query dtype, cache block
+    size and widths) lets the Triton path's plan choose the Gluon kernel."""
     req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens)
     if out is not None:
         n = req.shape[0]
@@ -125,5 +138,6 @@ def plan_mla_decode(
             fp8_cache=kv_dtype in FP8_DTYPES,
             config=config,
             num_splits=num_splits,
+            layout=layout,
         )
     return MLADecodePlan(kernel_impl, req, kv_len, launch)

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from atom_plugin.backends.checks import FP8_DTYPES, is_fp8
-from atom_plugin.backends.mla_plan import check_mla_shapes, plan_mla_decode
+from atom_plugin.backends.mla_plan import MLAStepLayout, check_mla_shapes, plan_mla_decode
 from atom_plugin.backends.triton_common import (
     cdiv,
     device_has_tma,
@@ -479,15 +479,31 @@ MIN_KEYS_PER_SPLIT = 64  # fewer per split lost at batch 1 (H200 sweeps)
 PER_TOKEN_MAX_KEYS = 8192  # requests x context up to which 16 heads run per token
 
 
-def choose_kernel(num_heads: int, num_reqs: int, context: int, packed_splits: int) -> str:
-    """'packed' or 'per_token' (the kernel before packing), whichever the H200 runs
-    measured faster (docs/benchmarks.md): above 16 heads packing gains nothing at one
-    token per program, so the packed kernel runs only where its plan needs more than
-    MERGE_BLOCK_S splits (batch 1, long contexts: 1.19-1.22x at 64 heads x 32K; the
-    per-token kernel was 1-15% faster elsewhere, fp8 most); at 16 heads it runs
-    everywhere but the smallest steps (batch 1 x 4K: the per-token kernel 5% faster)."""
+def choose_kernel(
+    num_heads: int,
+    num_reqs: int,
+    context: int,
+    packed_splits: int,
+    gluon: bool = False,
+    max_query_len: int = 1,
+) -> str:
+    """'gluon', 'packed' or 'per_token', whichever the H200 runs measured faster
+    (docs/benchmarks.md). `gluon`: the warpgroup-MMA kernel can run the step (Hopper, a
+    cache of 64-row tiles, a 16-bit query: `gluon_step_problems`). It runs above 16
+    heads (1.25-1.53x the Triton kernels at batch >= 32), and at 16 heads where its 64
+    query rows fill up or the packed plan splits past one merge pass: speculative rows
+    (32 x 8K x 2 tokens 1.16x bf16, 1.24x fp8) and batch 1 at long contexts (1 x 32K
+    1.18x bf16, 1.06x fp8); elsewhere at 16 heads the packed kernel was as fast or faster
+    (128 x 4K: 0.88x). Without it: above 16 heads packing gains nothing at one token per
+    program, so the packed kernel runs only where its plan needs more than MERGE_BLOCK_S
+    splits (batch 1, long contexts: 1.19-1.22x at 64 heads x 32K; the per-token kernel
+    was 1-15% faster elsewhere, fp8 most); at 16 heads it runs everywhere but the
+    smallest steps (batch 1 x 4K: the per-token kernel 5% faster)."""
+    many_splits = packed_splits > MERGE_BLOCK_S
+    if gluon and (num_heads > 16 or max_query_len > 1 or many_splits):
+        return "gluon"
     if num_heads > 16:
-        return "packed" if packed_splits > MERGE_BLOCK_S else "per_token"
+        return "packed" if many_splits else "per_token"
     return "per_token" if num_reqs * context <= PER_TOKEN_MAX_KEYS else "packed"
 
 
@@ -509,6 +525,8 @@ def default_config(
     warps, one program per SM; above 16 heads, 64 heads x 64 keys per step on 8 warps,
     fp8 through pointer loads widened to bf16. The per-token kernel keeps its launch
     from before packing (its fp8 tiles always take pointer loads)."""
+    if kernel == "gluon":  # tiles, warps and stages are the kernel's own (gluon_mla)
+        return {"BLOCK_H": 64, "per_sm": 1, "merge_dv": None}
     if kernel == "per_token":
         small = num_heads <= 16
         return {
@@ -545,7 +563,7 @@ def default_config(
     }
 
 
-KERNELS = ("packed", "per_token")
+KERNELS = ("packed", "per_token", "gluon")
 
 
 def _config(
@@ -559,7 +577,7 @@ def _config(
             f"{sorted(cfg) + ['kernel']}"
         )
     cfg.update(config)
-    if cfg["tma"] not in (None, True, False):
+    if cfg.get("tma") not in (None, True, False):
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
     if cfg.get("fp8_math", "fp16") not in ("fp16", "bf16"):
         raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
@@ -605,41 +623,67 @@ def plan_launch(
     fp8_cache: bool = False,
     config: dict | None = None,
     num_splits: int | None = None,
+    layout: MLAStepLayout | None = None,
 ) -> TritonMLALaunch:
     """Host-only launch planning from the step's sizes (no device reads): the kernel,
     heads and tokens per program, and the split count for `context` keys per request.
-    `config` may name the kernel ('kernel': 'packed' or 'per_token'); a config that
-    names none tunes the packed kernel."""
+    `config` may name the kernel ('kernel': one of KERNELS); a config that names none
+    tunes the packed kernel. `layout` (query dtype, block size, latent and rope widths)
+    lets the plan pick the Gluon kernel where it can run; without it the plan keeps to
+    the Triton kernels unless `config` names 'gluon'."""
     config = dict(config or {})
     kernel = config.pop("kernel", None if not config else "packed")
     if kernel not in (None, *KERNELS):
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     sms = device_sm_count(device)
     most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
+    q_max = max(1, max_query_len)
+
+    def packing(block_h: int, block_m: int):
+        block_h = max(16, min(block_h, next_power_of_2(num_heads)))
+        tokens = max(1, min(next_power_of_2(q_max), block_m // block_h))
+        return block_h, tokens, cdiv(q_max, tokens), cdiv(num_heads, block_h)
+
+    def split_count(programs: int, block_n: int, slots: int, most: int) -> int:
+        if num_splits is not None:
+            return num_splits
+        tiles = max(1, cdiv(context, block_n))
+        return best_num_splits(max(1, programs), tiles, slots, most)
+
+    gluon = False
+    if kernel in (None, "gluon"):
+        problems = gluon_step_problems(device, layout)
+        if kernel == "gluon" and problems:
+            raise ValueError("the gluon MLA kernel cannot run this step: " + "; ".join(problems))
+        gluon = not problems
     if kernel in (None, "packed"):
         cfg = _config(num_heads, fp8_cache, "packed", config, max_query_len)
-        block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
-        q_max = max(1, max_query_len)
-        tokens = max(1, min(next_power_of_2(q_max), cfg["BLOCK_M"] // block_h))
-        token_chunks = cdiv(q_max, tokens)
-        head_groups = cdiv(num_heads, block_h)
-        splits = num_splits
-        if splits is None:
-            programs = max(1, num_reqs * token_chunks * head_groups)
-            tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
-            splits = best_num_splits(programs, tiles, sms * cfg["per_sm"], most)
+        block_h, tokens, token_chunks, head_groups = packing(cfg["BLOCK_H"], cfg["BLOCK_M"])
+        splits = split_count(
+            num_reqs * token_chunks * head_groups, cfg["BLOCK_N"], sms * cfg["per_sm"], most
+        )
         if kernel is None:
-            kernel = choose_kernel(num_heads, num_reqs, context, splits)
+            kernel = choose_kernel(num_heads, num_reqs, context, splits, gluon, max_query_len)
+    if kernel == "gluon":
+        from atom_plugin.backends import gluon_mla
+
+        cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
+        cfg.update(
+            BLOCK_N=gluon_mla.BLOCK_N,
+            num_warps=gluon_mla.NUM_WARPS,
+            num_stages=gluon_mla.STAGES,
+            tma=True,
+        )
+        block_h, tokens, token_chunks, head_groups = packing(cfg["BLOCK_H"], gluon_mla.BLOCK_M)
+        splits = split_count(
+            num_reqs * token_chunks * head_groups, gluon_mla.BLOCK_N, sms * cfg["per_sm"], most
+        )
     if kernel == "per_token":
         cfg = _config(num_heads, fp8_cache, "per_token", config)
         block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
         tokens = token_chunks = 1
         head_groups = cdiv(num_heads, block_h)
-        splits = num_splits
-        if splits is None:
-            programs = max(1, num_tokens * head_groups)
-            tiles = max(1, cdiv(context, cfg["BLOCK_N"]))
-            splits = best_num_splits(programs, tiles, sms, MERGE_BLOCK_S)
+        splits = split_count(num_tokens * head_groups, cfg["BLOCK_N"], sms, MERGE_BLOCK_S)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"num_splits={splits} must lie in [1, {MAX_SPLITS}]")
     merge_dv = cfg["merge_dv"] or merge_block_dv(num_tokens * num_heads, splits, sms)
@@ -655,8 +699,21 @@ def plan_launch(
         num_stages=cfg["num_stages"],
         tma=cfg["tma"],
         fp8_cache=fp8_cache,
-        fp16_math=cfg.get("fp8_math") == "fp16",
+        fp16_math=cfg.get("fp8_math", "fp16") == "fp16",
         merge_block_dv=merge_dv,
+    )
+
+
+def gluon_step_problems(device: torch.device, layout: MLAStepLayout | None) -> list[str]:
+    """Why the Gluon kernel cannot run steps of `layout` on `device`; empty when it can."""
+    if layout is None:
+        return ["the plan was given no step layout (query dtype, block size, widths)"]
+    if device.type != "cuda":
+        return [f"device {device} (the Gluon kernel runs on CUDA GPUs)"]
+    from atom_plugin.backends import gluon_mla
+
+    return gluon_mla.gluon_problems(
+        device, layout.q_dtype, layout.block_size, layout.kv_lora_rank, layout.rope
     )
 
 
@@ -805,7 +862,9 @@ def mla_decode_triton(
         mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q.device)
     block_table = meta.block_table
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    tma = _use_tma(launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n)
+    tma = launch.kernel != "gluon" and _use_tma(
+        launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n
+    )
     descs = (kv_cache, kv_cache)  # unused without tma
     if tma:
         descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, launch.block_n)
@@ -838,7 +897,31 @@ def mla_decode_triton(
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
-    if launch.kernel == "per_token":
+    if launch.kernel == "gluon":
+        from atom_plugin.backends import gluon_mla
+
+        problems = gluon_mla.gluon_problems(
+            q.device, q.dtype, kv_cache.shape[1], kv_lora_rank, rope
+        ) + _tma_problems(kv_cache, kv_lora_rank, rope, gluon_mla.BLOCK_N)
+        if not fp8 and kv_cache.dtype != q.dtype:
+            problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
+        if problems:
+            raise ValueError("the plan chose the gluon kernel, but: " + "; ".join(problems))
+        gluon_mla.run_stage1(
+            q,
+            kv_cache,
+            block_table,
+            meta.query_start_loc,
+            meta.num_reqs,
+            kv_len,
+            mid_o,
+            mid_lse,
+            kv_scale,
+            scale,
+            launch,
+            kv_lora_rank,
+        )
+    elif launch.kernel == "per_token":
         _mla_decode_per_token[(launch.head_groups, splits, T)](
             *head, req, kv_len, *tail, *strides, **constants
         )

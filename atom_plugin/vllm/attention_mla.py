@@ -35,7 +35,12 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 from atom_plugin.backends import mla_ops
 from atom_plugin.backends.aiter_mha import unit_scale
 from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
-from atom_plugin.backends.mla_plan import MLADecodePlan, mla_token_plan, plan_mla_decode
+from atom_plugin.backends.mla_plan import (
+    MLADecodePlan,
+    MLAStepLayout,
+    mla_token_plan,
+    plan_mla_decode,
+)
 from atom_plugin.backends.select import select_kernel_impl
 from atom_plugin.tbo.split import decode_ubatch_request_ranges
 from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
@@ -82,6 +87,13 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         cache_dtype = vllm_config.cache_config.cache_dtype
         self._kv_dtype = (
             current_platform.fp8_dtype() if cache_dtype.startswith("fp8") else kv_cache_spec.dtype
+        )
+        # what the decode plan's kernel choice needs beyond the step's sizes
+        self._step_layout = MLAStepLayout(
+            self.model_config.dtype,
+            self.page_size,
+            self.mla_dims.kv_lora_rank,
+            self.mla_dims.qk_rope_head_dim,
         )
         self._slot_mapping: torch.Tensor | None = None
         self._block_table: torch.Tensor | None = None  # all rows, graph padding included
@@ -170,6 +182,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 context=self._capture_context,
                 kv_dtype=self._kv_dtype,
                 out=self._plan_buffers[part],
+                layout=self._step_layout,
             )
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,

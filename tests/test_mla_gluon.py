@@ -1,0 +1,231 @@
+"""The Gluon warpgroup-MMA MLA decode (`gluon_mla`): when the plan picks it, and on the
+GPU against the torch reference. Gluon kernels do not run in Triton's CPU interpreter,
+so the kernel itself is tested on a Hopper GPU only (`gpu`); the choice is tested here."""
+
+import pytest
+import torch
+from mla_cases import FP8, make_mla_batch, tolerance
+
+from atom_plugin.backends import triton_mla
+from atom_plugin.backends.mla_plan import MLAStepLayout, plan_mla_decode
+from atom_plugin.backends.mla_reference import mla_decode_reference
+from atom_plugin.backends.triton_mla import mla_decode_triton
+
+BF16_64 = MLAStepLayout(torch.bfloat16, 64)
+CPU = torch.device("cpu")
+
+
+def _run(fn, batch, **kw):
+    T, H, _ = batch.q.shape
+    out = torch.full((T, H, 512), 7.0, dtype=batch.q.dtype, device=batch.q.device)
+    lse = fn(
+        batch.q, batch.kv_cache, batch.meta, scale=0.3, output=out, kv_scale=batch.kv_scale, **kw
+    )
+    return out, lse
+
+
+def test_plan_without_a_layout_keeps_to_triton():
+    launch = triton_mla.plan_launch(32, 32, 1, 128, 4096, CPU)
+    assert launch.kernel == "per_token"
+    with pytest.raises(ValueError, match="no step layout"):
+        triton_mla.plan_launch(32, 32, 1, 128, 4096, CPU, config={"kernel": "gluon"})
+
+
+def test_gluon_refusal_names_the_device():
+    problems = triton_mla.gluon_step_problems(CPU, BF16_64)
+    assert problems == ["device cpu (the Gluon kernel runs on CUDA GPUs)"]
+    with pytest.raises(ValueError, match="device cpu"):
+        triton_mla.plan_launch(
+            32, 32, 1, 128, 4096, CPU, config={"kernel": "gluon"}, layout=BF16_64
+        )
+
+
+@pytest.mark.parametrize(
+    "heads, reqs, context, q_len, packed_splits, want",
+    [
+        (64, 32, 4096, 1, 4, "gluon"),
+        (128, 1, 4096, 1, 16, "gluon"),
+        (16, 32, 4096, 1, 8, "packed"),  # 16 heads, one token: the packed kernel
+        (16, 128, 4096, 1, 2, "packed"),
+        (16, 32, 8192, 2, 4, "gluon"),  # speculative rows fill the 64 query rows
+        (16, 1, 32768, 1, 256, "gluon"),  # batch 1: more splits than one merge pass
+        (16, 1, 4096, 1, 64, "per_token"),  # the smallest steps
+    ],
+)
+def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
+    got = triton_mla.choose_kernel(heads, reqs, context, packed_splits, True, q_len)
+    assert got == want
+    if want == "gluon":  # and without the Gluon kernel, the Triton choice as before
+        assert triton_mla.choose_kernel(heads, reqs, context, packed_splits, False, q_len) in (
+            "packed",
+            "per_token",
+        )
+
+
+def test_gluon_config_keys():
+    with pytest.raises(ValueError, match=r"unknown gluon MLA decode config keys \['BLOCK_N'\]"):
+        triton_mla._config(128, False, "gluon", {"BLOCK_N": 32})
+
+
+EDGE_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 9000), (1, 777), (2, 2051), (2, 64), (2, 65)]
+
+
+def _gpu_batch(reqs, heads, cache, block_size=64):
+    return make_mla_batch(
+        reqs,
+        heads=heads,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0] if cache == "fp8" else None,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+        nan_unused=True,
+        col_offset=16 if cache == "fp8" else 8,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_gpu_gluon_decode_edges(heads, cache, q_len):
+    """Contexts 1, page - 1, page, page + 1 and long, shuffled tables, padding rows and
+    tokens, NaN in every unused cache row (a dropped mask turns the output NaN), fp8
+    with scale 0.5, 2-token causal rows; at the planned split count, 1 and 200."""
+    reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
+    b = _gpu_batch(reqs, heads, cache)
+    want_out, want_lse = _run(mla_decode_reference, b)
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    config = {"kernel": "gluon"} if heads == 16 else None  # 16 heads: named, not chosen
+    for splits in (None, 1, 200):
+        plan = plan_mla_decode(
+            b.meta,
+            b.q.shape[0],
+            heads,
+            kernel_impl="triton",
+            kv_dtype=b.kv_cache.dtype,
+            config=config,
+            num_splits=splits,
+            layout=BF16_64,
+        )
+        assert plan.launch.kernel == "gluon"
+        out, lse = _run(mla_decode_triton, b, plan=plan)
+        T = b.meta.num_actual_tokens
+        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
+        assert (out[T:] == 7.0).all(), "a padding token's output was written"
+        torch.testing.assert_close(out, want_out, **tol)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_fp16():
+    """A float16 model: query and cache in fp16 run fp16 matmuls."""
+    b = make_mla_batch(
+        EDGE_REQS,
+        heads=64,
+        block_size=64,
+        dtype=torch.float16,
+        device="cuda",
+        pad_rows=2,
+        nan_unused=True,
+    )
+    want_out, want_lse = _run(mla_decode_reference, b)
+    layout = MLAStepLayout(torch.float16, 64)
+    plan = plan_mla_decode(b.meta, b.q.shape[0], 64, kernel_impl="triton", layout=layout)
+    assert plan.launch.kernel == "gluon"
+    out, lse = _run(mla_decode_triton, b, plan=plan)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.float16))
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_not_chosen_for_16_key_pages():
+    """A 16-row page cannot feed 64-key TMA tiles: the plan keeps the Triton kernels and
+    says why; naming the kernel is refused with the same reason."""
+    layout = MLAStepLayout(torch.bfloat16, 16)
+    problems = triton_mla.gluon_step_problems(torch.device("cuda"), layout)
+    assert any("block size 16" in p for p in problems), problems
+    b = _gpu_batch(EDGE_REQS, 128, "bf16", block_size=16)
+    plan = plan_mla_decode(
+        b.meta,
+        b.q.shape[0],
+        128,
+        kernel_impl="triton",
+        kv_dtype=b.kv_cache.dtype,
+        layout=layout,
+    )
+    assert plan.launch.kernel == "per_token"
+    with pytest.raises(ValueError, match="block size 16"):
+        plan_mla_decode(
+            b.meta,
+            b.q.shape[0],
+            128,
+            kernel_impl="triton",
+            layout=layout,
+            config={"kernel": "gluon"},
+        )
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_dcp_token_kv_lens():
+    """Decode context parallelism: per-token local row counts, multi-token rows."""
+    b = make_mla_batch(
+        [(1, 300), (2, 1000), (2, 70)],
+        heads=128,
+        block_size=64,
+        dtype=torch.bfloat16,
+        device="cuda",
+        nan_unused=True,
+    )
+    lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
+    want_out, want_lse = _run(mla_decode_reference, b, token_kv_lens=lens)
+    plan = plan_mla_decode(
+        b.meta, b.q.shape[0], 128, kernel_impl="triton", token_kv_lens=lens, layout=BF16_64
+    )
+    assert plan.launch.kernel == "gluon"
+    out, lse = _run(mla_decode_triton, b, plan=plan)
+    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_gpu_gluon_replays_from_a_cuda_graph(cache):
+    """Captured with the plan in persistent buffers and a launch planned for the
+    longest context (96 splits: the chunked merge too), the graph replays a later step
+    with shorter contexts."""
+    b = _gpu_batch([(1, 5000), (2, 3000), (1, 64)], 64, cache)
+    T = b.q.shape[0]
+    bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
+    plan = plan_mla_decode(
+        b.meta,
+        T,
+        64,
+        kernel_impl="triton",
+        context=163840,
+        out=bufs,
+        num_splits=96,
+        kv_dtype=b.kv_cache.dtype,
+        layout=BF16_64,
+    )
+    assert plan.launch.kernel == "gluon"
+    out = torch.zeros(T, 64, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        mla_decode_triton(
+            b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan, kv_scale=b.kv_scale
+        )
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    b.meta.seq_lens[:3].copy_(torch.tensor([4000, 1500, 1], dtype=torch.int32))
+    plan_mla_decode(b.meta, T, 64, kernel_impl="triton", out=bufs)  # the next step's plan
+    graph.replay()
+    want, _ = _run(mla_decode_reference, b)
+    T = b.meta.num_actual_tokens
+    torch.testing.assert_close(
+        out[:T], want[:T], **tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    )
