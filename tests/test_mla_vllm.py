@@ -101,6 +101,7 @@ def test_dcp_token_kv_lens_match_brute_force(world, interleave):
 def _builder_without_vllm_config():
     """The builder's own state only (its __init__ needs a whole model); the metadata
     objects it makes and cuts are vLLM's real classes."""
+    from atom_plugin.backends.mla_plan import MLAStepLayout
     from atom_plugin.vllm.attention_mla import AtomAiterMLAMetadataBuilder
 
     b = AtomAiterMLAMetadataBuilder.__new__(AtomAiterMLAMetadataBuilder)
@@ -111,6 +112,7 @@ def _builder_without_vllm_config():
         tuple(torch.zeros(64, dtype=torch.int32) for _ in range(2)) for _ in range(3)
     ]
     b._kv_dtype = torch.bfloat16
+    b._step_layout = MLAStepLayout(torch.bfloat16, 16)
     return b
 
 
