@@ -75,6 +75,23 @@ SWEEP = [
         "configs": [{}, {"kernel": "gluon"}],
         "splits": (),
     },
+    *(
+        {
+            "heads": heads,  # the Gluon kernel's two schedules (16-bit caches)
+            "caches": ("bf16",),
+            "shapes": shapes,
+            "configs": [
+                {"kernel": "gluon", "schedule": "lockstep"},
+                {"kernel": "gluon", "schedule": "alternate"},
+            ],
+            "splits": (),
+        }
+        for heads, shapes in (
+            (16, ((1, 32768, 1), (32, 8192, 2))),
+            (64, ((1, 32768, 1), (32, 4096, 1), (32, 32768, 1), (128, 32768, 1), (32, 8192, 2))),
+            (128, ((32, 4096, 1), (32, 32768, 1), (128, 4096, 1), (128, 32768, 1), (32, 8192, 2))),
+        )
+    ),
 ]
 
 

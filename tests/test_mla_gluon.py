@@ -62,6 +62,29 @@ def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
         )
 
 
+@pytest.mark.parametrize(
+    "fp8, heads, context, splits, want",
+    [
+        (False, 128, 32768, 2, "alternate"),  # 256 tiles a program
+        (False, 128, 4096, 2, "alternate"),  # 32
+        (False, 64, 4096, 4, "lockstep"),  # 16
+        (False, 64, 32768, 128, "lockstep"),  # batch 1: 4
+        (False, 16, 32768, 4, "lockstep"),  # 16 heads
+        (True, 128, 32768, 2, "lockstep"),  # fp8
+    ],
+)
+def test_gluon_schedule_rule(fp8, heads, context, splits, want):
+    assert triton_mla.gluon_schedule(None, fp8, heads, context, splits) == want
+    assert triton_mla.gluon_schedule("lockstep", fp8, heads, context, splits) == "lockstep"
+
+
+def test_gluon_alternate_refuses_fp8():
+    with pytest.raises(ValueError, match="alternate schedule takes 16-bit caches"):
+        triton_mla._config(128, True, "gluon", {"schedule": "alternate"})
+    with pytest.raises(ValueError, match="schedule must be None"):
+        triton_mla._config(128, False, "gluon", {"schedule": "seesaw"})
+
+
 def test_gluon_config_keys():
     with pytest.raises(ValueError, match=r"unknown gluon MLA decode config keys \['BLOCK_N'\]"):
         triton_mla._config(128, False, "gluon", {"BLOCK_N": 32})
@@ -85,11 +108,18 @@ def _gpu_batch(reqs, heads, cache, block_size=64):
     )
 
 
+GLUON_PATHS = [  # (cache, schedule): the alternate schedule takes 16-bit caches
+    ("bf16", "lockstep"),
+    ("bf16", "alternate"),
+    ("fp8", "lockstep"),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("q_len", [1, 2])
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("cache, schedule", GLUON_PATHS)
 @pytest.mark.parametrize("heads", [16, 64, 128])
-def test_gpu_gluon_decode_edges(heads, cache, q_len):
+def test_gpu_gluon_decode_edges(heads, cache, q_len, schedule):
     """Contexts 1, page - 1, page, page + 1 and long, shuffled tables, padding rows and
     tokens, NaN in every unused cache row (a dropped mask turns the output NaN), fp8
     with scale 0.5, 2-token causal rows; at the planned split count, 1 and 200."""
@@ -97,7 +127,7 @@ def test_gpu_gluon_decode_edges(heads, cache, q_len):
     b = _gpu_batch(reqs, heads, cache)
     want_out, want_lse = _run(mla_decode_reference, b)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
-    config = {"kernel": "gluon"} if heads == 16 else None  # 16 heads: named, not chosen
+    config = {"kernel": "gluon", "schedule": schedule}
     for splits in (None, 1, 200):
         plan = plan_mla_decode(
             b.meta,
@@ -109,7 +139,7 @@ def test_gpu_gluon_decode_edges(heads, cache, q_len):
             num_splits=splits,
             layout=BF16_64,
         )
-        assert plan.launch.kernel == "gluon"
+        assert (plan.launch.kernel, plan.launch.schedule) == ("gluon", schedule)
         out, lse = _run(mla_decode_triton, b, plan=plan)
         T = b.meta.num_actual_tokens
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
@@ -190,8 +220,8 @@ def test_gpu_gluon_dcp_token_kv_lens():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_gpu_gluon_replays_from_a_cuda_graph(cache):
+@pytest.mark.parametrize("cache, schedule", GLUON_PATHS)
+def test_gpu_gluon_replays_from_a_cuda_graph(cache, schedule):
     """Captured with the plan in persistent buffers and a launch planned for the
     longest context (96 splits: the chunked merge too), the graph replays a later step
     with shorter contexts."""
@@ -208,8 +238,9 @@ def test_gpu_gluon_replays_from_a_cuda_graph(cache):
         num_splits=96,
         kv_dtype=b.kv_cache.dtype,
         layout=BF16_64,
+        config={"kernel": "gluon", "schedule": schedule},
     )
-    assert plan.launch.kernel == "gluon"
+    assert (plan.launch.kernel, plan.launch.schedule) == ("gluon", schedule)
     out = torch.zeros(T, 64, 512, dtype=torch.bfloat16, device="cuda")
 
     def step():

@@ -348,6 +348,10 @@ def run_stage1(
 
     blocks, page, width = kv_cache.shape
     rope = width - lora
+    if launch.schedule == "alternate":
+        return _run_alternate(
+            q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, scale, launch, lora
+        )
     gdt = {
         torch.bfloat16: gl.bfloat16,
         torch.float16: gl.float16,
@@ -397,4 +401,53 @@ def run_stage1(
         STAGES=launch.num_stages,
         IS_FP8=fp8,
         num_warps=NUM_WARPS,
+    )
+
+
+def _run_alternate(
+    q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, scale, launch, lora
+):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from atom_plugin.backends import gluon_mla_alternate
+
+    blocks, page, width = kv_cache.shape
+    rope = width - lora
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[kv_cache.dtype]
+    n, stride = blocks * page, kv_cache.stride(1)
+    rows = kv_cache.as_strided((n, width), (stride, 1))
+    chunk = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gdt)
+    descs = [
+        TensorDescriptor(part, [n, cols], [stride, 1], [BLOCK_N, 64], chunk)
+        for part, cols in ((rows, lora), (rows[:, lora:], rope))
+    ]
+    grid = (launch.head_groups, launch.num_splits, num_reqs * launch.token_chunks)
+    gluon_mla_alternate.kernel()[grid](
+        q,
+        *descs,
+        block_table,
+        qsl,
+        kv_len,
+        mid_o,
+        mid_lse,
+        float(scale),
+        q.shape[1],
+        launch.num_splits,
+        launch.token_chunks,
+        q.stride(0),
+        q.stride(1),
+        block_table.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        PAGE=page,
+        LORA=lora,
+        ROPE=rope,
+        BLOCK_H=launch.block_h,
+        TOKENS=launch.tokens,
+        num_warps=4,
+        maxnreg=168,
     )
