@@ -270,6 +270,13 @@ def target_met(row: dict) -> bool | None:
     return row["tflops"] >= 550
 
 
+def kernel_name(launch) -> str:
+    """The stage-1 kernel a launch runs; the Gluon kernel with its schedule."""
+    if launch.kernel == "gluon":
+        return f"gluon/{launch.schedule}"
+    return launch.kernel
+
+
 def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) -> dict:
     us, out, plan = shape.time_new(flush)
     limit_us = max(shape.kv_bytes / (copy_gbps * 1e3), shape.flops / (matmul_rate * 1e6))
@@ -279,7 +286,7 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) 
         "batch": shape.batch,
         "context": shape.context,
         "q_len": shape.q_len,
-        "kernel": plan.launch.kernel,
+        "kernel": kernel_name(plan.launch),
         "num_splits": plan.launch.num_splits,
         "tokens_per_program": plan.launch.tokens,
         "us": us,
@@ -413,7 +420,7 @@ def sweep_shape(shape, configs, extra_splits, copy_gbps, flush) -> list[dict]:
                 "context": c,
                 "q_len": ql,
                 "config": cfg,
-                "kernel": plan.launch.kernel,
+                "kernel": kernel_name(plan.launch),
                 "num_splits": plan.launch.num_splits,
                 "rule": splits is None,
                 "us": us,
