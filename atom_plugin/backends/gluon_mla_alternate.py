@@ -12,7 +12,9 @@ each over all 64 keys of its own tile, and each keeps half of the output columns
   multiplies its own P (registers) and the other's (shared memory) into its half;
 - a tile arrives through TMA in nine 64-column chunks with a barrier each, so the
   scores start as the first chunk lands; the loader warp refills a stage once both
-  warpgroups have released it;
+  warpgroups have released it, and both multiply over stage 0 first (warpgroup 0 its
+  own tile, warpgroup 1 the remote one), so stage 0 is refilled while the products
+  over stage 1 still run (1.05-1.14x at 128 heads, H200 run 17 against run 16);
 - the query's rope part is held in registers: the shared memory holds the latent
   query, two 64-key stages and two P buffers (230 KB).
 
@@ -246,27 +248,50 @@ def kernel():
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(p_bar.index(W), count=1)
-            if mine < num_tiles:
+            # P @ V over stage 0 first on both warpgroups (warpgroup 0's own tile, warpgroup
+            # 1's remote one), so stage 0 is released for the next pair's tile while the
+            # products over stage 1 still run
+            if W == 0:
                 acc = warpgroup_mma(
                     gl.convert_layout(p16, p_op),
-                    kc_ring.index(W).slice(W * HALF, HALF, dim=1),
+                    kc_ring.index(0).slice(0, HALF, dim=1),
                     acc,
                     is_async=True,
                 )
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.wait(p_bar.index(1 - W), ph)
-            if 2 * j + 1 - W < num_tiles:
+                mbarrier.wait(p_bar.index(1), ph)
+            else:
+                mbarrier.wait(p_bar.index(0), ph)
                 acc = warpgroup_mma(
-                    p_smem.index(1 - W),
-                    kc_ring.index(1 - W).slice(W * HALF, HALF, dim=1),
+                    p_smem.index(0),
+                    kc_ring.index(0).slice(HALF, HALF, dim=1),
                     acc,
                     is_async=True,
                 )
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if 2 * j + 1 < num_tiles:  # stage 1 holds a tile in this pair
+                if W == 0:
+                    acc = warpgroup_mma(
+                        p_smem.index(1),
+                        kc_ring.index(1).slice(0, HALF, dim=1),
+                        acc,
+                        is_async=True,
+                    )
+                else:
+                    acc = warpgroup_mma(
+                        gl.convert_layout(p16, p_op),
+                        kc_ring.index(1).slice(HALF, HALF, dim=1),
+                        acc,
+                        is_async=True,
+                    )
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(0), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()
             mbarrier.arrive(p_free.index(1 - W), count=1)
-            mbarrier.arrive(empty.index(0), count=1)
             mbarrier.arrive(empty.index(1), count=1)
 
         # the row sums of both halves of the keys

@@ -606,10 +606,11 @@ def gluon_schedule(
 ) -> str:
     """The Gluon kernel's schedule: `named` if given, else 'alternate' (warp-specialized,
     warpgroups on alternate tiles) for 16-bit caches above 16 heads when each program
-    scores at least ALTERNATE_MIN_TILES tiles, else 'lockstep'. H200 run 15: alternate
-    1.08-1.17x at 64 heads x 32K and 128 heads from 32 x 4K (32 tiles a program) up,
-    1.10-1.18x for 2-token rows; 0.95x at 64 heads x 32 x 4K (16 tiles), 0.87x at batch 1
-    (4 tiles), 0.83x at 16 heads batch 1."""
+    scores at least ALTERNATE_MIN_TILES tiles, else 'lockstep'. H200 runs 18-19 (one run
+    each, the final kernels): alternate 1.15-1.31x at 128 heads from 32 x 4K (32 tiles a
+    program) up, 1.16-1.18x at 64 heads x 32K, 1.20-1.29x for 2-token rows; 0.97x at 64
+    heads x 32 x 4K (16 tiles), 0.91x at batch 1 (4 tiles); at 16 heads and batch 1
+    0.83x (run 15)."""
     if named is not None:
         return named
     tiles = cdiv(context, splits * 64)
