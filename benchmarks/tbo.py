@@ -119,12 +119,17 @@ def comm_ms_at(fraction: float, compute_ms: float) -> float:
 
 
 def set_stand_in(
-    comm: LocalComm | CopyComm, comm_ms: float, rate_per_ms: float, batch: int
+    comm: LocalComm | CopyComm,
+    comm_ms: float,
+    rate_per_ms: float,
+    batch: int,
+    layers: int = MODEL.layers,
 ) -> None:
-    """Size `comm`'s stand-in so one unsplit step of `batch` requests waits `comm_ms` in all
-    (2 calls per layer, each as long as the token rows it moves). `rate_per_ms`: GPU
-    cycles per ms for `LocalComm`'s spin, bytes per ms for `CopyComm`'s copy."""
-    per_token = comm_ms * rate_per_ms / (MODEL.layers * 2 * batch)
+    """Size `comm`'s stand-in so one unsplit step of `batch` requests through `layers`
+    layers waits `comm_ms` in all (2 calls per layer, each as long as the token rows it
+    moves). `rate_per_ms`: GPU cycles per ms for `LocalComm`'s spin, bytes per ms for
+    `CopyComm`'s copy."""
+    per_token = comm_ms * rate_per_ms / (layers * 2 * batch)
     if isinstance(comm, CopyComm):
         comm.bytes_per_token = int(per_token)
     else:
@@ -140,12 +145,13 @@ def calibrate_copy_bytes_per_ms(comm: CopyComm) -> float:
     return (8 << 20) / ms
 
 
-def comm_alone_ms(comm: LocalComm | CopyComm, batch: int) -> float:
-    """The stand-in communication of one unsplit step alone (2 calls per layer), as a graph."""
+def comm_alone_ms(comm: LocalComm | CopyComm, batch: int, layers: int = MODEL.layers) -> float:
+    """The stand-in communication of one unsplit step through `layers` layers alone (2
+    calls per layer), as a graph."""
     x = torch.empty(batch, 1, device="cuda")
 
     def calls():
-        for _ in range(MODEL.layers * 2):
+        for _ in range(layers * 2):
             comm.stand_in(x)
 
     return time_us(calls, iters=20, graph=True) / 1e3

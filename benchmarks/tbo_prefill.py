@@ -140,13 +140,13 @@ def measure(batch, caches, comm_fraction, compute_ms, rate_per_ms, model, runner
     )
     if not (mode.split and mode.kind == "prefill"):
         raise AssertionError(f"{tokens} tokens: expected a split prefill step, got {mode}")
-    comm = model.comm
-    set_stand_in(comm, comm_ms_at(comm_fraction, compute_ms), rate_per_ms, tokens)
+    comm, layers = model.comm, model.cfg.layers
+    set_stand_in(comm, comm_ms_at(comm_fraction, compute_ms), rate_per_ms, tokens, layers)
     row = dict(tokens=tokens, comm_fraction=comm_fraction, query_lens=batch.query_lens)
     row["straddling_request"] = straddling_request(batch.query_lens)
     row["ubatch_num_tokens"] = list(mode.ubatch_num_tokens)
     row["compute_ms"] = compute_ms
-    row["comm_alone_ms"] = comm_alone_ms(comm, tokens) if comm_fraction else 0.0
+    row["comm_alone_ms"] = comm_alone_ms(comm, tokens, layers) if comm_fraction else 0.0
     row["ideal_overlap_ms"] = max(compute_ms, row["comm_alone_ms"])
     errs = split_errors(model, runners, batch, caches, mode)
     row["split_vs_unsplit_rel_err"] = err = max(errs.values())
@@ -160,7 +160,7 @@ def measure(batch, caches, comm_fraction, compute_ms, rate_per_ms, model, runner
         )
         row[f"unsplit_over_{name}"] = row["unsplit_ms"] / row[f"{name}_ms"]
     model.overlap = "per_comm"
-    set_stand_in(comm, 0.0, rate_per_ms, tokens)
+    set_stand_in(comm, 0.0, rate_per_ms, tokens, layers)
     return row
 
 

@@ -17,16 +17,8 @@ from pathlib import Path
 
 from atom_plugin.vllm.compat.check import ROLE_RECEIVERS
 from atom_plugin.vllm.compat.hosts import SourceHost
-from atom_plugin.vllm.compat.source import receiver_name
+from atom_plugin.vllm.compat.source import MEANINGFUL_DECORATORS, receiver_name
 
-KEPT_DECORATORS = {
-    "staticmethod",
-    "classmethod",
-    "abstractmethod",
-    "property",
-    "cached_property",
-    "setter",
-}
 RECEIVERS = {r for receivers in ROLE_RECEIVERS.values() for r in receivers} | {"self", "cls"}
 ANY = ast.Name("_")
 
@@ -61,7 +53,7 @@ def _decorators(node) -> list[ast.expr]:
     for dec in node.decorator_list:
         target = dec.func if isinstance(dec, ast.Call) else dec
         name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-        if name in KEPT_DECORATORS:
+        if name in MEANINGFUL_DECORATORS:
             kept.append(target)
     return kept
 

@@ -34,7 +34,7 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
 from atom_plugin.backends import mla_ops
 from atom_plugin.backends.aiter_mha import unit_scale
-from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
+from atom_plugin.backends.metadata import PagedAttentionMetadata
 from atom_plugin.backends.mla_plan import (
     MLADecodePlan,
     MLAStepLayout,
@@ -42,7 +42,6 @@ from atom_plugin.backends.mla_plan import (
     plan_mla_decode,
 )
 from atom_plugin.backends.select import select_kernel_impl
-from atom_plugin.tbo.split import decode_ubatch_request_ranges
 from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
 
 
@@ -96,15 +95,13 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             self.mla_dims.qk_rope_head_dim,
         )
         self._slot_mapping: torch.Tensor | None = None
-        self._block_table: torch.Tensor | None = None  # all rows, graph padding included
-        # The decode plan's token tensors live in persistent buffers (one set for the
-        # whole batch, one per TBO micro-batch), so a captured CUDA graph reads each
-        # step's plan at the addresses it was captured with.
+        # The decode plan's token tensors live in persistent buffers, so a captured CUDA
+        # graph reads each step's plan at the addresses it was captured with (under TBO
+        # each micro-batch has a builder, and buffers, of its own).
         n = vllm_config.scheduler_config.max_num_batched_tokens
-        self._plan_buffers = [
-            tuple(torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2))
-            for _ in range(3)
-        ]
+        self._plan_buffers = tuple(
+            torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2)
+        )
         # The key count the split rule plans for while a CUDA graph is captured (its
         # dummy batch has context 1, but the graph replays any context).
         self._capture_context: int | None = None
@@ -118,7 +115,6 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         self._slot_mapping = common_attn_metadata.slot_mapping
-        self._block_table = common_attn_metadata.block_table_tensor
         return super().build(common_prefix_len, common_attn_metadata, fast_build)
 
     def _build_decode(
@@ -146,11 +142,9 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             block_table=block_table_tensor.to(torch.int32),
             slot_mapping=self._slot_mapping[:num_decode_tokens].to(torch.int64),
         )
-        return self._decode_metadata(paged, dcp_tot_seq_lens_device, part=0)
+        return self._decode_metadata(paged, dcp_tot_seq_lens_device)
 
-    def _decode_metadata(self, paged, dcp_tot_seq_lens, part: int) -> AtomMLADecodeMetadata:
-        """`part`: which persistent plan buffers to fill (0: the whole batch, 1 and 2:
-        its TBO micro-batches)."""
+    def _decode_metadata(self, paged, dcp_tot_seq_lens) -> AtomMLADecodeMetadata:
         token_kv_lens = None
         if dcp_tot_seq_lens is not None and paged.max_query_len > 1:
             token_kv_lens = dcp_token_kv_lens(
@@ -181,7 +175,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 token_kv_lens=token_kv_lens,
                 context=self._capture_context,
                 kv_dtype=self._kv_dtype,
-                out=self._plan_buffers[part],
+                out=self._plan_buffers,
                 layout=self._step_layout,
             )
         return AtomMLADecodeMetadata(
@@ -193,49 +187,6 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             plan=plan,
             aiter_plan=aiter_plan,
         )
-
-    def prepare_ubatch_decode(
-        self, m: MLACommonMetadata, split_bs: int
-    ) -> tuple[MLACommonMetadata, MLACommonMetadata]:
-        """`m`, a pure-decode batch this builder built last, cut into two micro-batches
-        at `split_bs` (`atom_plugin.tbo.decode_ubatch_request_ranges`), each with its own
-        plan buffers; rows past the scheduled requests come out inert (context 0, slot -1)."""
-        if m.decode is None or m.num_prefills:
-            raise ValueError(
-                f"prepare_ubatch_decode needs a pure-decode batch; got "
-                f"num_decodes={m.num_decodes}, num_prefills={m.num_prefills}"
-            )
-        paged = m.decode.paged
-        if self._block_table is not None and self._block_table.shape[0] > paged.num_reqs:
-            # A graph bucket may exceed the scheduled requests: its rows are inert.
-            paged = replace(paged, block_table=self._block_table.to(torch.int32))
-        halves = prepare_ubatch_decode(paged, split_bs)
-        tot = m.decode.dcp_tot_seq_lens
-        out = []
-        ranges = decode_ubatch_request_ranges(split_bs)
-        for part, ((a, b), half) in enumerate(zip(ranges, halves, strict=True), start=1):
-            tot_cut = None
-            if tot is not None:
-                tot_cut = torch.zeros(b - a, dtype=tot.dtype, device=tot.device)
-                real = max(0, min(b, m.num_decodes) - a)
-                tot_cut[:real] = tot[a : a + real]
-            n = half.num_reqs
-            out.append(
-                replace(
-                    m,
-                    num_reqs=n,
-                    max_query_len=half.max_query_len,
-                    num_actual_tokens=n,
-                    query_start_loc=half.query_start_loc,
-                    slot_mapping=half.slot_mapping,
-                    num_decodes=n,
-                    num_decode_tokens=n,
-                    num_prefills=0,
-                    prefill=None,
-                    decode=self._decode_metadata(half, tot_cut, part),
-                )
-            )
-        return out[0], out[1]
 
 
 class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):

@@ -147,15 +147,23 @@ def _decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     return names
 
 
+# The decorators that change how a method binds or make it abstract: all the reader
+# looks at (and all `scripts/vllm_api_stubs.py` keeps).
+BINDING_DECORATORS = {"staticmethod": STATIC, "classmethod": CLASS, "property": PROPERTY}
+PROPERTY_DECORATORS = {"setter", "getter", "deleter", "cached_property"}
+ABSTRACT_DECORATORS = {"abstractmethod", "abstractproperty"}
+MEANINGFUL_DECORATORS = set(BINDING_DECORATORS) | PROPERTY_DECORATORS | ABSTRACT_DECORATORS
+
+
 def _method(node: ast.FunctionDef | ast.AsyncFunctionDef) -> MethodInfo:
     decorators = _decorator_names(node)
     kind = INSTANCE
-    for dec, k in (("staticmethod", STATIC), ("classmethod", CLASS), ("property", PROPERTY)):
+    for dec, k in BINDING_DECORATORS.items():
         if dec in decorators:
             kind = k
-    if decorators & {"setter", "getter", "deleter", "cached_property"}:
+    if decorators & PROPERTY_DECORATORS:
         kind = PROPERTY
-    abstract = bool(decorators & {"abstractmethod", "abstractproperty"})
+    abstract = bool(decorators & ABSTRACT_DECORATORS)
     return MethodInfo(node.name, kind, abstract, node.lineno, node.args)
 
 
