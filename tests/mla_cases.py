@@ -84,3 +84,24 @@ def tolerance(dtype, cache_dtype=None):
     if dtype == torch.float32:
         return dict(atol=2e-4, rtol=2e-4)
     return dict(atol=2e-2, rtol=2e-2)
+
+
+# Contexts 1, page - 1, page, page + 1 and long; one- and two-token rows (page 64).
+EDGE_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 9000), (1, 777), (2, 2051), (2, 64), (2, 65)]
+
+
+def gpu_edge_batch(reqs, heads, cache, block_size=64):
+    """A bf16 batch on the GPU with a bf16 or fp8 cache ("bf16" / "fp8"): 2 padding
+    rows, 3 padding tokens, NaN in every unused cache row, 16-byte aligned columns."""
+    return make_mla_batch(
+        reqs,
+        heads=heads,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8[0] if cache == "fp8" else None,
+        device="cuda",
+        pad_rows=2,
+        pad_tokens=3,
+        nan_unused=True,
+        col_offset=16 if cache == "fp8" else 8,  # 16-byte aligned columns either way
+    )

@@ -4,7 +4,7 @@ so the kernel itself is tested on a Hopper GPU only (`gpu`); the choice is teste
 
 import pytest
 import torch
-from mla_cases import FP8, make_mla_batch, tolerance
+from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance
 
 from atom_plugin.backends import triton_mla
 from atom_plugin.backends.mla_plan import MLAStepLayout, plan_mla_decode
@@ -90,24 +90,6 @@ def test_gluon_config_keys():
         triton_mla._config(128, False, "gluon", {"BLOCK_N": 32})
 
 
-EDGE_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 9000), (1, 777), (2, 2051), (2, 64), (2, 65)]
-
-
-def _gpu_batch(reqs, heads, cache, block_size=64):
-    return make_mla_batch(
-        reqs,
-        heads=heads,
-        block_size=block_size,
-        dtype=torch.bfloat16,
-        cache_dtype=FP8[0] if cache == "fp8" else None,
-        device="cuda",
-        pad_rows=2,
-        pad_tokens=3,
-        nan_unused=True,
-        col_offset=16 if cache == "fp8" else 8,
-    )
-
-
 GLUON_PATHS = [  # (cache, schedule): the alternate schedule takes 16-bit caches
     ("bf16", "lockstep"),
     ("bf16", "alternate"),
@@ -124,7 +106,7 @@ def test_gpu_gluon_decode_edges(heads, cache, q_len, schedule):
     tokens, NaN in every unused cache row (a dropped mask turns the output NaN), fp8
     with scale 0.5, 2-token causal rows; at the planned split count, 1 and 200."""
     reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
-    b = _gpu_batch(reqs, heads, cache)
+    b = gpu_edge_batch(reqs, heads, cache)
     want_out, want_lse = _run(mla_decode_reference, b)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     config = {"kernel": "gluon", "schedule": schedule}
@@ -176,7 +158,7 @@ def test_gpu_gluon_not_chosen_for_16_key_pages():
     layout = MLAStepLayout(torch.bfloat16, 16)
     problems = triton_mla.gluon_step_problems(torch.device("cuda"), layout)
     assert any("block size 16" in p for p in problems), problems
-    b = _gpu_batch(EDGE_REQS, 128, "bf16", block_size=16)
+    b = gpu_edge_batch(EDGE_REQS, 128, "bf16", block_size=16)
     plan = plan_mla_decode(
         b.meta,
         b.q.shape[0],
@@ -225,7 +207,7 @@ def test_gpu_gluon_replays_from_a_cuda_graph(cache, schedule):
     """Captured with the plan in persistent buffers and a launch planned for the
     longest context (96 splits: the chunked merge too), the graph replays a later step
     with shorter contexts."""
-    b = _gpu_batch([(1, 5000), (2, 3000), (1, 64)], 64, cache)
+    b = gpu_edge_batch([(1, 5000), (2, 3000), (1, 64)], 64, cache)
     T = b.q.shape[0]
     bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
     plan = plan_mla_decode(

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from mla_cases import FP8, make_mla_batch, tolerance  # noqa: E402
+from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance  # noqa: E402
 
 from atom_plugin.backends import mla_ops, triton_mla  # noqa: E402
 from atom_plugin.backends.mla_plan import mla_token_plan, plan_mla_decode  # noqa: E402
@@ -490,27 +490,8 @@ def test_benchmark_targets_follow_the_issue():
 
 # ---- every path of the new plan at DeepSeek sizes on the GPU ----
 
+
 # context 1, page - 1, page, page + 1 (page 64), long ones, and 2-token causal rows
-EDGE_REQS = [(1, 1), (1, 63), (1, 64), (1, 65), (1, 9000), (1, 777), (2, 2051), (2, 64), (2, 65)]
-
-
-def _gpu_edge_batch(reqs, heads, cache, block_size=64):
-    """A bf16 batch on the GPU with a bf16 or fp8 cache ("bf16" / "fp8"): 2 padding
-    rows, 3 padding tokens, NaN in every unused cache row, 16-byte aligned columns."""
-    return make_mla_batch(
-        reqs,
-        heads=heads,
-        block_size=block_size,
-        dtype=torch.bfloat16,
-        cache_dtype=FP8[0] if cache == "fp8" else None,
-        device="cuda",
-        pad_rows=2,
-        pad_tokens=3,
-        nan_unused=True,
-        col_offset=16 if cache == "fp8" else 8,  # 16-byte aligned columns either way
-    )
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_size", [64, 16])  # TMA tiles / pointer loads only
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
@@ -519,7 +500,7 @@ def test_gpu_decode_edges(heads, cache, block_size):
     """Shuffled tables, padding rows (context 0) and tokens, NaN in every unused cache
     row, fp8 with a non-unit scale (0.5), at the planned split count, one split and 200
     splits (the merge's loop over chunks of splits)."""
-    b = _gpu_edge_batch(EDGE_REQS, heads, cache, block_size)
+    b = gpu_edge_batch(EDGE_REQS, heads, cache, block_size)
     want_out, want_lse = _run(mla_decode_reference, b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):
@@ -572,7 +553,7 @@ def test_gpu_packed_variants(cfg, q_len, cache):
     NaN in unused rows, one-token rows or 2-token causal rows (the two defaults), at
     the planned split count, 1 and 200."""
     reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
-    b = _gpu_edge_batch(reqs, 16, cache)
+    b = gpu_edge_batch(reqs, 16, cache)
     want_out, want_lse = _run(mla_decode_reference, b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):

@@ -414,6 +414,9 @@ def kernel():
 
         qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
         bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
+        # Every partition gets the whole argument list, spelled out three times: Gluon
+        # 3.6's workers must share one signature, and a kernel body takes neither starred
+        # arguments nor tuple concatenation.
         gl.warp_specialize(
             [
                 (
