@@ -96,3 +96,19 @@ def test_dcp_token_kv_lens_match_brute_force(world, interleave):
                 owned = [g for g in range(pos + 1) if (g // interleave) % world == rank]
                 want.append(len(owned))
         assert got == want, (world, interleave, rank)
+
+
+@pytest.mark.parametrize("default, want", [(16, 64), (64, 64), (128, 128)])
+def test_block_size_preference_feeds_the_hopper_kernel(monkeypatch, default, want):
+    """Where the Gluon decode can run, the block size vLLM picks without --block-size is
+    a multiple of 64 (its 64-key tiles); elsewhere vLLM's own rule stands."""
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonBackend
+
+    from atom_plugin.vllm import attention_mla
+
+    backend = attention_mla.AtomAiterMLABackend
+    assert attention_mla.gluon_device_problem() == "no CUDA GPU"  # this machine
+    base = MLACommonBackend.get_preferred_block_size.__func__(backend, default)
+    assert backend.get_preferred_block_size(default) == base
+    monkeypatch.setattr(attention_mla, "gluon_device_problem", lambda: None)
+    assert backend.get_preferred_block_size(default) == want

@@ -37,7 +37,7 @@ STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared 
 
 
 @functools.cache
-def _device_problem(device_index: int) -> str | None:
+def device_problem(device_index: int) -> str | None:
     """Why the Gluon kernel cannot run on this CUDA device; None when it can."""
     major, _ = torch.cuda.get_device_capability(device_index)
     if major != 9:
@@ -323,7 +323,7 @@ def gluon_problems(device: torch.device, q_dtype, block_size, lora, rope) -> lis
     cache layout (block size, latent and rope widths); empty when it can. Host-only."""
     problems = []
     index = device.index if device.index is not None else torch.cuda.current_device()
-    why = _device_problem(index)
+    why = device_problem(index)
     if why:
         problems.append(why)
     if q_dtype not in GLUON_Q_DTYPES:

@@ -285,6 +285,15 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         mla_ops.write_mla_kv(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), scale=scale)
 
 
+def gluon_device_problem() -> str | None:
+    """Why this process's GPU cannot run the Gluon MLA decode; None when it can."""
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return "no CUDA GPU"
+    from atom_plugin.backends.gluon_mla import device_problem
+
+    return device_problem(torch.cuda.current_device())
+
+
 class AtomAiterMLABackend(MLACommonBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = SUPPORTED_DTYPES
     supported_kv_cache_dtypes: ClassVar[list[str]] = SUPPORTED_KV_CACHE_DTYPES
@@ -296,6 +305,15 @@ class AtomAiterMLABackend(MLACommonBackend):
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         return [576]  # DeepSeek latent rows: kv_lora_rank 512 + rope 64
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        """The block size vLLM takes when none is given: at least 64 where the Hopper
+        warpgroup-MMA decode can run (it reads 64-key tiles; smaller pages keep the
+        Triton kernels), vLLM's default elsewhere."""
+        if gluon_device_problem() is None:
+            return -(-default_block_size // 64) * 64  # the default rounded up to 64s
+        return super().get_preferred_block_size(default_block_size)
 
     @staticmethod
     def get_impl_cls() -> type[AtomAiterMLAImpl]:
