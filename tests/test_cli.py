@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import torch
+
 import atom_plugin
 
 
@@ -22,6 +24,9 @@ def test_info_lists_version_platform_and_every_hook():
     assert "platform: cpu" in out
     assert "aiter available: no" in out
     assert "triton available: " in out
+    assert "hopper MLA decode (Gluon): " in out
+    if not torch.cuda.is_available():
+        assert "hopper MLA decode (Gluon): no (no CUDA GPU)" in out
     for line in (
         "atom_plugin.backends.plugin: atom_attention_backends",
         "ATOM_AITER (mha) -> atom_plugin.vllm.attention_mha:AtomAiterBackend",

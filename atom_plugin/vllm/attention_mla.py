@@ -42,6 +42,7 @@ from atom_plugin.backends.mla_plan import (
     plan_mla_decode,
 )
 from atom_plugin.backends.select import select_kernel_impl
+from atom_plugin.platform import gluon_mla_problem
 from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
 
 
@@ -285,15 +286,6 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         mla_ops.write_mla_kv(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), scale=scale)
 
 
-def gluon_device_problem() -> str | None:
-    """Why this process's GPU cannot run the Gluon MLA decode; None when it can."""
-    if not torch.cuda.is_available() or torch.version.hip is not None:
-        return "no CUDA GPU"
-    from atom_plugin.backends.gluon_mla import device_problem
-
-    return device_problem(torch.cuda.current_device())
-
-
 class AtomAiterMLABackend(MLACommonBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = SUPPORTED_DTYPES
     supported_kv_cache_dtypes: ClassVar[list[str]] = SUPPORTED_KV_CACHE_DTYPES
@@ -311,7 +303,7 @@ class AtomAiterMLABackend(MLACommonBackend):
         """The block size vLLM takes when none is given: at least 64 where the Hopper
         warpgroup-MMA decode can run (it reads 64-key tiles; smaller pages keep the
         Triton kernels), vLLM's default elsewhere."""
-        if gluon_device_problem() is None:
+        if gluon_mla_problem() is None:
             return -(-default_block_size // 64) * 64  # the default rounded up to 64s
         return super().get_preferred_block_size(default_block_size)
 
