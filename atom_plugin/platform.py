@@ -30,7 +30,7 @@ def gluon_mla_problem() -> str | None:
     """Why this machine's GPU cannot run the Hopper Gluon MLA decode; None when it can."""
     import torch
 
-    if not torch.cuda.is_available() or torch.version.hip is not None:
+    if not torch.cuda.is_available():
         return "no CUDA GPU"
     from atom_plugin.backends.gluon_mla import device_problem
 

@@ -38,7 +38,9 @@ STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared 
 
 @functools.cache
 def device_problem(device_index: int) -> str | None:
-    """Why the Gluon kernel cannot run on this CUDA device; None when it can."""
+    """Why the Gluon kernel cannot run on this GPU; None when it can."""
+    if torch.version.hip is not None:  # ROCm reports gfx9 parts as compute capability 9.x
+        return "a ROCm GPU (the warpgroup-MMA kernel is for NVIDIA Hopper)"
     major, _ = torch.cuda.get_device_capability(device_index)
     if major != 9:
         return f"compute capability {major}.x (the warpgroup-MMA kernel is for Hopper, 9.x)"
@@ -337,54 +339,43 @@ def gluon_problems(device: torch.device, q_dtype, block_size, lora, rope) -> lis
     return problems
 
 
+_GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float8_e4m3fn: "float8e4nv",
+}
+
+
+def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
+    """Gluon TMA descriptors of the cache's latent and rope columns
+    (`triton_mla.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
+    the part's width)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from atom_plugin.backends.triton_mla import cache_row_parts
+
+    gdt = getattr(gl, _GLUON_DTYPES[kv_cache.dtype])
+    descs = []
+    for part, shape, strides in cache_row_parts(kv_cache, lora):
+        box = [BLOCK_N, box_cols or shape[1]]
+        layout = gl.NVMMASharedLayout.get_default_for(box, gdt)
+        descs.append(TensorDescriptor(part, shape, strides, box, layout))
+    return descs
+
+
 def run_stage1(
     q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale, launch, lora
 ):
     """Launch stage 1 on the grid of `launch` (`triton_mla.TritonMLALaunch`, kernel
-    'gluon'); `mid_o` / `mid_lse` are the merge's partials (or the output and lse
-    themselves at one split)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    blocks, page, width = kv_cache.shape
-    rope = width - lora
-    if launch.schedule == "alternate":
-        return _run_alternate(
-            q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, scale, launch, lora
-        )
-    gdt = {
-        torch.bfloat16: gl.bfloat16,
-        torch.float16: gl.float16,
-        torch.float8_e4m3fn: gl.float8e4nv,
-    }[kv_cache.dtype]
-    n, stride = blocks * page, kv_cache.stride(1)
-    rows = kv_cache.as_strided((n, width), (stride, 1))
-    descs = [
-        TensorDescriptor(
-            part,
-            [n, cols],
-            [stride, 1],
-            [BLOCK_N, cols],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_N, cols], gdt),
-        )
-        for part, cols in ((rows, lora), (rows[:, lora:], rope))
-    ]
-    H = q.shape[1]
-    fp8 = gdt is gl.float8e4nv
+    'gluon') in its schedule; `mid_o` / `mid_lse` are the merge's partials (or the
+    output and lse themselves at one split). Both kernels take the same arguments but
+    for the lockstep one's kv scale and stage count."""
+    page, width = kv_cache.shape[1], kv_cache.shape[2]
     grid = (launch.head_groups, launch.num_splits, num_reqs * launch.token_chunks)
-    _kernel()[grid](
-        q,
-        *descs,
-        block_table,
-        qsl,
-        kv_len,
-        mid_o,
-        mid_lse,
-        kv_scale if fp8 else q,
-        float(scale),
-        H,
-        launch.num_splits,
-        launch.token_chunks,
+    plan = (block_table, qsl, kv_len, mid_o, mid_lse)
+    sizes = (float(scale), q.shape[1], launch.num_splits, launch.token_chunks)
+    strides = (
         q.stride(0),
         q.stride(1),
         block_table.stride(0),
@@ -393,61 +384,35 @@ def run_stage1(
         mid_o.stride(2),
         mid_lse.stride(0),
         mid_lse.stride(1),
-        PAGE=page,
-        LORA=lora,
-        ROPE=rope,
-        BLOCK_H=launch.block_h,
-        TOKENS=launch.tokens,
+    )
+    shape = dict(
+        PAGE=page, LORA=lora, ROPE=width - lora, BLOCK_H=launch.block_h, TOKENS=launch.tokens
+    )
+    if launch.schedule == "alternate":
+        from atom_plugin.backends import gluon_mla_alternate as alternate
+
+        descs = cache_descriptors(kv_cache, lora, alternate.CHUNK_COLS)
+        alternate.kernel()[grid](
+            q,
+            *descs,
+            *plan,
+            *sizes,
+            *strides,
+            **shape,
+            num_warps=alternate.NUM_WARPS,
+            maxnreg=alternate.MAXNREG,
+        )
+        return
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    _kernel()[grid](
+        q,
+        *cache_descriptors(kv_cache, lora),
+        *plan,
+        kv_scale if fp8 else q,
+        *sizes,
+        *strides,
+        **shape,
         STAGES=launch.num_stages,
         IS_FP8=fp8,
         num_warps=NUM_WARPS,
-    )
-
-
-def _run_alternate(
-    q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, scale, launch, lora
-):
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from atom_plugin.backends import gluon_mla_alternate
-
-    blocks, page, width = kv_cache.shape
-    rope = width - lora
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[kv_cache.dtype]
-    n, stride = blocks * page, kv_cache.stride(1)
-    rows = kv_cache.as_strided((n, width), (stride, 1))
-    chunk = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gdt)
-    descs = [
-        TensorDescriptor(part, [n, cols], [stride, 1], [BLOCK_N, 64], chunk)
-        for part, cols in ((rows, lora), (rows[:, lora:], rope))
-    ]
-    grid = (launch.head_groups, launch.num_splits, num_reqs * launch.token_chunks)
-    gluon_mla_alternate.kernel()[grid](
-        q,
-        *descs,
-        block_table,
-        qsl,
-        kv_len,
-        mid_o,
-        mid_lse,
-        float(scale),
-        q.shape[1],
-        launch.num_splits,
-        launch.token_chunks,
-        q.stride(0),
-        q.stride(1),
-        block_table.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        PAGE=page,
-        LORA=lora,
-        ROPE=rope,
-        BLOCK_H=launch.block_h,
-        TOKENS=launch.tokens,
-        num_warps=4,
-        maxnreg=168,
     )

@@ -27,6 +27,13 @@ from __future__ import annotations
 
 import functools
 
+CHUNK_COLS = 64  # columns of one TMA box: a 512 + 64 row arrives in nine
+NUM_WARPS = 4  # the kernel's own warps: consumer warpgroup 0 (the default partition)
+# With consumer warpgroup 1 and the loader warp the kernel runs 12 warps (warps are
+# granted by warpgroups): 168 registers a thread at launch fill the SM's 64K, and the
+# partitions then take 240 (each consumer) and 24 (the loader).
+MAXNREG = 168
+
 
 @functools.cache
 def kernel():

@@ -678,7 +678,7 @@ def plan_launch(
         tiles = max(1, cdiv(context, block_n))
         return best_num_splits(max(1, programs), tiles, slots, most)
 
-    gluon = False
+    gluon, schedule = False, "lockstep"
     if kernel in (None, "gluon"):
         problems = gluon_step_problems(device, layout)
         if kernel == "gluon" and problems:
@@ -706,6 +706,7 @@ def plan_launch(
         splits = split_count(
             num_reqs * token_chunks * head_groups, gluon_mla.BLOCK_N, sms * cfg["per_sm"], most
         )
+        schedule = gluon_schedule(cfg["schedule"], fp8_cache, num_heads, context, splits)
     if kernel == "per_token":
         cfg = _config(num_heads, fp8_cache, "per_token", config)
         block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))
@@ -729,23 +730,42 @@ def plan_launch(
         fp8_cache=fp8_cache,
         fp16_math=cfg.get("fp8_math", "fp16") == "fp16",
         merge_block_dv=merge_dv,
-        schedule=gluon_schedule(cfg.get("schedule"), fp8_cache, num_heads, context, splits)
-        if kernel == "gluon"
-        else "lockstep",
+        schedule=schedule,
     )
 
 
 def gluon_step_problems(device: torch.device, layout: MLAStepLayout | None) -> list[str]:
-    """Why the Gluon kernel cannot run steps of `layout` on `device`; empty when it can."""
+    """Why the Gluon kernel cannot run steps of `layout` on `device`; empty when it can
+    (asked once per step by the plan and once per layer by the decode: cached)."""
+    return list(_gluon_step_problems(device, layout))
+
+
+@functools.lru_cache(maxsize=64)
+def _gluon_step_problems(device: torch.device, layout: MLAStepLayout | None) -> tuple[str, ...]:
     if layout is None:
-        return ["the plan was given no step layout (query dtype, block size, widths)"]
+        return ("the plan was given no step layout (query dtype, block size, widths)",)
     if device.type != "cuda":
-        return [f"device {device} (the Gluon kernel runs on CUDA GPUs)"]
+        return (f"device {device} (the Gluon kernel runs on CUDA GPUs)",)
     from atom_plugin.backends import gluon_mla
 
-    return gluon_mla.gluon_problems(
-        device, layout.q_dtype, layout.block_size, layout.kv_lora_rank, layout.rope
+    return tuple(
+        gluon_mla.gluon_problems(
+            device, layout.q_dtype, layout.block_size, layout.kv_lora_rank, layout.rope
+        )
     )
+
+
+def _gluon_input_problems(q, kv_cache, lora: int, fp8: bool) -> list[str]:
+    """Why this layer's query and cache do not fit the Gluon kernel its plan chose."""
+    from atom_plugin.backends import gluon_mla
+
+    rope = kv_cache.shape[2] - lora
+    layout = MLAStepLayout(q.dtype, kv_cache.shape[1], lora, rope)
+    problems = gluon_step_problems(q.device, layout)
+    problems += _tma_problems(kv_cache, lora, rope, gluon_mla.BLOCK_N)
+    if not fp8 and kv_cache.dtype != q.dtype:
+        problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
+    return problems
 
 
 TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32) + FP8_DTYPES
@@ -785,17 +805,23 @@ def _use_tma(want, kv_cache, lora, rope, block_n) -> bool:
     return not problems
 
 
-def _tma_descriptors(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int):
-    """Descriptors of the latent and rope columns of the cache viewed as rows."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+def cache_row_parts(kv_cache: torch.Tensor, lora: int) -> list[tuple]:
+    """The cache viewed as rows [blocks * page, width], cut into its latent and rope
+    columns: (view, shape, strides) of each, what a TMA descriptor of a part takes."""
     blocks, page, width = kv_cache.shape
     n, stride = blocks * page, kv_cache.stride(1)
     rows = kv_cache.as_strided((n, width), (stride, 1))
-    return (
-        TensorDescriptor(rows, [n, lora], [stride, 1], [block_n, lora]),
-        TensorDescriptor(rows[:, lora:], [n, rope], [stride, 1], [block_n, rope]),
-    )
+    return [(rows, [n, lora], [stride, 1]), (rows[:, lora:], [n, width - lora], [stride, 1])]
+
+
+def _tma_descriptors(kv_cache: torch.Tensor, lora: int, block_n: int):
+    """Descriptors of the latent and rope columns of the cache viewed as rows."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return [
+        TensorDescriptor(part, shape, strides, [block_n, shape[1]])
+        for part, shape, strides in cache_row_parts(kv_cache, lora)
+    ]
 
 
 def merge_block_dv(rows: int, splits: int, sms: int, dv: int = 512) -> int:
@@ -831,6 +857,68 @@ def best_num_splits(programs: int, tiles: int, slots: int, most: int = MAX_SPLIT
     return min(range(1, max(1, min(tiles, most)) + 1), key=cost)
 
 
+def _run_triton_stage1(
+    q, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
+):
+    """Stage 1 on the Triton kernel `launch` names ('packed' or 'per_token') for the
+    step's first T query tokens."""
+    H = q.shape[1]
+    fp8 = launch.fp8_cache
+    splits = launch.num_splits
+    rope = kv_cache.shape[2] - kv_lora_rank
+    block_table = meta.block_table
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
+    tma = _use_tma(launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n)
+    descs = (kv_cache, kv_cache)  # unused without tma
+    if tma:
+        descs = _tma_descriptors(kv_cache, kv_lora_rank, launch.block_n)
+    # The two stage-1 kernels take the same arguments around their token indexing.
+    head = (q, kv_cache, *descs, block_table)
+    tail = (mid_o, mid_lse, kv_scale if fp8 else q, float(scale), H, splits)
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+    )
+    constants = dict(
+        PAGE=kv_cache.shape[1],
+        LORA=kv_lora_rank,
+        ROPE=rope,
+        BLOCK_DV=next_power_of_2(kv_lora_rank),
+        BLOCK_DPE=max(16, next_power_of_2(rope)),
+        BLOCK_H=launch.block_h,
+        BLOCK_N=launch.block_n,
+        IS_FP8=fp8,
+        PRECISION=precision,
+        TMA=tma,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
+    )
+    if launch.kernel == "per_token":
+        _mla_decode_per_token[(launch.head_groups, splits, T)](
+            *head, req, kv_len, *tail, *strides, **constants
+        )
+    else:
+        _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
+            *head,
+            meta.query_start_loc,
+            kv_len,
+            *tail,
+            launch.token_chunks,
+            *strides,
+            TOKENS=launch.tokens,
+            FP16_MATH=launch.fp16_math,
+            **constants,
+        )
+
+
 def mla_decode_triton(
     q,
     kv_cache,
@@ -850,7 +938,7 @@ def mla_decode_triton(
     built it once per step; without it the plan is built here from `token_kv_lens`,
     `num_splits` and `config`, which a plan already fixes."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
-    T, H, width = q.shape
+    T, H, _ = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
     if T == 0:
         return lse
@@ -885,63 +973,21 @@ def mla_decode_triton(
     req, kv_len = plan.token_req, plan.token_kv_len
     T = min(T, req.shape[0])  # tokens past the plan stay untouched
     splits = launch.num_splits
-    rope = width - kv_lora_rank
     if splits == 1:  # stage 1 writes the result itself: no partials, no merge
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
         mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q.device)
-    block_table = meta.block_table
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    tma = launch.kernel != "gluon" and _use_tma(
-        launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n
-    )
-    descs = (kv_cache, kv_cache)  # unused without tma
-    if tma:
-        descs = _tma_descriptors(kv_cache, kv_lora_rank, rope, launch.block_n)
-    # The two stage-1 kernels take the same arguments around their token indexing.
-    head = (q, kv_cache, *descs, block_table)
-    tail = (mid_o, mid_lse, kv_scale if fp8 else q, float(scale), H, splits)
-    strides = (
-        q.stride(0),
-        q.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        block_table.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-    )
-    constants = dict(
-        PAGE=kv_cache.shape[1],
-        LORA=kv_lora_rank,
-        ROPE=rope,
-        BLOCK_DV=next_power_of_2(kv_lora_rank),
-        BLOCK_DPE=max(16, next_power_of_2(rope)),
-        BLOCK_H=launch.block_h,
-        BLOCK_N=launch.block_n,
-        IS_FP8=fp8,
-        PRECISION=precision,
-        TMA=tma,
-        num_warps=launch.num_warps,
-        num_stages=launch.num_stages,
-    )
     if launch.kernel == "gluon":
         from atom_plugin.backends import gluon_mla
 
-        problems = gluon_mla.gluon_problems(
-            q.device, q.dtype, kv_cache.shape[1], kv_lora_rank, rope
-        ) + _tma_problems(kv_cache, kv_lora_rank, rope, gluon_mla.BLOCK_N)
-        if not fp8 and kv_cache.dtype != q.dtype:
-            problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
+        problems = _gluon_input_problems(q, kv_cache, kv_lora_rank, fp8)
         if problems:
             raise ValueError("the plan chose the gluon kernel, but: " + "; ".join(problems))
         gluon_mla.run_stage1(
             q,
             kv_cache,
-            block_table,
+            meta.block_table,
             meta.query_start_loc,
             meta.num_reqs,
             kv_len,
@@ -952,21 +998,9 @@ def mla_decode_triton(
             launch,
             kv_lora_rank,
         )
-    elif launch.kernel == "per_token":
-        _mla_decode_per_token[(launch.head_groups, splits, T)](
-            *head, req, kv_len, *tail, *strides, **constants
-        )
     else:
-        _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
-            *head,
-            meta.query_start_loc,
-            kv_len,
-            *tail,
-            launch.token_chunks,
-            *strides,
-            TOKENS=launch.tokens,
-            FP16_MATH=launch.fp16_math,
-            **constants,
+        _run_triton_stage1(
+            q, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
         )
     if splits == 1:
         return lse
