@@ -64,6 +64,10 @@ def _kernel():
         warpgroup_mma_wait,
     )
 
+    from atom_plugin.backends.gluon_mla_common import helpers
+
+    query_rows, split_keys, widen = helpers()
+
     @gluon.jit
     def issue_tile(kc_desc, kpe_desc, bt_row, n0, bar, kc_buf, kpe_buf, PAGE: gl.constexpr):
         page = gl.load(bt_row + n0 // PAGE)
@@ -71,14 +75,6 @@ def _kernel():
         mbarrier.expect(bar, kc_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_buf)
         tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_buf)
-
-    @gluon.jit
-    def widen(src, dst, keep, ROWS: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
-        """dst = src widened to dst's dtype, rows at or past `keep` zeroed."""
-        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        x = src.load(layout)
-        x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
-        dst.store(x)
 
     @gluon.jit
     def stage1(
@@ -137,10 +133,9 @@ def _kernel():
             return
 
         # the query rows once into shared memory (masked rows zero)
-        offs_ml = gl.arange(0, BM, layout=gl.SliceLayout(1, load_layout))
-        tok_l = first + offs_ml // BLOCK_H
-        head_l = pid_h * BLOCK_H + offs_ml % BLOCK_H
-        mask_ml = (tok_l < q_len) & (head_l < num_heads) & (offs_ml < TOKENS * BLOCK_H)
+        tok_l, head_l, mask_ml = query_rows(
+            first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, load_layout)
+        )
         q_row = (
             Q + (q_start + tok_l).to(gl.int64)[:, None] * stride_qt + head_l[:, None] * stride_qh
         )
@@ -161,17 +156,10 @@ def _kernel():
         qpe_smem.store(q_pe.to(mma_dtype))
 
         # this program's keys: the rows' longest visible count, cut into splits of whole tiles
-        offs_m = gl.arange(0, BM, layout=row_s)
-        tok = first + offs_m // BLOCK_H
-        head = pid_h * BLOCK_H + offs_m % BLOCK_H
-        mask_m = (tok < q_len) & (head < num_heads) & (offs_m < TOKENS * BLOCK_H)
+        tok, head, mask_m = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_s)
         t = (q_start + tok).to(gl.int64)
         row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
-        kv_len = gl.max(row_len, 0)
-        per_split = gl.cdiv(gl.cdiv(kv_len, num_splits), BN) * BN
-        start = split * per_split
-        end = gl.minimum(start + per_split, kv_len)
-        num_tiles = gl.cdiv(gl.maximum(end - start, 0), BN)
+        start, end, num_tiles = split_keys(row_len, num_splits, split, BN)
 
         kc_ring = gl.allocate_shared_memory(KC_DESC.dtype, [STAGES, BN, LORA], KC_DESC.layout)
         kpe_ring = gl.allocate_shared_memory(KPE_DESC.dtype, [STAGES, BN, ROPE], KPE_DESC.layout)
@@ -227,10 +215,9 @@ def _kernel():
                         kc_wide.slice(c * 128, 128, dim=1),
                         keep,
                         BN,
-                        128,
                         load_layout,
                     )
-                widen(kpe, kpe_wide, keep, BN, ROPE, load_layout)
+                widen(kpe, kpe_wide, keep, BN, load_layout)
                 fence_async_shared()
                 gl.thread_barrier()
                 # the fp8 buffer is free again: fetch the tile STAGES ahead into it
@@ -254,10 +241,9 @@ def _kernel():
                         kc.slice(c * 64, 64, dim=1),
                         keep,
                         BN,
-                        64,
                         load_layout,
                     )
-                widen(kpe, kpe, keep, BN, ROPE, load_layout)
+                widen(kpe, kpe, keep, BN, load_layout)
                 fence_async_shared()
                 gl.thread_barrier()
 
@@ -304,10 +290,7 @@ def _kernel():
         out = acc / l_o[:, None]
         if IS_FP8:
             out = out * kv_scale
-        offs_mo = gl.arange(0, BM, layout=row_o)
-        tok_o = first + offs_mo // BLOCK_H
-        head_o = pid_h * BLOCK_H + offs_mo % BLOCK_H
-        mask_mo = (tok_o < q_len) & (head_o < num_heads) & (offs_mo < TOKENS * BLOCK_H)
+        tok_o, head_o, mask_mo = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_o)
         t_o = (q_start + tok_o).to(gl.int64)
         offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_layout))
         mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms

@@ -47,45 +47,19 @@ def kernel():
         warpgroup_mma_wait,
     )
 
+    from atom_plugin.backends.gluon_mla_common import helpers
+
+    query_rows, split_keys, widen = helpers()
+
     @gluon.jit
     def loader(
         W: gl.constexpr,
-        Q,
-        TOK_KV_LEN,
-        MID_O,
-        MID_LSE,
-        qc_smem,
-        kc_ring,
-        kpe_ring,
-        p_smem,
-        max_smem,
-        l_smem,
-        full,
-        empty,
-        max_bar,
-        p_bar,
-        p_free,
-        l_bar,
-        q_start,
-        q_len,
-        first,
-        pid_h,
-        split,
-        start,
-        end,
-        num_tiles,
-        qk_scale,
-        num_heads,
-        stride_qt,
-        stride_qh,
-        stride_mt,
-        stride_mh,
-        stride_ms,
-        stride_lt,
-        stride_lh,
-        kc_desc,
-        kpe_desc,
-        bt_row,
+        ptrs,
+        smem,
+        bars,
+        work,
+        strides,
+        descs,
         LORA: gl.constexpr,
         ROPE: gl.constexpr,
         BLOCK_H: gl.constexpr,
@@ -94,6 +68,10 @@ def kernel():
     ):
         """The TMA warp: each tile in nine chunks, a stage refilled once both warpgroups
         released it (the partitions share one signature; this one reads few of them)."""
+        kc_ring, kpe_ring = smem[1], smem[2]
+        full, empty = bars[0], bars[1]
+        start, num_tiles = work[5], work[7]
+        kc_desc, kpe_desc, bt_row = descs
         nbytes: gl.constexpr = kc_desc.block_type.nbytes
         for t in range(num_tiles):
             s = t % 2
@@ -112,56 +90,25 @@ def kernel():
             tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(s))
 
     @gluon.jit
-    def zero_rows(buf, keep, layout: gl.constexpr):
-        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
-        x = buf.load(layout)
-        buf.store(gl.where((rows < keep)[:, None], x, 0.0))
-
-    @gluon.jit
     def consumer(
         W: gl.constexpr,
-        Q,
-        TOK_KV_LEN,
-        MID_O,
-        MID_LSE,
-        qc_smem,
-        kc_ring,
-        kpe_ring,
-        p_smem,
-        max_smem,
-        l_smem,
-        full,
-        empty,
-        max_bar,
-        p_bar,
-        p_free,
-        l_bar,
-        q_start,
-        q_len,
-        first,
-        pid_h,
-        split,
-        start,
-        end,
-        num_tiles,
-        qk_scale,
-        num_heads,
-        stride_qt,
-        stride_qh,
-        stride_mt,
-        stride_mh,
-        stride_ms,
-        stride_lt,
-        stride_lh,
-        kc_desc,
-        kpe_desc,
-        bt_row,
+        ptrs,
+        smem,
+        bars,
+        work,
+        strides,
+        descs,
         LORA: gl.constexpr,
         ROPE: gl.constexpr,
         BLOCK_H: gl.constexpr,
         TOKENS: gl.constexpr,
         PAGE: gl.constexpr,
     ):
+        Q, TOK_KV_LEN, MID_O, MID_LSE = ptrs
+        qc_smem, kc_ring, kpe_ring, p_smem, max_smem, l_smem = smem
+        full, empty, max_bar, p_bar, p_free, l_bar = bars
+        q_start, q_len, first, pid_h, split, start, end, num_tiles, qk_scale, num_heads = work
+        stride_qt, stride_qh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh = strides
         HALF: gl.constexpr = LORA // 2
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
@@ -177,16 +124,12 @@ def kernel():
         dtype: gl.constexpr = Q.dtype.element_ty
 
         # the rows' visible key counts and the query's rope part (registers)
-        offs_m = gl.arange(0, 64, layout=row_s)
-        tok = first + offs_m // BLOCK_H
-        head = pid_h * BLOCK_H + offs_m % BLOCK_H
-        mask_m = (tok < q_len) & (head < num_heads) & (offs_m < TOKENS * BLOCK_H)
+        tok, head, mask_m = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_s)
         t = (q_start + tok).to(gl.int64)
         row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
-        offs_mq = gl.arange(0, 64, layout=gl.SliceLayout(1, qr_op))
-        tok_q = first + offs_mq // BLOCK_H
-        head_q = pid_h * BLOCK_H + offs_mq % BLOCK_H
-        mask_q = (tok_q < q_len) & (head_q < num_heads) & (offs_mq < TOKENS * BLOCK_H)
+        tok_q, head_q, mask_q = query_rows(
+            first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, qr_op)
+        )
         offs_r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, qr_op))
         q_row = Q + (q_start + tok_q).to(gl.int64)[:, None] * stride_qt
         q_rope = gl.load(
@@ -211,9 +154,11 @@ def kernel():
                 if keep < 64:  # the split's last, partial tile: its stale rows to zero
                     for c in gl.static_range(8):
                         mbarrier.wait(full.index(W * 9 + c), ph)
-                        zero_rows(kc.slice(c * 64, 64, dim=1), keep, blk)
+                        widen(
+                            kc.slice(c * 64, 64, dim=1), kc.slice(c * 64, 64, dim=1), keep, 64, blk
+                        )
                     mbarrier.wait(full.index(W * 9 + 8), ph)
-                    zero_rows(kpe_ring.index(W), keep, blk)
+                    widen(kpe_ring.index(W), kpe_ring.index(W), keep, 64, blk)
                     fence_async_shared()
                     gl.thread_barrier()
                 s_acc = s_zero
@@ -308,10 +253,7 @@ def kernel():
         has = l_tot > 0
         l_o = gl.convert_layout(gl.where(has, l_tot, 1.0), row_o)
         out = acc / l_o[:, None]
-        offs_mo = gl.arange(0, 64, layout=row_o)
-        tok_o = first + offs_mo // BLOCK_H
-        head_o = pid_h * BLOCK_H + offs_mo % BLOCK_H
-        mask_mo = (tok_o < q_len) & (head_o < num_heads) & (offs_mo < TOKENS * BLOCK_H)
+        tok_o, head_o, mask_mo = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_o)
         t_o = (q_start + tok_o).to(gl.int64)
         offs_dv = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
         mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
@@ -363,10 +305,9 @@ def kernel():
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
 
         # the latent query once into shared memory, masked rows zero
-        offs_m = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        tok = first + offs_m // BLOCK_H
-        head = pid_h * BLOCK_H + offs_m % BLOCK_H
-        mask_m = (tok < q_len) & (head < num_heads) & (offs_m < TOKENS * BLOCK_H)
+        tok, head, mask_m = query_rows(
+            first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, blk)
+        )
         t = (q_start + tok).to(gl.int64)
         offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, blk))
         q_c = gl.load(
@@ -379,11 +320,7 @@ def kernel():
         )
         qc_smem.store(q_c)
         row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
-        kv_len = gl.max(row_len, 0)
-        per_split = gl.cdiv(gl.cdiv(kv_len, num_splits), 64) * 64
-        start = split * per_split
-        end = gl.minimum(start + per_split, kv_len)
-        num_tiles = gl.cdiv(gl.maximum(end - start, 0), 64)
+        start, end, num_tiles = split_keys(row_len, num_splits, split, 64)
 
         chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, LORA], dtype)
         kc_ring = gl.allocate_shared_memory(dtype, [2, 64, LORA], chunk_layout)
@@ -414,151 +351,27 @@ def kernel():
 
         qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
         bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
-        # Every partition gets the whole argument list, spelled out three times: Gluon
-        # 3.6's workers must share one signature, and a kernel body takes neither starred
-        # arguments nor tuple concatenation.
+        # Every partition takes the same arguments (Gluon 3.6's workers share one
+        # signature), grouped in tuples; the first names the partition's role.
+        ptrs = (Q, TOK_KV_LEN, MID_O, MID_LSE)
+        smem = (qc_smem, kc_ring, kpe_ring, p_smem, max_smem, l_smem)
+        bars = (full, empty, max_bar, p_bar, p_free, l_bar)
+        work = (q_start, q_len, first, pid_h, split, start, end, num_tiles, qk_scale, num_heads)
+        strides = (stride_qt, stride_qh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh)
+        descs = (KC_DESC, KPE_DESC, bt_row)
         gl.warp_specialize(
             [
                 (
                     consumer,
-                    (
-                        0,
-                        Q,
-                        TOK_KV_LEN,
-                        MID_O,
-                        MID_LSE,
-                        qc_smem,
-                        kc_ring,
-                        kpe_ring,
-                        p_smem,
-                        max_smem,
-                        l_smem,
-                        full,
-                        empty,
-                        max_bar,
-                        p_bar,
-                        p_free,
-                        l_bar,
-                        q_start,
-                        q_len,
-                        first,
-                        pid_h,
-                        split,
-                        start,
-                        end,
-                        num_tiles,
-                        qk_scale,
-                        num_heads,
-                        stride_qt,
-                        stride_qh,
-                        stride_mt,
-                        stride_mh,
-                        stride_ms,
-                        stride_lt,
-                        stride_lh,
-                        KC_DESC,
-                        KPE_DESC,
-                        bt_row,
-                        LORA,
-                        ROPE,
-                        BLOCK_H,
-                        TOKENS,
-                        PAGE,
-                    ),
+                    (0, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
                 ),
                 (
                     consumer,
-                    (
-                        1,
-                        Q,
-                        TOK_KV_LEN,
-                        MID_O,
-                        MID_LSE,
-                        qc_smem,
-                        kc_ring,
-                        kpe_ring,
-                        p_smem,
-                        max_smem,
-                        l_smem,
-                        full,
-                        empty,
-                        max_bar,
-                        p_bar,
-                        p_free,
-                        l_bar,
-                        q_start,
-                        q_len,
-                        first,
-                        pid_h,
-                        split,
-                        start,
-                        end,
-                        num_tiles,
-                        qk_scale,
-                        num_heads,
-                        stride_qt,
-                        stride_qh,
-                        stride_mt,
-                        stride_mh,
-                        stride_ms,
-                        stride_lt,
-                        stride_lh,
-                        KC_DESC,
-                        KPE_DESC,
-                        bt_row,
-                        LORA,
-                        ROPE,
-                        BLOCK_H,
-                        TOKENS,
-                        PAGE,
-                    ),
+                    (1, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
                 ),
                 (
                     loader,
-                    (
-                        2,
-                        Q,
-                        TOK_KV_LEN,
-                        MID_O,
-                        MID_LSE,
-                        qc_smem,
-                        kc_ring,
-                        kpe_ring,
-                        p_smem,
-                        max_smem,
-                        l_smem,
-                        full,
-                        empty,
-                        max_bar,
-                        p_bar,
-                        p_free,
-                        l_bar,
-                        q_start,
-                        q_len,
-                        first,
-                        pid_h,
-                        split,
-                        start,
-                        end,
-                        num_tiles,
-                        qk_scale,
-                        num_heads,
-                        stride_qt,
-                        stride_qh,
-                        stride_mt,
-                        stride_mh,
-                        stride_ms,
-                        stride_lt,
-                        stride_lh,
-                        KC_DESC,
-                        KPE_DESC,
-                        bt_row,
-                        LORA,
-                        ROPE,
-                        BLOCK_H,
-                        TOKENS,
-                        PAGE,
-                    ),
+                    (2, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
                 ),
             ],
             [4, 1],

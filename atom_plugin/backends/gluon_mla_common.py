@@ -1,0 +1,48 @@
+"""Gluon pieces both MLA decode kernels use (`gluon_mla`'s lockstep schedule and
+`gluon_mla_alternate`): which query rows a program holds, which keys its split covers,
+and the pass that widens a tile and zeroes its rows past a split's end. Built on first
+use, like the kernels: Gluon's API exists only in newer Tritons."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def helpers():
+    """(query_rows, split_keys, widen), Gluon functions the kernels inline."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def query_rows(
+        first, pid_h, q_len, num_heads, BLOCK_H: gl.constexpr, TOKENS: gl.constexpr, layout
+    ):
+        """A program's 64 query rows (TOKENS tokens of a request from `first` times
+        BLOCK_H heads of head group `pid_h`) in `layout`: each row's token, head and
+        whether it is a real one."""
+        offs = gl.arange(0, 64, layout=layout)
+        tok = first + offs // BLOCK_H
+        head = pid_h * BLOCK_H + offs % BLOCK_H
+        return tok, head, (tok < q_len) & (head < num_heads) & (offs < TOKENS * BLOCK_H)
+
+    @gluon.jit
+    def split_keys(row_len, num_splits, split, BN: gl.constexpr):
+        """Split `split`'s keys [start, end) of the rows' longest visible count, cut in
+        splits of whole BN-key tiles, and its tile count."""
+        kv_len = gl.max(row_len, 0)
+        per_split = gl.cdiv(gl.cdiv(kv_len, num_splits), BN) * BN
+        start = split * per_split
+        end = gl.minimum(start + per_split, kv_len)
+        return start, end, gl.cdiv(gl.maximum(end - start, 0), BN)
+
+    @gluon.jit
+    def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
+        """dst = src widened to dst's dtype (src itself may be dst), rows at or past
+        `keep` zeroed."""
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        x = src.load(layout)
+        x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
+        dst.store(x)
+
+    return query_rows, split_keys, widen
