@@ -66,15 +66,19 @@ def _kernel():
 
     from atom_plugin.backends.gluon_mla_common import helpers
 
-    query_rows, split_keys, widen = helpers()
+    program_request, query_rows, split_keys, widen = helpers()
 
     @gluon.jit
-    def issue_tile(kc_desc, kpe_desc, bt_row, n0, bar, kc_buf, kpe_buf, PAGE: gl.constexpr):
+    def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
+        """The tile at key n0 into stage `st` of `ring` (buffers, barriers), through TMA."""
+        kc_desc, kpe_desc = descs
+        kc_ring, kpe_ring, bars = ring
+        bar = bars.index(st)
         page = gl.load(bt_row + n0 // PAGE)
         row0 = page * PAGE + n0 % PAGE
         mbarrier.expect(bar, kc_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_buf)
-        tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_buf)
+        tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_ring.index(st))
+        tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(st))
 
     @gluon.jit
     def stage1(
@@ -122,13 +126,7 @@ def _kernel():
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         mma_dtype: gl.constexpr = gl.float16 if IS_FP8 else Q.dtype.element_ty
 
-        pid_h = gl.program_id(0)
-        split = gl.program_id(1)
-        pid_r = gl.program_id(2)
-        r = pid_r // token_chunks
-        q_start = gl.load(QSL + r)
-        q_len = gl.load(QSL + r + 1) - q_start
-        first = (pid_r % token_chunks) * TOKENS
+        pid_h, split, r, q_start, q_len, first = program_request(QSL, token_chunks, TOKENS)
         if first >= q_len:
             return
 
@@ -177,18 +175,11 @@ def _kernel():
         gl.thread_barrier()
 
         bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
+        descs = (KC_DESC, KPE_DESC)
+        ring = (kc_ring, kpe_ring, bars)
         for s in gl.static_range(STAGES):
             if s < num_tiles:
-                issue_tile(
-                    KC_DESC,
-                    KPE_DESC,
-                    bt_row,
-                    start + s * BN,
-                    bars.index(s),
-                    kc_ring.index(s),
-                    kpe_ring.index(s),
-                    PAGE,
-                )
+                issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
 
         qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
         if IS_FP8:
@@ -222,16 +213,7 @@ def _kernel():
                 gl.thread_barrier()
                 # the fp8 buffer is free again: fetch the tile STAGES ahead into it
                 if i + STAGES < num_tiles:
-                    issue_tile(
-                        KC_DESC,
-                        KPE_DESC,
-                        bt_row,
-                        n0 + STAGES * BN,
-                        bars.index(st),
-                        kc_ring.index(st),
-                        kpe_ring.index(st),
-                        PAGE,
-                    )
+                    issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
                 kc = kc_wide
                 kpe = kpe_wide
             elif keep < BN:
@@ -266,16 +248,7 @@ def _kernel():
                 # both warpgroups are done with this stage: fetch the tile STAGES ahead
                 gl.thread_barrier()
                 if i + STAGES < num_tiles:
-                    issue_tile(
-                        KC_DESC,
-                        KPE_DESC,
-                        bt_row,
-                        n0 + STAGES * BN,
-                        bars.index(st),
-                        kc_ring.index(st),
-                        kpe_ring.index(st),
-                        PAGE,
-                    )
+                    issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
             else:
                 gl.thread_barrier()  # the wide buffer is rewritten by the next tile
 

@@ -49,7 +49,7 @@ def kernel():
 
     from atom_plugin.backends.gluon_mla_common import helpers
 
-    query_rows, split_keys, widen = helpers()
+    program_request, query_rows, split_keys, widen = helpers()
 
     @gluon.jit
     def loader(
@@ -292,13 +292,7 @@ def kernel():
         BLOCK_H: gl.constexpr,
         TOKENS: gl.constexpr,
     ):
-        pid_h = gl.program_id(0)
-        split = gl.program_id(1)
-        pid_r = gl.program_id(2)
-        r = pid_r // token_chunks
-        q_start = gl.load(QSL + r)
-        q_len = gl.load(QSL + r + 1) - q_start
-        first = (pid_r % token_chunks) * TOKENS
+        pid_h, split, r, q_start, q_len, first = program_request(QSL, token_chunks, TOKENS)
         if first >= q_len:
             return
         dtype: gl.constexpr = Q.dtype.element_ty

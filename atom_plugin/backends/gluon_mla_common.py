@@ -1,5 +1,5 @@
 """Gluon pieces both MLA decode kernels use (`gluon_mla`'s lockstep schedule and
-`gluon_mla_alternate`): which query rows a program holds, which keys its split covers,
+`gluon_mla_alternate`): which request, query rows and keys a program holds,
 and the pass that widens a tile and zeroes its rows past a split's end. Built on first
 use, like the kernels: Gluon's API exists only in newer Tritons."""
 
@@ -10,9 +10,23 @@ import functools
 
 @functools.cache
 def helpers():
-    """(query_rows, split_keys, widen), Gluon functions the kernels inline."""
+    """(program_request, query_rows, split_keys, widen), Gluon functions the kernels
+    inline."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def program_request(QSL, token_chunks, TOKENS: gl.constexpr):
+        """This program's head group, KV split and request (grid: head groups, splits,
+        requests x token chunks), the request's first query token and its query count,
+        and the first of the request's tokens the program holds."""
+        pid_h = gl.program_id(0)
+        split = gl.program_id(1)
+        pid_r = gl.program_id(2)
+        r = pid_r // token_chunks
+        q_start = gl.load(QSL + r)
+        q_len = gl.load(QSL + r + 1) - q_start
+        return pid_h, split, r, q_start, q_len, (pid_r % token_chunks) * TOKENS
 
     @gluon.jit
     def query_rows(
@@ -45,4 +59,4 @@ def helpers():
         x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
         dst.store(x)
 
-    return query_rows, split_keys, widen
+    return program_request, query_rows, split_keys, widen
