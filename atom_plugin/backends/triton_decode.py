@@ -18,6 +18,7 @@ from atom_plugin.backends.checks import is_fp8
 from atom_plugin.backends.metadata import PagedAttentionMetadata
 from atom_plugin.backends.triton_common import (
     LOG2E,
+    MAX_SPLITS,
     choose_num_splits,
     device_sm_count,
     dot_flags,
@@ -27,7 +28,10 @@ from atom_plugin.backends.triton_common import (
 )
 
 
-@triton.jit
+# Values that change from step to step are not specialized on: each new specialization
+# is a JIT compile inside a serving step (vLLM's warm-up and graph capture compile the
+# kernels once per constexpr set).
+@triton.jit(do_not_specialize=["window", "num_splits"])
 def _decode_split_kernel(
     Q,
     K,
@@ -153,7 +157,7 @@ def _decode_split_kernel(
         tl.store(L_part + row, lse, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     O_part,
     L_part,
@@ -237,6 +241,8 @@ def paged_decode(
         if num_sms is None:
             num_sms = device_sm_count(query.device)
         num_splits = choose_num_splits(n, hkv, meta.max_seq_len, num_sms)
+    elif not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits} is outside 1..{MAX_SPLITS}")
     cfg = dict(_config(d), **(config or {}))
     block_d = next_power_of_2(d)
     direct = num_splits == 1
@@ -300,7 +306,7 @@ def paged_decode(
         num_splits,
         d,
         HAS_SINKS=sinks is not None,
-        BLOCK_S=max(2, next_power_of_2(num_splits)),
+        BLOCK_S=MAX_SPLITS,  # one compile for every split count
         BLOCK_D=block_d,
         num_warps=4,
     )

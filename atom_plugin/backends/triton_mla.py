@@ -43,6 +43,10 @@ from atom_plugin.backends.triton_common import (
     next_power_of_2,
 )
 
+# The split count changes from step to step, and with it the strides of the partial lse
+# buffer [tokens, heads, splits] (the partial outputs' strides stay multiples of 16).
+_SPLIT_SHAPED = ["num_splits", "stride_lt", "stride_lh"]
+
 
 @triton.jit
 def _mla_write_kernel(
@@ -128,7 +132,9 @@ def _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION: 
     return m_new, l_i, acc
 
 
-@triton.jit
+# Not specialized on what changes from step to step: each new specialization would be a
+# JIT compile inside a serving step.
+@triton.jit(do_not_specialize=[*_SPLIT_SHAPED, "token_chunks"])
 def _mla_decode_stage1(
     Q,
     KV,
@@ -268,7 +274,7 @@ def _mla_decode_stage1(
     tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SPLIT_SHAPED)
 def _mla_decode_per_token(
     Q,
     KV,
@@ -381,7 +387,7 @@ def _mla_decode_per_token(
     tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SPLIT_SHAPED)
 def _mla_decode_stage2(
     MID_O,
     MID_LSE,
@@ -1024,7 +1030,7 @@ def mla_decode_triton(
         lse.stride(0),
         LORA=kv_lora_rank,
         BLOCK_DV=block_dv,
-        BLOCK_S=min(MERGE_BLOCK_S, max(2, next_power_of_2(splits))),
+        BLOCK_S=MERGE_BLOCK_S,  # one compile for every split count
         ONE_CHUNK=one_chunk,
     )
     return lse

@@ -101,7 +101,9 @@ def _tile(
     return m_new, l_sum, acc
 
 
-@triton.jit
+# The first request and the window change from step to step: specializing on them
+# would compile the kernel again inside serving steps.
+@triton.jit(do_not_specialize=["window", "first_req"])
 def _prefill_kernel(
     Q,
     K,
