@@ -94,9 +94,9 @@ OFFLINE = textwrap.dedent(
         channel_extra_args, channel_for_choice, required_channel_for)
 
     if __name__ == "__main__":
-        model, messages, tools, named, max_len, additional = json.loads(sys.argv[1])
+        model, messages, tools, named, max_len, additional, *more = json.loads(sys.argv[1])
         llm = LLM(model=model, dtype="float32", max_model_len=max_len, enforce_eager=True,
-                  max_num_seqs=4, additional_config=additional)
+                  max_num_seqs=4, additional_config=additional, **(more[0] if more else {}))
         tokenizer = llm.get_tokenizer()
         channel = required_channel_for(tokenizer)
         named = channel_for_choice(channel, tokenizer, named, tools)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# vLLM's GPU engine with this checkout's plugin, on the H200 (vLLM's CUDA build installed by
+# ../shared/device-vllm/install.sh into /tmp/site). Run from the repo root there:
+#   bash scripts/gpu_engine.sh STAGE...
+# Stages:
+#   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs)
+#   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton
+#   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
+# Each stage writes its log under $OUT (default ./gpu-out).
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+source /tmp/w/install.sh env || exit 1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PYTHONPATH"
+# vLLM discovers plugins through installed entry points: announce this checkout's package.
+dist=/tmp/site/atom_plugin-0.1.0.dist-info
+mkdir -p "$dist"
+printf 'Metadata-Version: 2.1\nName: atom-plugin\nVersion: 0.1.0\n' >"$dist/METADATA"
+python3 - "$dist/entry_points.txt" <<'EOF'
+import sys, tomllib
+eps = tomllib.load(open("pyproject.toml", "rb"))["project"]["entry-points"]
+with open(sys.argv[1], "w") as f:
+    for group, names in eps.items():
+        f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in names.items()) + "\n")
+EOF
+status=0
+stage() { printf '\n===== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+for what in "$@"; do
+  case "$what" in
+    tests)
+      stage "GPU engine tests"
+      timeout 560 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
+        2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
+    kernels)
+      stage "kernel GPU tests"
+      timeout 500 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_attention_triton.py tests/test_mla_kernels.py tests/test_mla_gluon.py \
+        tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
+        tests/test_k3_gate_core.py tests/test_tbo_gpu.py \
+        2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
+    mha)
+      stage "engine benchmark, MHA"
+      python3 -m benchmarks.engine --shape llama-3.1-8b --out-dir /tmp/engine-mha ${ENGINE_ARGS:-} \
+        2>&1 | tee "$OUT/engine_mha.log" || status=1
+      tar -czf "$OUT/engine_mha.tgz" -C /tmp/engine-mha --exclude shapes . ;;
+    mla)
+      stage "engine benchmark, MLA"
+      python3 -m benchmarks.engine --out-dir /tmp/engine-mla ${ENGINE_ARGS:-} \
+        2>&1 | tee "$OUT/engine_mla.log" || status=1
+      tar -czf "$OUT/engine_mla.tgz" -C /tmp/engine-mla --exclude shapes . ;;
+    *) echo "unknown stage '$what'; stages: tests kernels mha mla" >&2; exit 2 ;;
+  esac
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+exit $status

@@ -1,0 +1,272 @@
+"""The plugin inside vLLM's GPU engine (H200; skipped without CUDA).
+
+Every configuration runs a real vLLM engine in a process of its own (graphs on and
+eager, Model Runner V2 and the V1 runner, two-batch overlap), generates greedily with
+the sampled tokens' logprobs (the decode path), and scores each prompt plus its
+generated tokens teacher-forced (the prefill path). vLLM's own backends then score the
+same sequences. Greedy tokens of random bf16 models flip on near ties, so outputs are
+compared as logprobs: the plugin's distance from vLLM's reference backend
+(FLASH_ATTN for MHA, TRITON_MLA for MLA) may be at most TOLERANCE_FACTOR times the
+distance between that reference and vLLM's second backend on the same sequences
+(TRITON_ATTN, FLASHMLA), plus LOGPROB_FLOOR.
+
+    python3 -m pytest -q tests/test_gpu_engine.py      # on the H200, vLLM's CUDA build
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from tests.engine import IN_PROCESS_ENGINE, engine_env
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
+
+TOLERANCE_FACTOR = 3.0
+LOGPROB_FLOOR = 0.05  # nats: bf16 rounding of a short, sharply peaked model
+PROMPT_LENS = (5, 17, 33, 48, 64, 90, 120, 7)
+MAX_TOKENS = 24
+ENGINE = dict(
+    dtype="bfloat16",
+    max_model_len=512,
+    seed=0,
+    enable_prefix_caching=False,
+    gpu_memory_utilization=0.05,
+    kv_cache_memory_bytes=1 << 30,
+    max_num_seqs=16,
+)
+
+SCORE = textwrap.dedent(
+    """
+    import json, sys
+    from vllm import LLM, SamplingParams
+    from benchmarks.engine_case import worker_facts
+
+    if __name__ == "__main__":
+        spec = json.loads(sys.argv[1])
+        llm = LLM(**spec["llm"])
+        result = {"facts": llm.collective_rpc(worker_facts)[0]}
+        sequences = spec["score"]
+        if spec["generate"]:
+            params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, logprobs=0,
+                                    ignore_eos=True, detokenize=False)
+            outs = llm.generate([{"prompt_token_ids": p} for p in spec["generate"]], params,
+                                use_tqdm=False)
+            result["generated"] = [list(o.outputs[0].token_ids) for o in outs]
+            result["sampled"] = [[lp[t].logprob for t, lp in
+                                  zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                                 for o in outs]
+            sequences = [p + g for p, g in zip(spec["generate"], result["generated"])]
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
+                                detokenize=False)
+        outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        result["scored"] = [[lp[t].logprob for t, lp in zip(s[1:], o.prompt_logprobs[1:])]
+                            for s, o in zip(sequences, outs)]
+        result["sequences"] = sequences
+        if spec.get("tbo"):
+            result["tbo"] = llm.collective_rpc("atom_tbo_stats")[0]
+        print("RESULT " + json.dumps(result), flush=True)
+    """
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    model: str  # "mha" or "mla"
+    backend: str
+    runner: str = "mrv2"  # or "v1"
+    eager: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def env(self) -> dict:
+        return engine_env(
+            **IN_PROCESS_ENGINE,
+            ATOM_PLUGIN_DISABLE=None,
+            VLLM_USE_V2_MODEL_RUNNER="0" if self.runner == "v1" else None,
+        )
+
+
+# Small chunks make the graphs-on runs mix chunked prefill with decode in one step.
+CHUNKED = {"max_num_batched_tokens": 64}
+TBO_DECODE = {"additional_config": {"atom_plugin": {"tbo": "decode", "tbo_decode_min_requests": 4}}}
+TBO_PREFILL = {
+    "additional_config": {"atom_plugin": {"tbo": "prefill", "tbo_prefill_min_tokens": 32}}
+}
+
+PLUGIN = [
+    Config("mha-mrv2-graphs", "mha", "ATOM_AITER", extra=CHUNKED),
+    Config("mha-mrv2-eager", "mha", "ATOM_AITER", eager=True),
+    Config("mha-v1-graphs", "mha", "ATOM_AITER", runner="v1", extra=CHUNKED),
+    Config("mha-v1-eager", "mha", "ATOM_AITER", runner="v1", eager=True),
+    Config("mla-mrv2-graphs", "mla", "ATOM_AITER_MLA", extra=CHUNKED),
+    Config("mla-v1-eager", "mla", "ATOM_AITER_MLA", runner="v1", eager=True),
+    Config("tbo-decode-graphs", "mha", "ATOM_AITER", runner="v1", extra=TBO_DECODE),
+    Config(
+        "tbo-prefill-graphs", "mha", "ATOM_AITER", runner="v1", extra={**TBO_PREFILL, **CHUNKED}
+    ),
+]
+# (reference, second backend) per model: the second one's distance from the reference
+# is the yardstick.
+REFERENCES = {"mha": ("FLASH_ATTN", "TRITON_ATTN"), "mla": ("TRITON_MLA", "FLASHMLA")}
+EXPECTED_RUNNER = {
+    "mrv2": "vllm.v1.worker.gpu.model_runner",
+    "v1": "vllm.v1.worker.gpu_model_runner",
+}
+
+
+def _run(config_name: str, llm: dict, env: dict, generate, score, tbo: bool) -> dict:
+    spec = {
+        "llm": llm,
+        "generate": generate,
+        "score": score,
+        "max_tokens": MAX_TOKENS,
+        "tbo": tbo,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SCORE, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    log = (proc.stdout + proc.stderr)[-8000:]
+    raise AssertionError(f"{config_name}: engine failed (exit {proc.returncode}):\n{log}")
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in PROMPT_LENS]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from scripts.tiny_llama import build_tiny_llama
+    from tests.models.tiny_deepseek import build_tiny_deepseek
+
+    mha = build_tiny_llama(tmp_path_factory.mktemp("gpu-llama"))
+    # DeepSeek's own widths (vLLM's GPU MLA prefill takes qk_nope 128 / v 128) and 32 heads,
+    # where the plugin's per-step plan can take the Hopper Gluon decode.
+    mla = build_tiny_deepseek(
+        tmp_path_factory.mktemp("gpu-deepseek"), num_heads=32, nope_dim=128, v_dim=128
+    )
+    return {"mha": str(mha), "mla": str(mla)}
+
+
+@pytest.fixture(scope="module")
+def runs(models):
+    """Every plugin configuration, then the reference backends on the sequences they made."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    prompts = _prompts(500)
+
+    def plugin_run(c: Config):
+        llm = {
+            **ENGINE,
+            "model": models[c.model],
+            "attention_config": {"backend": c.backend},
+            "enforce_eager": c.eager,
+            **c.extra,
+        }
+        return c.name, _run(c.name, llm, c.env(), prompts, None, "additional_config" in c.extra)
+
+    with ThreadPoolExecutor(len(PLUGIN)) as pool:
+        plugin = dict(pool.map(plugin_run, PLUGIN))
+
+    def reference_run(item):
+        model, backend = item
+        sequences = [s for c in PLUGIN if c.model == model for s in plugin[c.name]["sequences"]]
+        llm = {**ENGINE, "model": models[model], "attention_config": {"backend": backend}}
+        env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None)
+        return (model, backend), _run(backend, llm, env, None, sequences, False)
+
+    pairs = [(m, b) for m, refs in REFERENCES.items() for b in refs]
+    with ThreadPoolExecutor(len(pairs)) as pool:
+        reference = dict(pool.map(reference_run, pairs))
+    return plugin, reference
+
+
+def _reference_rows(plugin, reference, config: Config, backend: str) -> list[list[float]]:
+    """`backend`'s scores of `config`'s sequences (the references scored all configs'
+    sequences of one model, in PLUGIN order)."""
+    start = 0
+    for c in PLUGIN:
+        if c.model != config.model:
+            continue
+        n = len(plugin[c.name]["sequences"])
+        if c == config:
+            return reference[(config.model, backend)]["scored"][start : start + n]
+        start += n
+    raise KeyError(config.name)
+
+
+def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    worst = 0.0
+    for row_a, row_b in zip(a, b, strict=True):
+        worst = max([worst, *(abs(x - y) for x, y in zip(row_a, row_b, strict=True))])
+    return worst
+
+
+@pytest.mark.parametrize("config", PLUGIN, ids=[c.name for c in PLUGIN])
+def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
+    plugin, reference = runs
+    result = plugin[config.name]
+    facts = result["facts"]
+    assert facts["attention_backends"] == [config.backend], facts
+    tbo = "additional_config" in config.extra  # TBO runs vLLM's V1 runner under the plugin's
+    expected = "atom_plugin.vllm.tbo_worker" if tbo else EXPECTED_RUNNER[config.runner]
+    assert facts["runner"].startswith(expected), facts
+    assert ("NONE" in facts["cudagraph_mode"]) == config.eager, facts
+    ref_name, second_name = REFERENCES[config.model]
+    ref = _reference_rows(plugin, reference, config, ref_name)
+    second = _reference_rows(plugin, reference, config, second_name)
+    yardstick = _max_diff(second, ref)
+    bound = TOLERANCE_FACTOR * yardstick + LOGPROB_FLOOR
+    # Prefill: the plugin's teacher-forced scores of prompt + generated tokens.
+    prefill = _max_diff(result["scored"], ref)
+    # Decode: the logprob of each token the plugin sampled, against the reference's
+    # teacher-forced score of the same token at the same position.
+    decode = _max_diff(result["sampled"], [row[-MAX_TOKENS:] for row in ref])
+    print(f"{config.name}: prefill {prefill:.4f} decode {decode:.4f} "
+          f"{second_name} vs {ref_name} {yardstick:.4f} bound {bound:.4f}")  # fmt: skip
+    assert prefill <= bound and decode <= bound, (prefill, decode, yardstick)
+    if "tbo" in result:
+        stats = result["tbo"]
+        kind = config.extra["additional_config"]["atom_plugin"]["tbo"]
+        assert stats[kind] > 0, stats  # the split path ran
+        if kind == "decode":
+            assert stats["replayed"] > 0, stats  # and its graphs replayed
+
+
+def test_k3_required_and_named_are_forced_under_model_runner_v2(tmp_path):
+    """The channel's logits processor runs under Model Runner V2 on the GPU."""
+    from atom_plugin.parsers.k3_tool_parser import parse_k3
+    from tests.models.scripted_gpt2 import build_scripted_dir
+    from tests.test_k3_e2e import CALLED, MESSAGES, NAMED, OFFLINE, SCRIPT, TOOLS, expect_call
+
+    build_scripted_dir(tmp_path, SCRIPT, MESSAGES, tools=TOOLS)
+    llm = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
+    spec = json.dumps([str(tmp_path), MESSAGES, TOOLS, NAMED, 128, {}, llm])
+    env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None)
+    proc = subprocess.run(
+        [sys.executable, "-c", OFFLINE, spec], capture_output=True, text=True, env=env, timeout=600
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+    result = json.loads(lines[0][len("RESULT ") :])
+    assert "atom_plugin.vllm.k3_logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
+    required, _auto, named = (parse_k3(text) for text in result["texts"])
+    for parsed, choice in ((required, "required"), (named, "named")):
+        calls = [{"name": c.name, "arguments": c.arguments_json} for c in parsed.tool_calls]
+        expect_call(parsed.content or None, calls, CALLED[choice])
