@@ -179,17 +179,25 @@ def runs(models):
             "enforce_eager": c.eager,
             **c.extra,
         }
-        return c.name, _run(c.name, llm, c.env(), prompts, None, "additional_config" in c.extra)
+        try:
+            return c.name, _run(c.name, llm, c.env(), prompts, None, "additional_config" in c.extra)
+        except AssertionError as failure:  # reported by this configuration's own test
+            return c.name, failure
 
     with ThreadPoolExecutor(len(PLUGIN)) as pool:
         plugin = dict(pool.map(plugin_run, PLUGIN))
 
     def reference_run(item):
         model, backend = item
-        sequences = [s for c in PLUGIN if c.model == model for s in plugin[c.name]["sequences"]]
+        sequences = [s for c in _ran(plugin, model) for s in plugin[c.name]["sequences"]]
+        if not sequences:
+            return (model, backend), AssertionError(f"no {model} configuration ran")
         llm = {**ENGINE, "model": models[model], "attention_config": {"backend": backend}}
         env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None)
-        return (model, backend), _run(backend, llm, env, None, sequences, False)
+        try:
+            return (model, backend), _run(backend, llm, env, None, sequences, False)
+        except AssertionError as failure:
+            return (model, backend), failure
 
     pairs = [(m, b) for m, refs in REFERENCES.items() for b in refs]
     with ThreadPoolExecutor(len(pairs)) as pool:
@@ -197,16 +205,22 @@ def runs(models):
     return plugin, reference
 
 
+def _ran(plugin: dict, model: str) -> list[Config]:
+    """The configurations of `model` whose engine ran, in PLUGIN order."""
+    return [c for c in PLUGIN if c.model == model and not isinstance(plugin[c.name], Exception)]
+
+
 def _reference_rows(plugin, reference, config: Config, backend: str) -> list[list[float]]:
-    """`backend`'s scores of `config`'s sequences (the references scored all configs'
-    sequences of one model, in PLUGIN order)."""
+    """`backend`'s scores of `config`'s sequences (the references scored the sequences of
+    every configuration of one model that ran, in PLUGIN order)."""
     start = 0
-    for c in PLUGIN:
-        if c.model != config.model:
-            continue
+    for c in _ran(plugin, config.model):
         n = len(plugin[c.name]["sequences"])
         if c == config:
-            return reference[(config.model, backend)]["scored"][start : start + n]
+            scored = reference[(config.model, backend)]
+            if isinstance(scored, Exception):
+                raise scored
+            return scored["scored"][start : start + n]
         start += n
     raise KeyError(config.name)
 
@@ -222,6 +236,8 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
     plugin, reference = runs
     result = plugin[config.name]
+    if isinstance(result, Exception):
+        raise result
     facts = result["facts"]
     assert facts["attention_backends"] == [config.backend], facts
     tbo = "additional_config" in config.extra  # TBO runs vLLM's V1 runner under the plugin's

@@ -67,6 +67,8 @@ def _kernel():
     from atom_plugin.backends.gluon_mla_common import helpers
 
     program_request, query_rows, split_keys, widen = helpers()
+    # The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
+    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.jit
     def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
@@ -172,7 +174,7 @@ def _kernel():
                 mma_dtype, [BN, ROPE], gl.NVMMASharedLayout.get_default_for([BN, ROPE], mma_dtype)
             )
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
 
         bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
         descs = (KC_DESC, KPE_DESC)
@@ -210,7 +212,7 @@ def _kernel():
                     )
                 widen(kpe, kpe_wide, keep, BN, load_layout)
                 fence_async_shared()
-                gl.thread_barrier()
+                thread_barrier()
                 # the fp8 buffer is free again: fetch the tile STAGES ahead into it
                 if i + STAGES < num_tiles:
                     issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
@@ -227,7 +229,7 @@ def _kernel():
                     )
                 widen(kpe, kpe, keep, BN, load_layout)
                 fence_async_shared()
-                gl.thread_barrier()
+                thread_barrier()
 
             s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
@@ -246,11 +248,11 @@ def _kernel():
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if not IS_FP8:
                 # both warpgroups are done with this stage: fetch the tile STAGES ahead
-                gl.thread_barrier()
+                thread_barrier()
                 if i + STAGES < num_tiles:
                     issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
             else:
-                gl.thread_barrier()  # the wide buffer is rewritten by the next tile
+                thread_barrier()  # the wide buffer is rewritten by the next tile
 
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))

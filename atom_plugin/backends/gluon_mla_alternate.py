@@ -50,6 +50,8 @@ def kernel():
     from atom_plugin.backends.gluon_mla_common import helpers
 
     program_request, query_rows, split_keys, widen = helpers()
+    # The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
+    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.jit
     def loader(
@@ -160,7 +162,7 @@ def kernel():
                     mbarrier.wait(full.index(W * 9 + 8), ph)
                     widen(kpe_ring.index(W), kpe_ring.index(W), keep, 64, blk)
                     fence_async_shared()
-                    gl.thread_barrier()
+                    thread_barrier()
                 s_acc = s_zero
                 for c in gl.static_range(8):  # scores as the chunks land
                     mbarrier.wait(full.index(W * 9 + c), ph)
@@ -181,7 +183,7 @@ def kernel():
             # one running max for both warpgroups: each publishes its tile's row maxima
             rm = gl.max(sc, 1)
             max_smem.index(W).store(rm)
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(max_bar.index(W), count=1)
             mbarrier.wait(max_bar.index(1 - W), ph)
             rm_other = max_smem.index(1 - W).load(row_s)
@@ -196,7 +198,7 @@ def kernel():
             mbarrier.wait(p_free.index(W), ph ^ 1)
             p_smem.index(W).store(p16)
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(p_bar.index(W), count=1)
             # P @ V over stage 0 first on both warpgroups (warpgroup 0's own tile, warpgroup
             # 1's remote one), so stage 0 is released for the next pair's tile while the
@@ -237,16 +239,16 @@ def kernel():
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             else:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(empty.index(0), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(p_free.index(1 - W), count=1)
             mbarrier.arrive(empty.index(1), count=1)
 
         # the row sums of both halves of the keys
         l_smem.index(W).store(l_i)
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(l_bar.index(W), count=1)
         mbarrier.wait(l_bar.index(1 - W), 0)
         l_tot = l_i + l_smem.index(1 - W).load(row_s)
@@ -341,7 +343,7 @@ def kernel():
             mbarrier.init(p_free.index(i), count=1)
             mbarrier.init(l_bar.index(i), count=1)
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
 
         qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
         bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
