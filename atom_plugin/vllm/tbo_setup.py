@@ -41,9 +41,14 @@ def tbo_refusal(device_type: str, vllm_config, chosen_worker: str) -> str | None
     if parallel.enable_dbo:
         return "vLLM's own micro-batching (--enable-dbo) is on; use one of the two, not both"
     if vllm_config.use_v2_model_runner:
+        # docs/tbo.md ("Model Runner V2") says what its micro-batching would need.
         return (
-            "TBO runs inside vLLM's V1 model runner and Model Runner V2 is selected; "
-            "set VLLM_USE_V2_MODEL_RUNNER=0"
+            "TBO runs inside vLLM's V1 model runner and this engine selected Model Runner V2 "
+            "(vLLM's GPU default), whose own micro-batching cannot carry the plugin's split: "
+            "it splits only with --enable-dbo and data parallelism > 1, at vLLM's cut and "
+            "thresholds, decided inside its execute_model. Set VLLM_USE_V2_MODEL_RUNNER=0 "
+            '(and, with --tool-call-parser atom_kimi_k3, add "v1_logits_processors": true '
+            "to the atom_plugin settings to keep the K3 channel on the V1 runner)"
         )
     if model.is_encoder_decoder or model.is_multimodal_model:
         return "TBO splits text-only decoder models (this one is encoder-decoder or multimodal)"
