@@ -8,7 +8,7 @@ import sys
 from atom_plugin import __version__
 
 
-def _info(_args: argparse.Namespace) -> int:
+def _info(args: argparse.Namespace) -> int:
     from atom_plugin import manager
     from atom_plugin.platform import (
         aiter_available,
@@ -41,10 +41,23 @@ def _info(_args: argparse.Namespace) -> int:
     runner = manager.microbatch_runner(pm)
     print(f"micro-batch runner: {runner.name if runner else '(none)'}")
     print(_tbo_setting_line())
+    if args.engine_args is not None:
+        _print_tbo_judgement(args.engine_args)
     print("health probes:")
     for spec in manager.health_probes(pm):
         print(f"  {spec.smi}")
     return 0
+
+
+def _print_tbo_judgement(engine_args: str) -> None:
+    import shlex
+
+    from atom_plugin.vllm.tbo_setup import judgement_for_engine_args
+
+    head, *conditions = judgement_for_engine_args(shlex.split(engine_args))
+    print(f"two-batch overlap with these engine arguments: {head}")
+    for line in conditions:
+        print(f"  {line}")
 
 
 def _tbo_setting_line() -> str:
@@ -73,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{info,doctor,conformance}")
     sub.required = True
     info = sub.add_parser("info", help="version, platform and every registered hook")
+    info.add_argument(
+        "--engine-args",
+        metavar="ARGS",
+        help="vLLM engine arguments, one string (--model M --additional-config ...): "
+        "also print what two-batch overlap will do in such an engine (needs vLLM)",
+    )
     info.set_defaults(func=_info)
     doctor = sub.add_parser("doctor", help="GPU host health check (run before a server or CI)")
     doctor_command.configure(doctor)

@@ -185,8 +185,7 @@ def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir, tbo
         assert stats["decode"] > 0, stats
 
 
-@pytest.fixture(scope="module")
-def server(model_dir):
+def serve(model_dir, name, *extra):
     from scripts.serve import VllmServer
 
     path, prompt_len = model_dir
@@ -194,16 +193,44 @@ def server(model_dir):
         *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)),
         *("--enforce-eager", "--max-num-seqs", "4"),
         *("--tool-call-parser", "atom_kimi_k3", "--enable-auto-tool-choice"),
+        *extra,
     ]
-    serve = VllmServer(path, args, log_path=os.path.join(path, "serve.log"), env=engine_env())
-    with serve:
-        yield f"{serve.url}/v1", path, prompt_len
+    log = os.path.join(path, f"{name}.log")
+    with VllmServer(path, args, log_path=log, env=engine_env()) as server:
+        yield f"{server.url}/v1", path, prompt_len, log
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    yield from serve(model_dir, "serve")
+
+
+# The V1 runner refuses custom logits processors with speculative decoding: the channel
+# is off in this engine, and vLLM's structural tag has to enforce required and named.
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 2,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def spec_server(model_dir):
+    yield from serve(model_dir, "spec", "--speculative-config", json.dumps(NGRAM))
+
+
+def enforcement_lines(log_path):
+    """The start-up line of each process that checked the engine config, by process."""
+    with open(log_path) as log:
+        lines = [line for line in log if "Kimi-K3 tool_choice=" in line]
+    return {line.split(")")[0].split("(")[-1].split(" pid=")[0]: line for line in lines}
 
 
 def chat(server, tool_choice, **kw):
     from openai import OpenAI
 
-    url, path, _ = server
+    url, path = server[:2]
     client = OpenAI(base_url=url, api_key="none")
     return client.chat.completions.create(
         model=path,
@@ -252,6 +279,38 @@ def test_serve_streaming_gives_the_same_call(server, choice):
         [{"name": n, "arguments": a} for n, a in zip(names, arguments, strict=True)],
         CALLED[choice],
     )
+
+
+def test_serve_says_the_channel_enforces_required(server):
+    lines = enforcement_lines(server[3])
+    # The API server (where the parser reads the decision) and the engine core agree.
+    assert set(lines) == {"APIServer", "EngineCore"}, lines
+    for line in lines.values():
+        assert "are enforced by the plugin's channel (atom_plugin.vllm.k3_logits_v1" in line
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_channel_off_required_and_named_still_return_their_calls(spec_server, choice, stream):
+    # Without the processor nothing reads the channel's arguments: a parser that dropped
+    # vLLM's tag here would get the script's plain answer "Sure" and no call.
+    if stream:
+        test_serve_streaming_gives_the_same_call(spec_server, choice)
+    else:
+        test_serve_required_and_named_return_their_calls(spec_server, choice)
+
+
+def test_channel_off_auto_still_answers_in_plain_text(spec_server):
+    test_serve_auto_answers_without_a_tool_call(spec_server)
+
+
+def test_channel_off_says_vllms_tag_enforces_required(spec_server):
+    lines = enforcement_lines(spec_server[3])
+    assert set(lines) == {"APIServer", "EngineCore"}, lines
+    for line in lines.values():
+        assert "are enforced by vLLM's kimi_k3 structural tag, not the plugin's channel" in line
+        assert "refuses custom logits processors with speculative decoding" in line
+        assert "For the channel: drop --speculative-config" in line
 
 
 def test_serve_refuses_a_name_that_is_not_a_tool(server):

@@ -45,6 +45,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # n
 from atom_plugin.vllm.k3_logits_v1 import AtomK3LogitsProcessorV1  # noqa: E402
 from atom_plugin.vllm.registration import register_tool_parsers  # noqa: E402
 
+# The parser serves the channel only where the platform recorded it live for the engine.
+pytestmark = pytest.mark.usefixtures("k3_channel_live")
+
 TOOLS = [
     {
         "type": "function",
@@ -309,6 +312,47 @@ def test_structural_tag_setting_keeps_vllms_tag(tokenizer, monkeypatch, formats,
     monkeypatch.setenv("ATOM_K3_STRUCTURAL_TAG", "maybe")
     with pytest.raises(ValueError, match="ATOM_K3_STRUCTURAL_TAG='maybe'"):
         sampling_params_through("atom_kimi_k3", tokenizer, "required")
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_channel_off_in_the_engine_keeps_vllms_tag(tokenizer, formats, k3_channel_off, choice):
+    params = sampling_params_through("atom_kimi_k3", tokenizer, choice)
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    # The same tag vLLM's own kimi_k3 attaches.
+    assert params.structured_outputs.structural_tag is not None
+    assert (
+        params.structured_outputs.structural_tag
+        == sampling_params_through("kimi_k3", tokenizer, choice).structured_outputs.structural_tag
+    )
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_channel_off_and_no_tag_is_a_400_naming_reason_and_fix(
+    tokenizer, formats, k3_channel_off, monkeypatch, choice
+):
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
+    with pytest.raises(VLLMValidationError) as err:
+        sampling_params_through("atom_kimi_k3", tokenizer, choice)
+    message = str(err.value)
+    assert "cannot be enforced in this engine" in message
+    assert "refuses custom logits processors with speculative decoding" in message
+    assert "drop --speculative-config" in message
+    assert "VLLM_ENFORCE_STRICT_TOOL_CALLING=1" in message
+    assert err.value.parameter == "tool_choice"
+    # auto is not a forced call: it is served as before.
+    assert sampling_params_through("atom_kimi_k3", tokenizer, "auto").structured_outputs is None
+
+
+def test_no_engine_config_in_the_process_means_the_channel_is_off(tokenizer, formats):
+    from atom_plugin.vllm import k3_enforcement
+
+    before = k3_enforcement.record(k3_enforcement.NO_ENGINE)
+    try:
+        params = sampling_params_through("atom_kimi_k3", tokenizer, "required")
+    finally:
+        k3_enforcement.record(before)
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    assert params.structured_outputs.structural_tag is not None
 
 
 def v1_processor(max_num_seqs=128):

@@ -68,3 +68,19 @@ def test_settings_tbo_cannot_serve_are_refused_at_start(tiny_llama):
     assert errors["tbo off"] is None
     for name, (_, message) in CASES.items():
         assert errors[name] and message in errors[name], (name, errors[name])
+
+
+def test_model_runner_v2_is_refused_with_the_setting_that_works(tiny_llama):
+    # The CPU build's config takes Model Runner V2 when asked for it (its GPU default).
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK, str(tiny_llama), json.dumps({"mrv2": tbo("prefill")})],
+        capture_output=True,
+        text=True,
+        env=engine_env(VLLM_USE_V2_MODEL_RUNNER="1"),
+        timeout=300,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    error = json.loads(line[len("RESULT ") :])["mrv2"]
+    assert error and "tbo='prefill' cannot run" in error and "Model Runner V2" in error, error
+    assert "Set VLLM_USE_V2_MODEL_RUNNER=0" in error and '"v1_logits_processors": true' in error

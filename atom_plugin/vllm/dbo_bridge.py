@@ -20,11 +20,8 @@ from vllm import forward_context as vllm_forward_context
 from vllm.utils.torch_utils import current_stream
 from vllm.v1.worker import ubatching
 
+from atom_plugin.tbo.judgement import YIELDING_ALL2ALL_BACKENDS
 from atom_plugin.tbo.runner import COMM, COMPUTE, NUM_UBATCHES, UBatchContext
-
-# vLLM 0.32's all-to-all backends whose prepare/finalize hand over at dbo_* yield
-# points (`supports_async()`); the others assert that no micro-batch is registered.
-YIELDING_ALL2ALL_BACKENDS = ("deepep_high_throughput", "deepep_low_latency", "deepep_v2", "nixl_ep")
 
 
 def model_yields(parallel_config) -> bool:

@@ -10,6 +10,12 @@ of the request's tools is refused with a 400. Set `ATOM_K3_STRUCTURAL_TAG=1` to
 keep vLLM's structural tag instead. `auto` with strict tools keeps the
 structural tag either way.
 
+The channel is used only where it is live in this engine (`k3_enforcement`: the
+processor is installed for the engine's runner). Elsewhere a required or named
+request keeps vLLM's structural tag, and one that vLLM gives no tag is refused
+with a 400 naming the reason and the setting that fixes it: such a request is
+never served unconstrained.
+
 Output is read by the plugin's own K3 parser (`atom_plugin.parsers.k3_tool_parser`),
 which also splits off the think channel and never raises on malformed output.
 """
@@ -40,15 +46,18 @@ from atom_plugin.parsers.channel_for import (
 )
 from atom_plugin.parsers.k3_tool_parser import K3Delta, K3StreamParser, K3ToolCall, parse_k3
 from atom_plugin.parsers.required_channel import RequiredChannel
-from atom_plugin.vllm.registration import env_flag
+from atom_plugin.vllm.k3_enforcement import (
+    ChannelDecision,
+    channel_state,
+    keep_structural_tag,
+    unenforced_message,
+)
 
 NAME = "atom_kimi_k3"
-KEEP_STRUCTURAL_TAG_ENV = "ATOM_K3_STRUCTURAL_TAG"
-
-
-def keep_structural_tag() -> bool:
-    """`ATOM_K3_STRUCTURAL_TAG`: 1 keeps vLLM's structural tag for required requests."""
-    return env_flag(KEEP_STRUCTURAL_TAG_ENV)
+NO_CHANNEL_FOR_TOKENIZER = ChannelDecision(
+    off="the tokenizer's K3 markers give no channel (see the atom_plugin.parsers warning)",
+    fix="a tokenizer whose K3 control tokens are one id each",
+)
 
 
 _channels: dict[int, tuple[Any, RequiredChannel | None]] = {}
@@ -81,14 +90,20 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         self._stream = K3StreamParser()
         self._sent_calls = 0
 
-    def uses_channel(self, request: Any) -> bool:
-        """The gate, for this server: required or named + tools + a derivable channel + no tag."""
+    def forces_call(self, request: Any) -> bool:
+        """Required or named + tools, and no structured outputs (a tag included) of its own."""
         return (
-            self.channel is not None
-            and not keep_structural_tag()
-            and wants_channel(request.tool_choice, request.tools, NAME)
+            wants_channel(request.tool_choice, request.tools, NAME)
             and request.extract_structured_outputs() is None
         )
+
+    def channel_decision(self) -> ChannelDecision:
+        """Whether the channel serves this server's requests (the engine's decision)."""
+        return NO_CHANNEL_FOR_TOKENIZER if self.channel is None else channel_state()
+
+    def uses_channel(self, request: Any) -> bool:
+        """The gate: a request that forces a call, where the channel is live in this engine."""
+        return self.forces_call(request) and self.channel_decision().live
 
     def channel_for(self, request: Any) -> RequiredChannel:
         """The channel of a request that uses one; a name it cannot force is vLLM's 400."""
@@ -109,10 +124,16 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         return super().get_structural_tag(request, **kwargs)
 
     def adjust_request(self, request: Any) -> Any:
-        structured = getattr(request, "structured_outputs", None)
-        has_tag = structured is not None and structured.structural_tag is not None
-        if not self.uses_channel(request) or has_tag:
+        # vLLM attached its structural tag before this call, if it gives one: a request
+        # that still forces a call without structured outputs has no tag.
+        if not self.forces_call(request):
             return super().adjust_request(request)
+        decision = self.channel_decision()
+        if not decision.live:
+            choice = named_tool(request.tool_choice) or request.tool_choice
+            raise VLLMValidationError(
+                unenforced_message(decision, repr(choice)), parameter="tool_choice", value=choice
+            )
         # vLLM's kimi_k3 refuses named choices that have no structural tag (it has no
         # other way to force the call); the channel forces it, so only the marker
         # settings of its required path are kept: the markers reach the parser verbatim.

@@ -1,11 +1,19 @@
 """Platform subclasses: route `--attention-backend atom_aiter` to the plugin's
-classes and add the plugin's logits processors for the runner in use."""
+classes, add the plugin's logits processors for the runner in use and record
+whether the Kimi-K3 channel is live in this engine (`k3_enforcement`)."""
 
 from __future__ import annotations
 
 from vllm.logger import init_logger
 
 from atom_plugin import manager
+from atom_plugin.vllm.k3_enforcement import (
+    CHANNEL_PROCESSOR,
+    decide,
+    enforcement_line,
+    processor_refusal,
+    record,
+)
 from atom_plugin.vllm.registration import backend_for, dotted
 from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo_setup import install_tbo
@@ -52,36 +60,26 @@ class AtomPlatformMixin:
         install_tbo(cls.device_type, vllm_config, settings, chosen_worker)
         runner = cls.model_runner(vllm_config)
         # vLLM's loaders take "module:Class" here (not the dotted enum form).
-        wanted = [s.class_path for s in manager.logits_processors() if s.runner == runner]
-        refusal = cls._logits_processor_refusal(vllm_config, runner)
-        if wanted and refusal:
-            logger.warning(
-                "atom-plugin logits processors are off (%s): %s", refusal, ", ".join(wanted)
-            )
-            return
+        specs = [s for s in manager.logits_processors() if s.runner == runner]
+        refusal = processor_refusal(vllm_config, runner, cls.device_type)
         present = list(model_config.logits_processors or [])
-        missing = [path for path in wanted if path not in present]
-        if missing:
+        missing = [s.class_path for s in specs if s.class_path not in present]
+        if refusal is None and missing:
             model_config.logits_processors = present + missing
             logger.info_once(
                 "atom-plugin logits processors (%s runner): %s", runner, ", ".join(missing)
             )
-
-    @classmethod
-    def _logits_processor_refusal(cls, vllm_config, runner: str) -> str | None:
-        """Why the plugin's processors stay off, if they do."""
-        if vllm_config.model_config.runner_type == "pooling":
-            return "pooling models take no logits processors"
-        if runner == "v1" and vllm_config.speculative_config is not None:
-            return "the V1 model runner refuses them with speculative decoding; use MRV2"
-        if runner == "v1" and cls.device_type != "cpu":
-            if not PluginSettings.from_vllm_config(vllm_config).v1_logits_processors:
-                return (
-                    "on a GPU the V1 model runner makes every request pay for custom "
-                    "processors; use Model Runner V2, or opt in with --additional-config "
-                    '\'{"atom_plugin": {"v1_logits_processors": true}}\''
-                )
-        return None
+        elif refusal is not None and specs:
+            logger.warning_once(
+                "atom-plugin logits processors are off (%s): %s",
+                refusal[0],
+                ", ".join(s.class_path for s in specs),
+            )
+        channel = [s.class_path for s in specs if s.name == CHANNEL_PROCESSOR]
+        decision = decide(runner, refusal, model_config.logits_processors, channel)
+        record(decision)
+        log = logger.info_once if decision.live else logger.warning_once
+        log(enforcement_line(decision))
 
     @classmethod
     def model_runner(cls, vllm_config) -> str:

@@ -20,13 +20,15 @@ CONTROL_TOKENS = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
 EOS = "<|end_of_msg|>"
 UNK = "[UNK]"
 
-# Every text piece the tests use; any other text encodes as [UNK].
+# Every text piece the tests use; any other text encodes as [UNK]. No piece may be a
+# proper prefix of another that the K3 markers need unless the rest is a piece too:
+# xgrammar lets a structural tag take such a prefix token ("tool" of "tools") and then
+# finds no token to go on with.
 PIECES = [
     UNK,
     "system",
     "user",
     "assistant",
-    "tool",
     "message",
     "response",
     "think",
