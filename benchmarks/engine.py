@@ -185,6 +185,14 @@ def report(results: list[dict]) -> str:
     if any(cold):
         cells = [f"{c['output_tok_s']:,.0f}" if c else "-" for c in cold]
         lines.append("| first pass (cold) output tok/s | " + " | ".join(cells) + " | |")
+    physical = [r.get("physical") for r in results]
+    if any(physical):
+        cells = [
+            f"{p['copy_gbps']:,.0f} / {p['matmul_tflops']:.0f}" if p else "-" for p in physical
+        ]
+        lines.append(
+            "| copy GB/s / bf16 matmul TFLOP/s (same process) | " + " | ".join(cells) + " | |"
+        )
     cells = [f"{r['startup_s']:.0f}" if "startup_s" in r else "failed" for r in results]
     lines.append("| engine start s | " + " | ".join(cells) + " | |")
     cells = [

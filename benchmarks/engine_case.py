@@ -219,6 +219,20 @@ def profile_workload(llm, workload: Workload, tag: str) -> dict:
     }
 
 
+def physical_limits() -> dict | None:
+    """The same run's limits beside the engine's figures: device-to-device copy (GB/s, read +
+    written) and a dense bf16 matmul (TFLOP/s), measured in this process under the lock."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from benchmarks._timing import copy_bandwidth_gbps, matmul_tflops
+
+    limits = {"copy_gbps": copy_bandwidth_gbps(), "matmul_tflops": matmul_tflops()}
+    torch.cuda.empty_cache()
+    return limits
+
+
 def _wait_for_wave(ready_dir: Path, size: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -251,6 +265,7 @@ def main(spec: dict) -> dict:
     with open(spec["lock"], "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         result["measured_at"] = time.time()
+        result["physical"] = physical_limits()
         workloads = [WORKLOADS[w] for w in spec["workloads"]]
         runs = []
         # The first pass of the first workload runs cold: JIT compiles that vLLM's own

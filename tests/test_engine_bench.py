@@ -1,0 +1,47 @@
+"""The engine benchmark's own rules (benchmarks/engine.py): cases, workloads, the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.engine import parse_case, report
+from benchmarks.engine_shapes import parse_workloads, write_shape
+
+
+def test_a_case_is_a_backend_and_an_optional_variant():
+    assert parse_case("FLASH_ATTN") == ("FLASH_ATTN", "")
+    assert parse_case("FLASH_ATTN@disabled") == ("FLASH_ATTN", "disabled")
+    with pytest.raises(ValueError, match=r"'nightly'.*'@disabled', '@old'"):
+        parse_case("ATOM_AITER@nightly")
+
+
+def test_unknown_workloads_and_shapes_are_named_with_the_choices(tmp_path):
+    assert [w.name for w in parse_workloads("thr-512, lat-1")] == ["thr-512", "lat-1"]
+    with pytest.raises(ValueError, match=r"\['thr-2k'\].*thr-512"):
+        parse_workloads("thr-512,thr-2k")
+    with pytest.raises(ValueError, match="'llama-70b'.*llama-3.1-8b"):
+        write_shape("llama-70b", tmp_path)
+
+
+def _result(case: str, tok_s: float) -> dict:
+    run = {
+        "workload": "thr-512",
+        "output_tok_s": tok_s,
+        "decode_step_ms": 8.0,
+        "prefill_phase_s": 1,
+    }
+    return {"case": case, "runs": [run], "startup_s": 60.0}
+
+
+def test_ratios_are_against_the_best_vllm_backend_not_the_plugin_or_a_variant():
+    table = report(
+        [
+            _result("ATOM_AITER", 6600.0),
+            _result("FLASH_ATTN@disabled", 9000.0),  # a variant: never the "best"
+            _result("FLASH_ATTN", 6000.0),
+            _result("TRITON_ATTN", 5000.0),
+        ]
+    )
+    row = next(line for line in table.splitlines() if line.startswith("| thr-512 output"))
+    assert "6,600 (1.10x)" in row and "5,000 (0.83x)" in row
+    assert row.rstrip().endswith("| FLASH_ATTN |")
