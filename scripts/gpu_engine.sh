@@ -4,6 +4,7 @@
 #   bash scripts/gpu_engine.sh STAGE...
 # Stages:
 #   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs)
+#               and TBO's refusal of Model Runner V2 on the GPU build
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 # Each stage writes its log under $OUT (default ./gpu-out).
@@ -30,6 +31,7 @@ for what in "$@"; do
     tests)
       stage "GPU engine tests"
       timeout 560 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
+        "tests/test_tbo_vllm_refusals.py::test_model_runner_v2_is_refused_with_the_setting_that_works" \
         2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
     kernels)
       stage "kernel GPU tests"
