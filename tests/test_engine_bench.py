@@ -45,3 +45,38 @@ def test_ratios_are_against_the_best_vllm_backend_not_the_plugin_or_a_variant():
     row = next(line for line in table.splitlines() if line.startswith("| thr-512 output"))
     assert "6,600 (1.10x)" in row and "5,000 (0.83x)" in row
     assert row.rstrip().endswith("| FLASH_ATTN |")
+
+
+@pytest.mark.vllm
+def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(tmp_path):
+    """The whole harness on the CPU build: a wave of two engines, one with the plugin off."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.engine import engine_env
+
+    out = tmp_path / "out"
+    args = [
+        *("--shape", "tiny-llama", "--cases", "default,default@disabled", "--workloads", "lat-1"),
+        *("--wave", "2", "--repeats", "1", "--kv-gib", "0.25", "--max-model-len", "2048"),
+        *("--eager", "--out-dir", str(out)),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine", *args],
+        capture_output=True,
+        text=True,
+        env=engine_env(ATOM_PLUGIN_DISABLE=None),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| lat-1 output tok/s |" in proc.stdout and "| lat-1 TTFT ms |" in proc.stdout
+    results = {json.loads(p.read_text())["case"]: p for p in out.glob("*.json")}
+    assert set(results) == {"default", "default@disabled"}
+    for path in results.values():
+        result = json.loads(path.read_text())
+        [run] = [r for r in result["runs"] if r["workload"] == "lat-1"]
+        assert run["steps"] >= run["output_len"] and result["cold"]["workload"] == "lat-1"
+    # The plugin's platform logs what it installed in the plugin's case only.
+    assert "atom-plugin logits processors" in (out / "default.log").read_text()
+    assert "atom-plugin" not in (out / "default-disabled.log").read_text()
