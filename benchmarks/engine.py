@@ -93,7 +93,7 @@ def run_wave(args, cases: list[str], shape_dir: Path, out_dir: Path, deadline: f
             "llm": llm_kwargs(args, shape_dir, backend),
             "workloads": [w.name for w in args.workloads],
             "repeats": args.repeats,
-            "profile": case in args.profile,
+            "profile": args.profile_workloads if case in args.profile else [],
             "ready_dir": str(wave_dir),
             "wave_size": len(cases),
             "wave_timeout_s": args.start_timeout,
@@ -207,8 +207,7 @@ def report(results: list[dict]) -> str:
     for r in results:
         if "error" in r:
             out += f"\n{r['case']} failed:\n```\n{r['error'][-1500:]}\n```\n"
-        prof = r.get("profile")
-        if prof:
+        for prof in r.get("profiles") or ([r["profile"]] if "profile" in r else []):
             out += profile_report(r["case"], prof)
     return out
 
@@ -238,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="thr-512,thr-1k,lat-1,lat-8,long-16k,mixed-4k")
     p.add_argument("--wave", type=int, default=3, help="cases started together")
     p.add_argument("--repeats", type=int, default=2, help="passes of the first workload")
-    p.add_argument("--profile", default="", help="cases whose first workload is profiled once more")
+    p.add_argument("--profile", default="", help="cases profiled once more (torch profiler)")
+    p.add_argument(
+        "--profile-workloads", default="", help="the workloads profiled (default: the first)"
+    )
     p.add_argument("--old-plugin", type=Path, help="folder holding the atom_plugin of @old cases")
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--kv-gib", type=float, default=20.0, help="KV cache per engine, GiB")
@@ -253,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report(load_results(args.report)), end="")
         return 0
     args.workloads = parse_workloads(args.workloads)
+    profiled = parse_workloads(args.profile_workloads) if args.profile_workloads else []
+    args.profile_workloads = [w.name for w in profiled or args.workloads[:1]]
     args.profile = {c for c in args.profile.split(",") if c}
     cases = [c for c in args.cases.split(",") if c]
     for c in cases:

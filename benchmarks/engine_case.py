@@ -279,10 +279,11 @@ def main(spec: dict) -> dict:
                 runs.append(run_workload(llm, w, f"{w.name}-{rep}", seed=rep))
                 print("RUN " + json.dumps(runs[-1]), flush=True)
         result["runs"] = runs
-        if spec.get("profile"):
-            # A shorter pass (its prefill steps and 31 decode steps) keeps the trace small.
-            short = workloads[0].scaled(workloads[0].requests, min(32, workloads[0].output_len))
-            result["profile"] = profile_workload(llm, short, "profile")
+        # Shorter passes (their prefill steps and 31 decode steps) keep the traces small.
+        result["profiles"] = [
+            profile_workload(llm, w.scaled(w.requests, min(32, w.output_len)), f"profile-{w.name}")
+            for w in (WORKLOADS[name] for name in spec["profile"])
+        ]
         result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return result
 
