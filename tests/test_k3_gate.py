@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models.scripted_gpt2 import build_tokenizer, ids
 
+from atom_plugin.parsers.call_automaton import CallAutomaton
 from atom_plugin.parsers.channel_for import (
     EXTRA_ARGS_KEY,
     K3_FORMATS,
@@ -26,7 +27,9 @@ from atom_plugin.parsers.channel_for import (
     tool_names,
     wants_channel,
 )
+from atom_plugin.parsers.k3_schema import call_spec_for
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED
+from atom_plugin.parsers.token_classes import classes_for_tokenizer
 
 vllm = pytest.importorskip("vllm")
 
@@ -63,6 +66,13 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return build_tokenizer(tmp_path_factory.mktemp("k3tok"))
+
+
+def calls_channel(tokenizer, tools=TOOLS, name=None, parallel=True):
+    """The required channel going on into the calls of `tools`, as the parser sends it."""
+    spec = call_spec_for(tokenizer, tools, name, parallel)
+    calls = CallAutomaton(spec, classes_for_tokenizer(tokenizer))
+    return required_channel_for(tokenizer).with_calls(calls)
 
 
 @pytest.fixture(scope="module")
@@ -274,14 +284,14 @@ def test_only_atom_kimi_k3_required_or_named_attaches_the_channel(requests_by_fo
         if EXTRA_ARGS_KEY in (params.extra_args or {})
     }
     assert with_channel == {("atom_kimi_k3", "required"), ("atom_kimi_k3", "named")}
-    channel = required_channel_for(tokenizer)
+    classes = classes_for_tokenizer(tokenizer)
     for choice, want in (
-        ("required", channel),
-        ("named", channel.extended(ids(tokenizer, "get_weather", '"'))),
+        ("required", calls_channel(tokenizer)),
+        ("named", calls_channel(tokenizer, name="get_weather")),
     ):
         params = requests_by_format["atom_kimi_k3", choice]
         assert params.structured_outputs is None  # the channel replaces vLLM's structural tag
-        assert channel_from_extra_args(params.extra_args) == want
+        assert channel_from_extra_args(params.extra_args, classes) == want
         assert params.skip_special_tokens is False
         assert params.spaces_between_special_tokens is False
     # vLLM's own kimi_k3 forces a named call with its structural tag.
@@ -355,13 +365,17 @@ def test_no_engine_config_in_the_process_means_the_channel_is_off(tokenizer, for
     assert params.structured_outputs.structural_tag is not None
 
 
-def v1_processor(max_num_seqs=128):
+def v1_processor(max_num_seqs=128, tokenizer=None):
+    """The V1 processor; with `tokenizer`, its token classes come from it (no model here)."""
     config = VllmConfig(
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_num_seqs, max_model_len=128, is_encoder_decoder=False
         )
     )
-    return AtomK3LogitsProcessorV1(config, torch.device("cpu"), False)
+    proc = AtomK3LogitsProcessorV1(config, torch.device("cpu"), False)
+    if tokenizer is not None:
+        proc.classes = lambda: classes_for_tokenizer(tokenizer)
+    return proc
 
 
 def noisy_logits(rows, vocab, seed):
@@ -373,14 +387,13 @@ def noisy_logits(rows, vocab, seed):
 
 
 def test_v1_every_format_batch_only_k3_rows_change(requests_by_format, tokenizer):
-    channel = required_channel_for(tokenizer)
     keys = sorted(requests_by_format)
     k3_rows = {
-        keys.index(("atom_kimi_k3", "required")): channel,
-        keys.index(("atom_kimi_k3", "named")): channel.extended(ids(tokenizer, "get_weather", '"')),
+        keys.index(("atom_kimi_k3", "required")): calls_channel(tokenizer),
+        keys.index(("atom_kimi_k3", "named")): calls_channel(tokenizer, name="get_weather"),
     }
     outputs = [[] for _ in keys]
-    proc = v1_processor(max_num_seqs=len(keys))
+    proc = v1_processor(max_num_seqs=len(keys), tokenizer=tokenizer)
     proc.update_state(
         BatchUpdate(
             batch_size=len(keys),
@@ -410,8 +423,11 @@ def test_v1_every_format_batch_only_k3_rows_change(requests_by_format, tokenizer
 
 
 def channel_pieces_after():
+    """The trigger, the opening, then a whole call of get_weather (no argument)."""
     opening = ["<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="']
-    return ["<|close|>", "response", "<|sep|>", *opening, "get_weather", "<|end_of_msg|>"]
+    call = ["get_weather", '"', ' index="', "0", '"', "<|sep|>", "<|close|>", "call", "<|sep|>"]
+    close = ["<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"]
+    return ["<|close|>", "response", "<|sep|>", *opening, *call, *close]
 
 
 def check_row(after, before, channel, state):
@@ -421,6 +437,13 @@ def check_row(after, before, channel, state):
         assert torch.isfinite(after[forced])
         others = torch.cat([after[:forced], after[forced + 1 :]])
         assert torch.all(others == float("-inf"))
+        return
+    if state != UNCONSTRAINED and channel.is_masked(state):
+        allowed = channel.calls.allowed_ids(channel.call_state(state), len(after))
+        allowed = [t for t in allowed if t not in channel.end_ids]
+        expect = torch.full_like(before, float("-inf"))
+        expect[allowed] = before[allowed]
+        assert torch.equal(after.view(torch.int32), expect.view(torch.int32))
         return
     banned = sorted(channel.banned_tokens(state))
     expect = before.clone()
@@ -516,6 +539,88 @@ def test_responses_named_choice_gets_the_named_channel(tokenizer, formats):
     )
     parser_cls = ParserManager.get_parser(tool_parser_name="atom_kimi_k3", enable_auto_tools=True)
     params = parser_cls(tokenizer, request.tools).adjust_request(request).to_sampling_params(16, {})
-    want = required_channel_for(tokenizer).extended(ids(tokenizer, "get_weather", '"'))
-    assert channel_from_extra_args(params.extra_args) == want
+    want = calls_channel(tokenizer, tools, name="get_weather")
+    assert channel_from_extra_args(params.extra_args, classes_for_tokenizer(tokenizer)) == want
     assert params.structured_outputs is None and params.skip_special_tokens is False
+
+
+NESTED = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"where": {"type": "object", "properties": {}}},
+            },
+        },
+    }
+]
+
+
+def through(tokenizer, tools, tool_choice, **fields):
+    parser_cls = ParserManager.get_parser(tool_parser_name="atom_kimi_k3", enable_auto_tools=True)
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        model="m",
+        tools=tools,
+        tool_choice=tool_choice,
+        **fields,
+    )
+    return parser_cls(tokenizer, tools).adjust_request(request).to_sampling_params(16, {})
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_parallel_tool_calls_false_sends_one_call(tokenizer, formats, choice):
+    name = named_tool(choice)
+    params = through(tokenizer, TOOLS, choice, parallel_tool_calls=False)
+    want = calls_channel(tokenizer, name=name, parallel=False)
+    assert channel_from_extra_args(params.extra_args, classes_for_tokenizer(tokenizer)) == want
+    assert want.calls.spec.parallel is False
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_unsupported_schema_keeps_vllms_tag_and_logs_the_reason_once(
+    tokenizer, formats, caplog, monkeypatch, choice
+):
+    from atom_plugin.vllm import kimi_k3_parser
+
+    monkeypatch.setattr(kimi_k3_parser, "_logged", set())  # as in a fresh server
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
+        for _ in range(2):
+            params = through(tokenizer, NESTED, choice)
+            assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+            assert params.structured_outputs.structural_tag is not None
+    lines = [r.getMessage() for r in caplog.records if "cannot be enforced by" in r.getMessage()]
+    assert len(lines) == 1 and "property 'where'" in lines[0], lines
+    assert "keep vLLM's kimi_k3 structural tag" in lines[0]
+
+
+def test_unsupported_schema_without_vllms_tag_is_a_400(tokenizer, formats, monkeypatch):
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
+    with pytest.raises(VLLMValidationError) as err:
+        through(tokenizer, NESTED, "required")
+    message = str(err.value)
+    assert "cannot enforce this request's tool schemas" in message
+    assert "property 'where'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING=1" in message
+    assert err.value.parameter == "tool_choice"
+
+
+def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
+    from atom_plugin.parsers.channel_for import request_channel
+
+    channel = required_channel_for(tokenizer)
+    spec = call_spec_for(tokenizer, TOOLS)
+    asked = []
+
+    def classes():
+        asked.append(1)
+        return classes_for_tokenizer(tokenizer)
+
+    plain = SamplingParams(extra_args=channel_extra_args(channel))
+    assert request_channel(plain, classes) == channel and not asked
+    with_calls = SamplingParams(extra_args=channel_extra_args(channel, spec))
+    assert request_channel(with_calls, classes) == calls_channel(tokenizer)
+    assert asked == [1]
+    with pytest.raises(ValueError, match="carries calls, which need the vocabulary's token"):
+        request_channel(with_calls)

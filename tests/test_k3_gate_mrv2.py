@@ -113,7 +113,12 @@ def expect_row(after, before, channel, state):
         assert torch.all(torch.cat([after[:forced], after[forced + 1 :]]) == float("-inf"))
         return
     expect = before.clone()
-    if state != UNCONSTRAINED:
+    if state != UNCONSTRAINED and channel.is_masked(state):
+        allowed = channel.calls.allowed_ids(channel.call_state(state), len(after))
+        allowed = [t for t in allowed if t not in channel.end_ids]
+        expect = torch.full_like(before, float("-inf"))
+        expect[allowed] = before[allowed]
+    elif state != UNCONSTRAINED:
         expect[sorted(channel.banned_tokens(state))] = float("-inf")
     assert torch.equal(after.view(torch.int32), expect.view(torch.int32))
 
@@ -279,3 +284,55 @@ def test_named_required_and_plain_rows_share_one_launch(tokenizer, impl, monkeyp
     drafts = {s: [t["city"], t["eom"]] for s in [*slots, plain]}
     check_step(batch, channels, drafts, lens, seed=1)
     assert launched == [True, True]
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+A_CALL = [
+    "Sure", "<|close|>", "response", "<|sep|>", *channel_opening(),
+    "get_weather", '"', ' index="', "0", '"', "<|sep|>",
+    "<|open|>", "argument", ' key="', "city", '"', ' type="', "string", '"', "<|sep|>",
+    "Paris", "<|close|>", "argument", "<|sep|>", "<|close|>", "call", "<|sep|>",
+    "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_channel_with_calls_masks_every_call_row(tokenizer, impl):
+    from atom_plugin.parsers.call_automaton import CallAutomaton
+    from atom_plugin.parsers.k3_schema import call_spec_for
+    from atom_plugin.parsers.token_classes import classes_for_tokenizer
+
+    classes = classes_for_tokenizer(tokenizer)
+    spec = call_spec_for(tokenizer, WEATHER, parallel=False)
+    channel = required_channel_for(tokenizer).with_calls(CallAutomaton(spec, classes))
+    batch = Batch(tokenizer, impl)
+    asked = []
+    batch.proc.classes = lambda: asked.append(1) or classes  # no model here: the tokenizer's
+    prompt = ids(tokenizer, "Hi")
+    params = SamplingParams(extra_args=channel_extra_args(required_channel_for(tokenizer), spec))
+    slot, wants = batch.add("r", prompt, params)
+    assert wants and asked == [1]
+    plain, _ = batch.add("plain", prompt, SamplingParams())
+    # Each step commits the call's next id; the drafts follow it, or write a key the
+    # schema does not have, a second call, or the end where the call must go on.
+    bad = ids(tokenizer, "Paris", "<|open|>", "<|end_of_msg|>")
+    call = ids(tokenizer, *A_CALL)
+    for i, token in enumerate(call):
+        drafts = call[i : i + DRAFTS] if i % 2 else [bad[i % 3], *call[i + 1 : i + 2]]
+        check_step(batch, {slot: channel}, {slot: drafts, plain: []}, {slot: 1, plain: 1}, i)
+        batch.commit(slot, [token])
+        batch.commit(plain, [token])
+    assert channel.walk(call) == UNCONSTRAINED

@@ -11,7 +11,10 @@ the attribute's closing quote, each piece encoded on its own again.
 
 The channel travels to the worker inside `SamplingParams.extra_args` under
 `EXTRA_ARGS_KEY` (a chat request's `vllm_xargs` is copied there), so the
-logits processors need neither the tokenizer nor the request's tools.
+logits processors need neither the request's tools nor its tool choice. A
+channel may carry its calls (`calls`: a `CallSpec` in ids, from the request's
+schemas); a processor compiles them for its vocabulary's token classes, which
+it builds once from the engine's tokenizer.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from atom_plugin.parsers.call_automaton import CallAutomaton, CallSpec
 from atom_plugin.parsers.k3_grammar import (
     CLOSE,
     CONTROL_TOKENS,
@@ -31,6 +35,7 @@ from atom_plugin.parsers.k3_grammar import (
     escape_attr,
 )
 from atom_plugin.parsers.required_channel import RequiredChannel
+from atom_plugin.parsers.token_classes import TokenClasses
 
 logger = logging.getLogger("atom_plugin.parsers")
 
@@ -178,49 +183,108 @@ def channel_for_choice(
     return named_channel(channel, tokenizer, name)
 
 
-def channel_extra_args(channel: RequiredChannel) -> dict[str, str]:
-    """The `extra_args` / `vllm_xargs` entry that asks the processors for `channel`."""
-    value = {
+def channel_extra_args(channel: RequiredChannel, calls: CallSpec | None = None) -> dict[str, str]:
+    """The `extra_args` / `vllm_xargs` entry that asks the processors for `channel`,
+    going on into `calls` after its opening when given."""
+    value: dict[str, Any] = {
         "after": list(channel.after),
         "opening": list(channel.opening),
         "opens_at": channel.opens_at,
         "end_ids": sorted(channel.end_ids),
     }
+    if calls is not None:
+        value["calls"] = calls.to_json()
     return {EXTRA_ARGS_KEY: json.dumps(value, separators=(",", ":"))}
 
 
-def channel_from_extra_args(extra_args: Mapping[str, Any] | None) -> RequiredChannel | None:
-    """The channel a request asked for, None if it asked for none; ValueError if malformed."""
+_FIELDS = ("after", "opening", "opens_at", "end_ids")
+
+
+def channel_args(
+    extra_args: Mapping[str, Any] | None,
+) -> tuple[RequiredChannel, CallSpec | None] | None:
+    """The channel a request asked for and its calls (None without), None if it asked for
+    no channel; ValueError if malformed. Checks the calls' shape without compiling them."""
     if not extra_args or EXTRA_ARGS_KEY not in extra_args:
         return None
     raw = extra_args[EXTRA_ARGS_KEY]
-    fields = ("after", "opening", "opens_at", "end_ids")
     try:
         value = json.loads(raw) if isinstance(raw, str) else raw
-        if not isinstance(value, Mapping) or set(value) != set(fields):
-            raise ValueError(f"expected exactly the keys {', '.join(fields)}")
-        return RequiredChannel(**{k: value[k] for k in fields})
+        if not isinstance(value, Mapping) or not set(_FIELDS) <= set(value) <= {*_FIELDS, "calls"}:
+            raise ValueError(f"expected exactly the keys {', '.join(_FIELDS)} (and calls)")
+        channel = RequiredChannel(**{k: value[k] for k in _FIELDS})
+        calls = CallSpec.from_json(value["calls"]) if "calls" in value else None
     except (TypeError, ValueError) as err:
         raise ValueError(
             f"extra_args[{EXTRA_ARGS_KEY!r}]={raw!r} is not a required channel: {err}"
         ) from err
+    return channel, calls
 
 
-def request_channel(params: Any) -> RequiredChannel | None:
+def channel_from_extra_args(
+    extra_args: Mapping[str, Any] | None, classes: TokenClasses | None = None
+) -> RequiredChannel | None:
+    """The channel a request asked for, None if it asked for none; ValueError if malformed.
+
+    A channel with calls is compiled for `classes` (the vocabulary's token classes), and
+    is a ValueError without them.
+    """
+    args = channel_args(extra_args)
+    if args is None:
+        return None
+    channel, calls = args
+    if calls is None:
+        return channel
+    if classes is None:
+        raise ValueError(_NO_CLASSES)
+    return channel.with_calls(_automaton(calls, classes))
+
+
+_NO_CLASSES = (
+    f"extra_args[{EXTRA_ARGS_KEY!r}] carries calls, which need the vocabulary's token "
+    "classes to compile: none were given"
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _automaton(calls: CallSpec, classes: TokenClasses) -> CallAutomaton:
+    return CallAutomaton(calls, classes)
+
+
+def request_channel(
+    params: Any, classes: Callable[[], TokenClasses] | None = None
+) -> RequiredChannel | None:
     """A request's channel (from its `SamplingParams`) with the engine's stop ids banned too.
 
-    Requests of one server repeat a few channels (one per tool name and stop ids):
-    those are parsed once.
+    `classes` gives the vocabulary's token classes; it is called only for a channel with
+    calls (a channel with calls and no `classes` is a ValueError). Requests of one server
+    repeat a few channels (one per tool set, tool name and stop ids): those are parsed
+    and compiled once.
     """
     raw = (params.extra_args or {}).get(EXTRA_ARGS_KEY)
     if raw is None:
         return None
     stop_ids = tuple(sorted(params.all_stop_token_ids))
-    if isinstance(raw, str):
-        return _parsed_channel(raw, stop_ids)
-    return channel_from_extra_args(params.extra_args).ending_on(stop_ids)
+    channel, calls = _parsed_args(raw) if isinstance(raw, str) else channel_args(params.extra_args)
+    if calls is not None:
+        if classes is None:
+            raise ValueError(_NO_CLASSES)
+        return _compiled(channel, calls, classes(), stop_ids)
+    return _ending_on(channel, stop_ids)
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed_channel(raw: str, stop_ids: tuple[int, ...]) -> RequiredChannel:
-    return channel_from_extra_args({EXTRA_ARGS_KEY: raw}).ending_on(stop_ids)
+def _parsed_args(raw: str) -> tuple[RequiredChannel, CallSpec | None]:
+    return channel_args({EXTRA_ARGS_KEY: raw})
+
+
+@functools.lru_cache(maxsize=1024)
+def _ending_on(channel: RequiredChannel, stop_ids: tuple[int, ...]) -> RequiredChannel:
+    return channel.ending_on(stop_ids)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(
+    channel: RequiredChannel, calls: CallSpec, classes: TokenClasses, stop_ids: tuple[int, ...]
+) -> RequiredChannel:
+    return channel.with_calls(_automaton(calls, classes)).ending_on(stop_ids)

@@ -8,6 +8,9 @@ serves rows of different channels (required, named, different stop ids):
   id probability 1 once the rest is -inf, and 0.0 stays finite whatever the
   model produced there (-inf, NaN). Logprobs are taken before this mask.
 - waiting rows: the end ids of the row's channel become -inf, nothing else changes.
+- masked rows (call states that allow several ids: a tool name, a key, a value):
+  every id that is neither one of the state's `allow_ids` nor of a class in its
+  `class_bits` becomes -inf, and so do the end ids; allowed logits are untouched.
 - unconstrained rows (and rows of requests without a channel, whose state is
   UNCONSTRAINED): untouched, bit for bit.
 
@@ -32,7 +35,9 @@ from atom_plugin.parsers.spec_rows import (
     row_state,
     spec_row_states_torch,
 )
+from atom_plugin.parsers.token_classes import SPECIAL
 
+_SPECIAL = tl.constexpr(SPECIAL)
 IMPLS: tuple[str, ...] = ("triton", "torch")
 # Elements one program writes per loop iteration, and the launch size aimed at.
 BLOCK = 2048
@@ -55,10 +60,19 @@ def _channel_logits_kernel(
     end_ids_ptr,
     K,
     E,
+    token_class_ptr,
+    class_len,
+    C,
+    masked_ptr,
+    class_bits_ptr,
+    allow_ids_ptr,
+    A,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
+    HAS_MASKED: tl.constexpr,
     K_BLOCK: tl.constexpr,
     E_BLOCK: tl.constexpr,
+    A_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -72,6 +86,9 @@ def _channel_logits_kernel(
         channel_ids_ptr,
         next_state_ptr,
         K,
+        token_class_ptr,
+        class_len,
+        C,
         HAS_SLOT,
         SPEC,
         K_BLOCK,
@@ -79,15 +96,29 @@ def _channel_logits_kernel(
     if state >= 0:
         base = logits_ptr + row.to(tl.int64) * logits_stride
         forced = tl.load(forced_ptr + state)
+        lo = tile * chunk
+        hi = tl.minimum(lo + chunk, vocab)
         if forced >= 0:
-            lo = tile * chunk
-            hi = tl.minimum(lo + chunk, vocab)
             minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
             zero = tl.zeros([BLOCK], logits_ptr.dtype.element_ty)
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 tl.store(base + offs, tl.where(offs == forced, zero, minus_inf), mask=offs < hi)
-        elif tile == 0:
+        elif HAS_MASKED and tl.load(masked_ptr + state):
+            # Masked: -inf wherever neither the id nor its class is allowed. Only
+            # -inf is written (allowed logits are not read), so tiles cannot race
+            # with each other or with the end ids written below.
+            bits = tl.load(class_bits_ptr + state)
+            a = tl.arange(0, A_BLOCK)
+            allow = tl.load(allow_ids_ptr + state * A + a, mask=a < A, other=-1)
+            minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
+            for start in range(lo, hi, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                cls = tl.load(token_class_ptr + offs, mask=offs < class_len, other=_SPECIAL)
+                by_class = ((bits >> cls.to(tl.int64)) & 1) != 0
+                by_id = tl.max((offs[:, None] == allow[None, :]).to(tl.int32), axis=1) != 0
+                tl.store(base + offs, minus_inf, mask=(offs < hi) & ~(by_class | by_id))
+        if forced < 0 and tile == 0:
             offs = tl.arange(0, E_BLOCK)
             ends = tl.load(end_ids_ptr + state * E + offs, mask=offs < E, other=-1)
             minus_inf = tl.full([E_BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
@@ -140,10 +171,19 @@ def apply_channel_triton(
         tables.end_ids,
         tables.num_channel_ids,
         tables.num_end_ids,
+        tables.token_class,
+        tables.token_class.numel(),
+        tables.num_classes,
+        tables.masked,
+        tables.class_bits,
+        tables.allow_ids,
+        tables.num_allow_ids,
         HAS_SLOT=row_slot is not None,
         SPEC=spec,
+        HAS_MASKED=tables.has_masked,
         K_BLOCK=next_power_of_2(tables.num_channel_ids),
         E_BLOCK=next_power_of_2(max(tables.num_end_ids, 1)),
+        A_BLOCK=next_power_of_2(tables.num_allow_ids),
         BLOCK=block,
     )
 
@@ -173,11 +213,13 @@ def apply_channel_torch(
     live = rows != UNCONSTRAINED
     safe = rows.clamp(min=0).long()
     forced = torch.where(live, tables.forced[safe], -1)
-    waiting = live & tables.waiting[safe]
+    waiting = live & (tables.waiting[safe] | tables.masked[safe])
     is_forced = (forced >= 0).unsqueeze(1)
     columns = torch.arange(vocab, device=logits.device)
     masked = torch.where(columns == forced.unsqueeze(1), 0.0, float("-inf")).to(logits.dtype)
     logits.copy_(torch.where(is_forced, masked, logits))
+    if tables.has_masked:
+        _mask_rows_torch(logits, tables, live & tables.masked[safe] & (forced < 0), safe)
     # Each waiting row bans its own state's end ids (-1 pads): a boolean mask, so
     # repeated columns cannot race as a scatter of values could.
     ends = tables.end_ids[safe].long()
@@ -185,6 +227,23 @@ def apply_channel_torch(
     banned = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=logits.device)
     banned.scatter_(1, torch.where(hit, ends, vocab), True)
     logits.masked_fill_(banned[:, :vocab], float("-inf"))
+
+
+def _mask_rows_torch(
+    logits: torch.Tensor, tables: ChannelTables, rows: torch.Tensor, states: torch.Tensor
+) -> None:
+    """-inf in `rows` wherever neither the id nor its class is allowed by the row's state."""
+    vocab = logits.shape[1]
+    classes = tables.token_class
+    cls = torch.full((vocab,), SPECIAL, dtype=torch.int64, device=logits.device)
+    inside = min(vocab, classes.numel())
+    cls[:inside] = classes[:inside].long()
+    by_class = ((tables.class_bits[states].unsqueeze(1) >> cls.unsqueeze(0)) & 1) != 0
+    allow = tables.allow_ids[states].long()
+    by_id = torch.zeros(rows.numel(), vocab + 1, dtype=torch.bool, device=logits.device)
+    by_id.scatter_(1, torch.where(allow >= 0, allow, vocab), True)
+    keep = by_class | by_id[:, :vocab]
+    logits.masked_fill_(rows.unsqueeze(1) & ~keep, float("-inf"))
 
 
 def _check_spec(row_pos: torch.Tensor | None, row_tokens: torch.Tensor | None) -> bool:
@@ -237,6 +296,9 @@ def _advance_kernel(
     channel_ids_ptr,
     next_state_ptr,
     K,
+    token_class_ptr,
+    class_len,
+    C,
     K_BLOCK: tl.constexpr,
 ):
     slot = tl.load(slots_ptr + tl.program_id(0))
@@ -248,7 +310,9 @@ def _advance_kernel(
         ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
         for i in range(lo, hi):
             token = tl.load(tokens + i)
-            state = next_state(state, token, ids, next_state_ptr, K, K_BLOCK)
+            state = next_state(
+                state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK
+            )
         tl.store(states_ptr + slot, state)
     tl.store(scanned_ptr + slot, tl.maximum(lo, hi))
 
@@ -284,6 +348,9 @@ def advance_states(
             tables.channel_ids,
             tables.next_state,
             tables.num_channel_ids,
+            tables.token_class,
+            tables.token_class.numel(),
+            tables.num_classes,
             K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
         return

@@ -10,15 +10,21 @@ token at a time:
 - Forced: the output just ended with `after` (forced from `opening[0]`) or the
   model wrote the head itself (the tools channel is open: forced from
   `opening[opens_at]`). Each forced state allows exactly one token.
-- UNCONSTRAINED: after the last forced id; the tool name and arguments are the
-  model's. It is absorbing.
+- Calls (only for a channel built `with_calls`): after the last forced id the
+  call automaton (call_automaton.py) takes over: tool names, argument keys and
+  values from the request's schemas, the channel's close. Its states follow the
+  forced ones; a call state forces one id or allows a set of ids (masked).
+- UNCONSTRAINED: after the last forced id of a channel without calls (the tool
+  name and arguments are the model's), or after the calls' `<|end_of_msg|>`. It
+  is absorbing.
 
 Waiting states are the proper prefixes of the two patterns (`after` and the
 head), so matching is exact for every sequence, overlaps included (the longest
 suffix of the output that is a proper prefix of a pattern is all the machine
 needs to know). States are small ints so they fit a GPU tensor: waiting states
 are `0 .. num_waiting - 1` (START = 0 is the empty prefix), forced state
-`num_waiting + i` forces `opening[i]`, and UNCONSTRAINED is -1.
+`num_waiting + i` forces `opening[i]`, call state `calls_base + j` is the
+automaton's state j, and UNCONSTRAINED is -1.
 
 A forced state advances to the next forced position whatever the token: a
 different token can only be a speculative draft, which the sampler rejects, so
@@ -28,6 +34,8 @@ nothing built on it is ever committed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+
+from atom_plugin.parsers.call_automaton import FINAL, CallAutomaton
 
 START = 0
 UNCONSTRAINED = -1
@@ -61,6 +69,7 @@ class RequiredChannel:
         "opening",
         "opens_at",
         "end_ids",
+        "calls",
         "channel_ids",
         "num_waiting",
         "num_states",
@@ -73,6 +82,7 @@ class RequiredChannel:
         opening: Sequence[int],
         opens_at: int,
         end_ids: Iterable[int],
+        calls: CallAutomaton | None = None,
     ) -> None:
         after_t = _ids("after", after)
         opening_t = _ids("opening", opening)
@@ -107,7 +117,9 @@ class RequiredChannel:
         set_(self, "opening", opening_t)
         set_(self, "opens_at", opens_at)
         set_(self, "end_ids", ends)
-        set_(self, "channel_ids", tuple(sorted(set(after_t) | set(head))))
+        set_(self, "calls", calls)
+        explicit = calls.explicit_ids() if calls is not None else frozenset()
+        set_(self, "channel_ids", tuple(sorted(set(after_t) | set(head) | explicit)))
         self._build(after_t, head)
 
     def _build(self, after: tuple[int, ...], head: tuple[int, ...]) -> None:
@@ -120,11 +132,11 @@ class RequiredChannel:
         num_waiting = len(prefixes)
         opened = num_waiting + self.opens_at
         if self.opens_at == len(self.opening):
-            opened = UNCONSTRAINED
+            opened = self._after_opening(num_waiting)
         delta: list[dict[int, int]] = []
         for p in prefixes:
             row: dict[int, int] = {}
-            for t in self.channel_ids:
+            for t in sorted(set(after) | set(head)):
                 text = p + (t,)
                 if text[-len(after) :] == after:
                     row[t] = num_waiting
@@ -136,16 +148,32 @@ class RequiredChannel:
                     row[t] = index[text[len(text) - k :]]
             delta.append(row)
         object.__setattr__(self, "num_waiting", num_waiting)
-        object.__setattr__(self, "num_states", num_waiting + len(self.opening))
+        calls = 0 if self.calls is None else self.calls.num_states
+        object.__setattr__(self, "num_states", num_waiting + len(self.opening) + calls)
         object.__setattr__(self, "_delta", tuple(delta))
+
+    def _after_opening(self, num_waiting: int) -> int:
+        """The state after the opening's last id: the calls' first, or UNCONSTRAINED."""
+        return UNCONSTRAINED if self.calls is None else num_waiting + len(self.opening)
+
+    @property
+    def calls_base(self) -> int:
+        """The channel state of the call automaton's state 0."""
+        return self.num_waiting + len(self.opening)
+
+    @property
+    def num_classes(self) -> int:
+        """Token classes the channel's transitions depend on (1 without calls)."""
+        return 1 if self.calls is None else self.calls.token_classes.num_classes
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"RequiredChannel is immutable (tried to set {name!r})")
 
     def __repr__(self) -> str:
+        calls = "" if self.calls is None else f", calls={self.calls.num_states} states"
         return (
             f"RequiredChannel(after={list(self.after)}, opening={list(self.opening)}, "
-            f"opens_at={self.opens_at}, end_ids={sorted(self.end_ids)})"
+            f"opens_at={self.opens_at}, end_ids={sorted(self.end_ids)}{calls})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -157,12 +185,14 @@ class RequiredChannel:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        return (self.after, self.opening, self.opens_at, self.end_ids)
+        calls = None if self.calls is None else (self.calls.spec, self.calls.token_classes)
+        return (self.after, self.opening, self.opens_at, self.end_ids, calls)
 
     def ending_on(self, stop_ids: Iterable[int]) -> RequiredChannel:
         """The same channel with the engine's stop ids banned too."""
         extra = _ids("stop_ids", stop_ids)
-        return RequiredChannel(self.after, self.opening, self.opens_at, self.end_ids | set(extra))
+        ends = self.end_ids | set(extra)
+        return RequiredChannel(self.after, self.opening, self.opens_at, ends, self.calls)
 
     def extended(self, tail: Iterable[int]) -> RequiredChannel:
         """The same channel with `tail` forced after its opening.
@@ -173,7 +203,13 @@ class RequiredChannel:
         itself) then forces the whole named call opening.
         """
         extra = _ids("tail", tail)
-        return RequiredChannel(self.after, self.opening + extra, self.opens_at, self.end_ids)
+        return RequiredChannel(
+            self.after, self.opening + extra, self.opens_at, self.end_ids, self.calls
+        )
+
+    def with_calls(self, calls: CallAutomaton) -> RequiredChannel:
+        """The same channel whose opening goes on into `calls` instead of letting go."""
+        return RequiredChannel(self.after, self.opening, self.opens_at, self.end_ids, calls)
 
     def _check_state(self, state: int) -> None:
         if isinstance(state, bool) or not isinstance(state, int):
@@ -189,8 +225,17 @@ class RequiredChannel:
         return 0 <= state < self.num_waiting
 
     def is_forced(self, state: int) -> bool:
+        return self.forced_token(state) is not None
+
+    def is_masked(self, state: int) -> bool:
+        """A call state allowing several ids: every other id is masked."""
         self._check_state(state)
-        return state >= self.num_waiting
+        return state >= self.calls_base and self.forced_token(state) is None
+
+    def call_state(self, state: int) -> int | None:
+        """The call automaton's state for `state`, None outside the calls."""
+        self._check_state(state)
+        return state - self.calls_base if state >= self.calls_base else None
 
     def step(self, state: int, token: int) -> int:
         """The state after `token` is appended to the output."""
@@ -199,10 +244,29 @@ class RequiredChannel:
             raise ValueError(f"token must be a non-negative int id, got {token!r}")
         if state == UNCONSTRAINED:
             return UNCONSTRAINED
+        if state >= self.calls_base:
+            return self._call_step(state, self.calls.step(state - self.calls_base, token))
         if state >= self.num_waiting:
             nxt = state + 1
-            return nxt if nxt < self.num_states else UNCONSTRAINED
+            return nxt if nxt < self.calls_base else self._after_opening(self.num_waiting)
         return self._delta[state].get(token, START)
+
+    def step_class(self, state: int, cls: int) -> int:
+        """The state after a token of class `cls` that is none of `channel_ids`."""
+        self._check_state(state)
+        if state == UNCONSTRAINED:
+            return UNCONSTRAINED
+        if state >= self.calls_base:
+            return self._call_step(state, self.calls.step_class(state - self.calls_base, cls))
+        if state >= self.num_waiting:
+            return self.step(state, self.opening[state - self.num_waiting])
+        return START
+
+    def _call_step(self, state: int, nxt: int | None) -> int:
+        # A token the state does not allow can only be a rejected draft: stay.
+        if nxt is None:
+            return state
+        return UNCONSTRAINED if nxt == FINAL else self.calls_base + nxt
 
     def walk(self, tokens: Iterable[int], state: int = START) -> int:
         """The state after every token of `tokens`, starting from `state`."""
@@ -213,6 +277,8 @@ class RequiredChannel:
     def forced_token(self, state: int) -> int | None:
         """The only id allowed in `state`, or None when the state forces nothing."""
         self._check_state(state)
+        if state >= self.calls_base:
+            return self.calls.forced_token(state - self.calls_base)
         if state >= self.num_waiting:
             return self.opening[state - self.num_waiting]
         return None

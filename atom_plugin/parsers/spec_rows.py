@@ -20,6 +20,9 @@ import triton.language as tl
 
 from atom_plugin.backends.triton_common import next_power_of_2
 from atom_plugin.parsers.channel_tables import ChannelTables, next_states
+from atom_plugin.parsers.token_classes import SPECIAL
+
+_SPECIAL = tl.constexpr(SPECIAL)
 
 
 def spec_row_states_torch(
@@ -53,14 +56,21 @@ def load_channel_ids(channel_ids_ptr, K, K_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def next_state(state, token, ids, next_state_ptr, K, K_BLOCK: tl.constexpr):
+def next_state(
+    state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK: tl.constexpr
+):
     """One step of the channel for a scalar (state, token); -1 (UNCONSTRAINED) stays.
 
-    `ids` is `load_channel_ids(...)`, loaded once per program.
+    `ids` is `load_channel_ids(...)`, loaded once per program. An id that is
+    none of them takes its class's column (K + class; one class when C is 1,
+    SPECIAL for ids past the class table).
     """
-    column = tl.min(tl.where(ids == token, tl.arange(0, K_BLOCK), K), axis=0)
+    inside = token < class_len
+    cls = tl.load(token_class_ptr + tl.minimum(token, class_len - 1))
+    cls = tl.where(C > 1, tl.where(inside, cls, _SPECIAL), 0)
+    column = tl.min(tl.where(ids == token, tl.arange(0, K_BLOCK), K + cls), axis=0)
     safe = tl.maximum(state, 0)
-    stepped = tl.load(next_state_ptr + safe * (K + 1) + column)
+    stepped = tl.load(next_state_ptr + safe * (K + C) + column)
     return tl.where(state < 0, state, stepped)
 
 
@@ -74,6 +84,9 @@ def row_state(
     channel_ids_ptr,
     next_state_ptr,
     K,
+    token_class_ptr,
+    class_len,
+    C,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
     K_BLOCK: tl.constexpr,
@@ -90,7 +103,9 @@ def row_state(
         ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
         for j in range(1, pos + 1):
             token = tl.load(row_tokens_ptr + first + j)
-            state = next_state(state, token, ids, next_state_ptr, K, K_BLOCK)
+            state = next_state(
+                state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK
+            )
     return state
 
 
@@ -104,6 +119,9 @@ def _spec_row_states_kernel(
     channel_ids_ptr,
     next_state_ptr,
     K,
+    token_class_ptr,
+    class_len,
+    C,
     K_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -116,6 +134,9 @@ def _spec_row_states_kernel(
         channel_ids_ptr,
         next_state_ptr,
         K,
+        token_class_ptr,
+        class_len,
+        C,
         True,
         True,
         K_BLOCK,
@@ -143,6 +164,9 @@ def spec_row_states_triton(
             tables.channel_ids,
             tables.next_state,
             tables.num_channel_ids,
+            tables.token_class,
+            tables.token_class.numel(),
+            tables.num_classes,
             K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
     return out

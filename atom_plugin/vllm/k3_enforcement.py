@@ -147,3 +147,14 @@ def unenforced_message(decision: ChannelDecision, choice: str) -> str:
         f"({decision.off}) and {tag}. Fix: {decision.fix}; or, for vLLM's structural tag, "
         "set VLLM_ENFORCE_STRICT_TOOL_CALLING=1"
     )
+
+
+def unsupported_message(reason: str, choice: str) -> str:
+    """The 400 for a required or named request whose schemas the channel cannot enforce,
+    where vLLM gives no structural tag either."""
+    return (
+        f"tool_choice={choice} cannot be enforced: the atom-plugin channel cannot enforce this "
+        f"request's tool schemas ({reason}) and vLLM attaches no structural tag "
+        "(VLLM_ENFORCE_STRICT_TOOL_CALLING=0). Fix: set VLLM_ENFORCE_STRICT_TOOL_CALLING=1 "
+        "for vLLM's tag, or use schemas the channel supports (docs/kimi-k3.md)"
+    )

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
-from atom_plugin.parsers.channel_for import channel_from_extra_args, request_channel
+from atom_plugin.parsers.channel_for import channel_args, request_channel
 from atom_plugin.parsers.required_channel import START
+from atom_plugin.vllm.k3_token_classes import EngineTokenClasses
 
 if TYPE_CHECKING:
     import torch
@@ -36,13 +37,14 @@ class AtomK3LogitsProcessorMRV2(LogitsProcessor):
         self.req_states = req_states
         self.core = ChannelCore(req_states.max_num_reqs, req_states.device)
         self._added: dict[int, object] = {}
+        self.classes = EngineTokenClasses(vllm_config)  # built on the first channel with calls
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        channel_from_extra_args(sampling_params.extra_args)
+        channel_args(sampling_params.extra_args)
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
-        channel = request_channel(sampling_params)
+        channel = request_channel(sampling_params, self.classes)
         self._added[req_idx] = channel
         return channel is not None
 

@@ -17,9 +17,10 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from atom_plugin.parsers.channel_for import channel_from_extra_args, request_channel
+from atom_plugin.parsers.channel_for import channel_args, request_channel
 from atom_plugin.parsers.processor_core import ChannelCore
 from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
+from atom_plugin.vllm.k3_token_classes import EngineTokenClasses
 
 
 @dataclass
@@ -34,10 +35,11 @@ class AtomK3LogitsProcessorV1(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self.core = ChannelCore(vllm_config.scheduler_config.max_num_seqs, device)
         self._rows: dict[int, _Row] = {}
+        self.classes = EngineTokenClasses(vllm_config)  # built on the first channel with calls
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        channel_from_extra_args(sampling_params.extra_args)
+        channel_args(sampling_params.extra_args)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -48,7 +50,7 @@ class AtomK3LogitsProcessorV1(LogitsProcessor):
         for index in batch_update.removed:
             self._set(index, None)
         for index, params, _prompt, output in batch_update.added:
-            channel = request_channel(params)
+            channel = request_channel(params, self.classes)
             self._set(index, None if channel is None else _Row(channel, output))
         for a, b, direction in batch_update.moved:
             row_a, row_b = self._rows.get(a), self._rows.get(b)

@@ -4,9 +4,13 @@ For `tool_choice="required"` or a named function with tools, vLLM's `kimi_k3`
 asks xgrammar for a structural tag (a grammar over the whole turn). This parser
 instead attaches the required channel to the request (`vllm_xargs`, which vLLM
 copies into `SamplingParams.extra_args`); the plugin's logits processors then
-force the tools channel open where the model would end its message, and for a
-named choice the call opening through the tool's name. A name that is not one
-of the request's tools is refused with a 400. Set `ATOM_K3_STRUCTURAL_TAG=1` to
+force the tools channel open where the model would end its message, and then
+every call: tool names from the request's tools (the named one for a named
+choice), arguments from each tool's JSON schema, the channel's close, and one
+call when `parallel_tool_calls` is false (`atom_plugin.parsers.k3_schema`). A
+request whose schemas the channel cannot enforce keeps vLLM's structural tag
+(the reason is logged once). A name that is not one of the request's tools is
+refused with a 400. Set `ATOM_K3_STRUCTURAL_TAG=1` to
 keep vLLM's structural tag instead. `auto` with strict tools keeps the
 structural tag either way.
 
@@ -22,6 +26,7 @@ which also splits off the think channel and never raises on malformed output.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +41,7 @@ from vllm.entrypoints.generate.base.protocol import (
 from vllm.exceptions import VLLMValidationError
 from vllm.tool_parsers.kimi_k3_tool_parser import KimiK3ToolParser
 
+from atom_plugin.parsers.call_automaton import CallSpec
 from atom_plugin.parsers.channel_for import (
     ToolChoiceError,
     channel_extra_args,
@@ -44,6 +50,7 @@ from atom_plugin.parsers.channel_for import (
     required_channel_for,
     wants_channel,
 )
+from atom_plugin.parsers.k3_schema import UnsupportedSchema, call_spec_for
 from atom_plugin.parsers.k3_tool_parser import K3Delta, K3StreamParser, K3ToolCall, parse_k3
 from atom_plugin.parsers.required_channel import RequiredChannel
 from atom_plugin.vllm.k3_enforcement import (
@@ -51,9 +58,11 @@ from atom_plugin.vllm.k3_enforcement import (
     channel_state,
     keep_structural_tag,
     unenforced_message,
+    unsupported_message,
 )
 
 NAME = "atom_kimi_k3"
+logger = logging.getLogger("atom_plugin.parsers")
 NO_CHANNEL_FOR_TOKENIZER = ChannelDecision(
     off="the tokenizer's K3 markers give no channel (see the atom_plugin.parsers warning)",
     fix="a tokenizer whose K3 control tokens are one id each",
@@ -61,6 +70,17 @@ NO_CHANNEL_FOR_TOKENIZER = ChannelDecision(
 
 
 _channels: dict[int, tuple[Any, RequiredChannel | None]] = {}
+_logged: set[str] = set()
+
+
+def _log_unsupported_once(reason: str) -> None:
+    if reason not in _logged:
+        _logged.add(reason)
+        logger.warning(
+            "Kimi-K3 channel: a request's tool schemas cannot be enforced by the channel "
+            "(%s); such requests keep vLLM's kimi_k3 structural tag",
+            reason,
+        )
 
 
 def _channel_of(tokenizer: Any) -> RequiredChannel | None:
@@ -89,6 +109,7 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         self.channel = _channel_of(tokenizer)
         self._stream = K3StreamParser()
         self._sent_calls = 0
+        self._spec: tuple[Any, CallSpec | UnsupportedSchema] | None = None
 
     def forces_call(self, request: Any) -> bool:
         """Required or named + tools, and no structured outputs (a tag included) of its own."""
@@ -102,24 +123,52 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         return NO_CHANNEL_FOR_TOKENIZER if self.channel is None else channel_state()
 
     def uses_channel(self, request: Any) -> bool:
-        """The gate: a request that forces a call, where the channel is live in this engine."""
-        return self.forces_call(request) and self.channel_decision().live
+        """The gate: a request that forces a call, where the channel is live in this engine,
+        whose tools' schemas the channel can enforce."""
+        if not (self.forces_call(request) and self.channel_decision().live):
+            return False
+        spec = self.call_spec(request)
+        if isinstance(spec, UnsupportedSchema):
+            _log_unsupported_once(str(spec))
+            return False
+        return True
+
+    def call_spec(self, request: Any) -> CallSpec | UnsupportedSchema:
+        """The request's calls in ids, or why its schemas cannot be enforced (kept per request)."""
+        if self._spec is None or self._spec[0] is not request:
+            try:
+                spec: CallSpec | UnsupportedSchema = call_spec_for(
+                    self.model_tokenizer,
+                    request.tools,
+                    named_tool(request.tool_choice),
+                    getattr(request, "parallel_tool_calls", True) is not False,
+                )
+            except UnsupportedSchema as err:
+                spec = err
+            self._spec = (request, spec)
+        return self._spec[1]
 
     def channel_for(self, request: Any) -> RequiredChannel:
-        """The channel of a request that uses one; a name it cannot force is vLLM's 400."""
+        """The channel of a request that uses one; a name it cannot force is vLLM's 400.
+
+        The call automaton forces a named choice's tool name itself, so the name only
+        checks here and the channel is the required one.
+        """
         try:
-            return channel_for_choice(
+            channel_for_choice(
                 self.channel, self.model_tokenizer, request.tool_choice, request.tools
             )
         except ToolChoiceError as err:
             raise VLLMValidationError(
                 str(err), parameter="tool_choice", value=named_tool(request.tool_choice)
             ) from err
+        return self.channel
 
     def get_structural_tag(self, request: Any, **kwargs: Any):
         # vLLM asks for the tag before adjust_request; the channel replaces it.
-        if self.uses_channel(request):
+        if self.forces_call(request) and self.channel_decision().live:
             self.channel_for(request)  # a bad name is refused before anything else happens
+        if self.uses_channel(request):
             return None
         return super().get_structural_tag(request, **kwargs)
 
@@ -129,11 +178,15 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         if not self.forces_call(request):
             return super().adjust_request(request)
         decision = self.channel_decision()
-        if not decision.live:
+        spec = self.call_spec(request) if decision.live else None
+        if not decision.live or isinstance(spec, UnsupportedSchema):
             choice = named_tool(request.tool_choice) or request.tool_choice
-            raise VLLMValidationError(
-                unenforced_message(decision, repr(choice)), parameter="tool_choice", value=choice
+            message = (
+                unenforced_message(decision, repr(choice))
+                if not decision.live
+                else unsupported_message(str(spec), repr(choice))
             )
+            raise VLLMValidationError(message, parameter="tool_choice", value=choice)
         # vLLM's kimi_k3 refuses named choices that have no structural tag (it has no
         # other way to force the call); the channel forces it, so only the marker
         # settings of its required path are kept: the markers reach the parser verbatim.
@@ -141,7 +194,7 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         request.skip_special_tokens = False
         if hasattr(request, "spaces_between_special_tokens"):
             request.spaces_between_special_tokens = False
-        request.vllm_xargs = {**(request.vllm_xargs or {}), **channel_extra_args(channel)}
+        request.vllm_xargs = {**(request.vllm_xargs or {}), **channel_extra_args(channel, spec)}
         return request
 
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:

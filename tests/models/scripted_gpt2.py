@@ -55,6 +55,7 @@ PIECES = [
     " ",
     "\n",
     "get_time",
+    "days",
 ]
 
 # K3's prompt format: tools are declared first (by name, so the prompt's length

@@ -1,0 +1,235 @@
+"""The call automaton: generated schemas and adversarial logits give schema-valid calls.
+
+A channel `with_calls` is walked from `Sure<|close|>response<|sep|>` by sampling the
+argmax of adversarial logits (end ids, control tokens and free text boosted) among the
+ids the state machine allows. Every finished turn must parse into calls of the
+request's tools whose arguments validate against their schemas (jsonschema), one call
+when parallel calls are off. The torch reference and the interpreted Triton kernel
+must mask exactly the ids the state machine forbids, and step states as it does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import jsonschema  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from k3_words import PIECES, Words, ids  # noqa: E402
+
+from atom_plugin.parsers.call_automaton import CallAutomaton, CallSpec  # noqa: E402
+from atom_plugin.parsers.channel_for import required_channel_for  # noqa: E402
+from atom_plugin.parsers.channel_kernel import (  # noqa: E402
+    advance_states,
+    apply_channel_torch,
+    apply_channel_triton,
+)
+from atom_plugin.parsers.channel_tables import compile_channels, next_states  # noqa: E402
+from atom_plugin.parsers.k3_schema import UnsupportedSchema, call_spec_for  # noqa: E402
+from atom_plugin.parsers.k3_tool_parser import parse_k3  # noqa: E402
+from atom_plugin.parsers.required_channel import UNCONSTRAINED  # noqa: E402
+from atom_plugin.parsers.token_classes import classes_for_tokenizer  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+WORDS = Words()
+CLASSES = classes_for_tokenizer(WORDS)
+REQUIRED = required_channel_for(WORDS)
+VOCAB = len(PIECES) + 3  # logits wider than the tokenizer: the extra ids are never allowed
+PROMPT_END = ids("Sure", "<|close|>", "response", "<|sep|>")
+KEYS = ["a", "b", "c", "city", "count"]
+
+scalar = st.one_of(
+    st.just({"type": "string"}),
+    st.just({"type": "integer"}),
+    st.just({"type": "number"}),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.lists(st.sampled_from(["x", "y", "xy", "Paris", 'x"y', "a&b"]), min_size=1, max_size=3).map(
+        lambda v: {"type": "string", "enum": v}
+    ),
+    st.lists(st.sampled_from([0, 1, -1, 12, 7]), min_size=1, max_size=3).map(
+        lambda v: {"type": "integer", "enum": v}
+    ),
+    st.sampled_from([{"const": "x"}, {"enum": [True]}, {"type": "number", "enum": [1.5, 2]}]),
+)
+
+
+@st.composite
+def schemas(draw):
+    keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))
+    properties = {k: draw(scalar) for k in keys}
+    schema = {"type": "object", "properties": properties}
+    required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
+    if required:
+        schema["required"] = required
+    if draw(st.booleans()):
+        schema["additionalProperties"] = False
+    return schema
+
+
+@st.composite
+def requests(draw):
+    names = draw(
+        st.lists(
+            st.sampled_from(["f", "g", "get_weather", "x1"]), min_size=1, max_size=3, unique=True
+        )
+    )
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": draw(schemas())}} for n in names
+    ]
+    return tools, draw(st.booleans())
+
+
+def walk(channel, seed: int, max_steps: int = 200):
+    """Sample the argmax of adversarial logits among the allowed ids; the ids and states."""
+    rng = np.random.default_rng(seed)
+    out, state, states = list(PROMPT_END), channel.walk(PROMPT_END), []
+    boost = ids("<|end_of_msg|>", "<|close|>", "<|open|>", "<|sep|>", '"', "Paris")
+    for _ in range(max_steps):
+        if state == UNCONSTRAINED:
+            break
+        states.append(state)
+        logits = rng.normal(size=VOCAB)
+        logits[rng.choice(boost)] += 3.0
+        allowed = allowed_ids(channel, state)
+        token = max(allowed, key=lambda t: logits[t])
+        out.append(token)
+        state = channel.step(state, token)
+    return out, state, states
+
+
+def allowed_ids(channel, state):
+    """The state machine's allowed ids below VOCAB (the reference for the kernel)."""
+    forced = channel.forced_token(state)
+    if forced is not None:
+        return [forced]
+    call = channel.call_state(state)
+    if call is None:
+        return [t for t in range(VOCAB) if t not in channel.end_ids]
+    return [t for t in channel.calls.allowed_ids(call, VOCAB) if t not in channel.end_ids]
+
+
+def channel_for(tools, parallel, name=None):
+    spec = call_spec_for(WORDS, tools, name=name, parallel=parallel)
+    assert CallSpec.from_json(spec.to_json()) == spec
+    return REQUIRED.with_calls(CallAutomaton(spec, CLASSES))
+
+
+def check_turn(tools, parallel, out):
+    parsed = parse_k3(WORDS.decode(out))
+    assert parsed.content == "Sure", WORDS.decode(out)
+    assert parsed.tool_calls, WORDS.decode(out)
+    if not parallel:
+        assert len(parsed.tool_calls) == 1
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for call in parsed.tool_calls:
+        assert call.name in by_name
+        jsonschema.validate(call.arguments, by_name[call.name])
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests(), st.integers(0, 2**32 - 1))
+def test_every_finished_call_validates_against_its_schema(request, seed):
+    tools, parallel = request
+    channel = channel_for(tools, parallel)
+    out, state, _ = walk(channel, seed, max_steps=400)
+    if state == UNCONSTRAINED:  # finished: <|end_of_msg|> written
+        check_turn(tools, parallel, out)
+
+
+def test_a_disallowed_key_a_wrong_type_and_a_missing_key_cannot_be_written():
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "count": {"type": "integer"}},
+                    "required": ["city", "count"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    channel = channel_for(tools, parallel=False)
+    state = channel.walk([*PROMPT_END, *ids("<|open|>", "tools", "<|sep|>", "<|open|>", "call")])
+    state = channel.walk(ids(' tool="', "get_weather", '" index="', "0", '"', "<|sep|>"), state)
+    # The call cannot close before its required keys, nor name another key.
+    assert ids("<|close|>")[0] not in allowed_ids(channel, state)
+    state = channel.step(state, ids("<|open|>")[0])
+    assert allowed_ids(channel, state) == ids("argument")
+    state = channel.walk(ids("argument", ' key="'), state)
+    assert allowed_ids(channel, state) == ids("city")  # "count" comes after "city"
+    state = channel.walk(ids("city", '" type="', "string", '"', "<|sep|>", "Paris"), state)
+    state = channel.walk(ids("<|close|>", "argument", "<|sep|>", "<|open|>", "argument"), state)
+    state = channel.walk(ids(' key="', "count", '" type="', "number", '"', "<|sep|>"), state)
+    # An integer: no text, no fraction, no closing before a digit.
+    allowed = allowed_ids(channel, state)
+    assert ids("Paris")[0] not in allowed and ids("<|close|>")[0] not in allowed
+    assert ids("12")[0] in allowed and ids("-")[0] in allowed and ids("1.")[0] not in allowed
+    state = channel.walk(ids("12", "<|close|>", "argument", "<|sep|>"), state)
+    state = channel.walk(ids("<|close|>", "call", "<|sep|>"), state)
+    # parallel_tool_calls=false: the tools channel closes after one call.
+    assert channel.forced_token(state) == ids("<|close|>")[0]
+
+
+def test_unsupported_schemas_are_refused_with_the_construct():
+    nested = {"type": "object", "properties": {"a": {"type": "object"}}}
+    cases = [
+        (nested, "type 'object'"),
+        ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}, "maxLength"),
+        ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf"),
+        ({"type": "object", "required": ["a"]}, "not properties"),
+        ({"type": "object", "patternProperties": {}}, "patternProperties"),
+    ]
+    for schema, what in cases:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+        with pytest.raises(UnsupportedSchema, match=what):
+            call_spec_for(WORDS, tools)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(requests(), min_size=1, max_size=2), st.integers(0, 2**32 - 1))
+def test_kernel_and_reference_agree_with_the_state_machine(batch, seed):
+    # Channels with calls beside the plain required channel, in one table.
+    channels = [channel_for(tools, parallel) for tools, parallel in batch]
+    channels = list(dict.fromkeys([REQUIRED, *channels]))
+    tables = compile_channels(channels, DEVICE)
+    rows, want, tokens, after = [], [], [], []
+    for index, channel in enumerate(channels):
+        base = tables.bases[index]
+        out, _, states = walk(channel, seed + index, max_steps=60)
+        for i, state in enumerate(states[:12]):
+            rows.append(base + state)
+            want.append(allowed_ids(channel, state))
+            token = out[len(PROMPT_END) + i]
+            tokens.append(token)
+            nxt = channel.step(state, token)
+            after.append(UNCONSTRAINED if nxt == UNCONSTRAINED else base + nxt)
+    states = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    logits = torch.randn(len(rows), VOCAB, device=DEVICE)
+    torch_out, triton_out = logits.clone(), logits.clone()
+    apply_channel_torch(torch_out, tables, states)
+    apply_channel_triton(triton_out, tables, states, block=32, programs=4)
+    assert torch.equal(torch_out, triton_out)
+    for r, allowed in enumerate(want):
+        finite = torch.isfinite(torch_out[r]).nonzero().flatten().tolist()
+        assert finite == allowed, (r, rows[r])
+    token_t = torch.tensor(tokens, dtype=torch.int32, device=DEVICE)
+    assert next_states(tables, states, token_t).tolist() == after
+    # The device advance (interpreted Triton) steps the same way.
+    scanned = torch.zeros_like(states)
+    advanced = states.clone()
+    advance_states(
+        tables, advanced, scanned, token_t.view(-1, 1), torch.ones_like(states),
+        torch.arange(len(rows), dtype=torch.int32, device=DEVICE),
+    )  # fmt: skip
+    assert advanced.tolist() == after
