@@ -81,3 +81,15 @@ def generate(
     raise AssertionError(
         f"engine run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
     )
+
+
+def run_config_script(script: str, model, cases: dict, **env: str) -> subprocess.CompletedProcess:
+    """`python -c script MODEL CASES_JSON` with the engine environment (plus `env`): the
+    tests that build vLLM configs case by case, each in one fresh process."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(model), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=engine_env(**env),
+        timeout=300,
+    )

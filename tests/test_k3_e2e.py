@@ -260,25 +260,26 @@ def test_serve_auto_answers_without_a_tool_call(server):
     assert message.content == "Sure"
 
 
-@pytest.mark.parametrize("choice", ["required", "named"])
-def test_serve_streaming_gives_the_same_call(server, choice):
-    content, names, arguments = "", [], []
-    for chunk in chat(server, CHOICES[choice], stream=True):
+def streamed_reply(chunks) -> tuple[str | None, list[tuple[str, str]]]:
+    """The content (None if empty) and the (name, arguments) calls of a streamed chat reply."""
+    content, calls = "", []
+    for chunk in chunks:
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for call in delta.tool_calls or []:
             if call.function and call.function.name:
-                names.append(call.function.name)
-                arguments.append("")
+                calls.append((call.function.name, ""))
             if call.function and call.function.arguments:
-                arguments[-1] += call.function.arguments
-    expect_call(
-        content or None,
-        [{"name": n, "arguments": a} for n, a in zip(names, arguments, strict=True)],
-        CALLED[choice],
-    )
+                calls[-1] = (calls[-1][0], calls[-1][1] + call.function.arguments)
+    return content or None, calls
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_serve_streaming_gives_the_same_call(server, choice):
+    content, calls = streamed_reply(chat(server, CHOICES[choice], stream=True))
+    expect_call(content, [{"name": n, "arguments": a} for n, a in calls], CALLED[choice])
 
 
 def test_serve_says_the_channel_enforces_required(server):

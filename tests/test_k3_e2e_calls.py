@@ -31,6 +31,7 @@ import pytest
 from models.scripted_gpt2 import build_scripted_dir
 
 from tests.engine import engine_env as shared_engine_env
+from tests.test_k3_e2e import streamed_reply
 
 pytestmark = pytest.mark.vllm
 
@@ -108,18 +109,7 @@ def reply(server, tools, choice, stream):
         message = response.choices[0].message
         calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
         return message.content, calls
-    content, calls = "", []
-    for chunk in response:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for call in delta.tool_calls or []:
-            if call.function and call.function.name:
-                calls.append((call.function.name, ""))
-            if call.function and call.function.arguments:
-                calls[-1] = (calls[-1][0], calls[-1][1] + call.function.arguments)
-    return content or None, calls
+    return streamed_reply(response)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -12,7 +12,7 @@ import pytest
 
 from atom_plugin.tbo.judgement import EngineLimits, tbo_judgement
 from atom_plugin.tbo.mode import TboConfig
-from tests.engine import engine_env
+from tests.engine import engine_env, run_config_script
 
 YIELDING = EngineLimits(8192, 256, expert_parallel=True, all2all_backend="deepep_low_latency")
 
@@ -105,13 +105,7 @@ CASES = {
 @pytest.mark.vllm
 def test_each_start_up_judgement_is_logged_and_info_prints_the_same(tiny_llama):
     cases = {name: extra for name, (extra, _) in CASES.items()}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHECK, str(tiny_llama), json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        env=engine_env(),
-        timeout=300,
-    )
+    proc = run_config_script(CHECK, tiny_llama, cases)
     logged = logged_by_case(proc.stdout)
     assert "END" in logged, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, (extra, wanted) in CASES.items():

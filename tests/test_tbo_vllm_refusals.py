@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.engine import engine_env
+from tests.engine import run_config_script
 
 pytestmark = pytest.mark.vllm
 
@@ -55,13 +53,7 @@ CASES = {
 def test_settings_tbo_cannot_serve_are_refused_at_start(tiny_llama):
     cases = {name: extra for name, (extra, _) in CASES.items()}
     cases["tbo off"] = tbo("off")
-    proc = subprocess.run(
-        [sys.executable, "-c", CHECK, str(tiny_llama), json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        env=engine_env(),
-        timeout=300,
-    )
+    proc = run_config_script(CHECK, tiny_llama, cases)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
     errors = json.loads(line[len("RESULT ") :])
@@ -72,12 +64,8 @@ def test_settings_tbo_cannot_serve_are_refused_at_start(tiny_llama):
 
 def test_model_runner_v2_is_refused_with_the_setting_that_works(tiny_llama):
     # The CPU build's config takes Model Runner V2 when asked for it (its GPU default).
-    proc = subprocess.run(
-        [sys.executable, "-c", CHECK, str(tiny_llama), json.dumps({"mrv2": tbo("prefill")})],
-        capture_output=True,
-        text=True,
-        env=engine_env(VLLM_USE_V2_MODEL_RUNNER="1"),
-        timeout=300,
+    proc = run_config_script(
+        CHECK, tiny_llama, {"mrv2": tbo("prefill")}, VLLM_USE_V2_MODEL_RUNNER="1"
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]

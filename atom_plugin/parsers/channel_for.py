@@ -233,17 +233,18 @@ def channel_from_extra_args(
     if args is None:
         return None
     channel, calls = args
-    if calls is None:
-        return channel
+    return channel if calls is None else _with_calls(channel, calls, classes)
+
+
+def _with_calls(
+    channel: RequiredChannel, calls: CallSpec, classes: TokenClasses | None
+) -> RequiredChannel:
     if classes is None:
-        raise ValueError(_NO_CLASSES)
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}] carries calls, which need the vocabulary's token "
+            "classes to compile: none were given"
+        )
     return channel.with_calls(_automaton(calls, classes))
-
-
-_NO_CLASSES = (
-    f"extra_args[{EXTRA_ARGS_KEY!r}] carries calls, which need the vocabulary's token "
-    "classes to compile: none were given"
-)
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,9 +268,7 @@ def request_channel(
     stop_ids = tuple(sorted(params.all_stop_token_ids))
     channel, calls = _parsed_args(raw) if isinstance(raw, str) else channel_args(params.extra_args)
     if calls is not None:
-        if classes is None:
-            raise ValueError(_NO_CLASSES)
-        return _compiled(channel, calls, classes(), stop_ids)
+        return _compiled(channel, calls, None if classes is None else classes(), stop_ids)
     return _ending_on(channel, stop_ids)
 
 
@@ -285,6 +284,9 @@ def _ending_on(channel: RequiredChannel, stop_ids: tuple[int, ...]) -> RequiredC
 
 @functools.lru_cache(maxsize=1024)
 def _compiled(
-    channel: RequiredChannel, calls: CallSpec, classes: TokenClasses, stop_ids: tuple[int, ...]
+    channel: RequiredChannel,
+    calls: CallSpec,
+    classes: TokenClasses | None,
+    stop_ids: tuple[int, ...],
 ) -> RequiredChannel:
-    return channel.with_calls(_automaton(calls, classes)).ending_on(stop_ids)
+    return _with_calls(channel, calls, classes).ending_on(stop_ids)
