@@ -58,11 +58,16 @@ def worker_facts(worker) -> dict:
     mode = getattr(manager, "cudagraph_mode", None)
     if mode is None:
         mode = runner.compilation_config.cudagraph_mode
+    import torch
+
     return {
         "attention_backends": names,
         "cudagraph_mode": str(mode),
         "runner": type(runner).__module__ + "." + type(runner).__name__,
         "block_size": runner.cache_config.block_size,
+        # vLLM's CPU worker module swaps torch.cuda's streams and events for placeholders
+        # in any process that imports it; a GPU engine must still have torch's own.
+        "torch_cuda_event": f"{torch.cuda.Event.__module__}.{torch.cuda.Event.__qualname__}",
         "versions": _versions(),
     }
 

@@ -241,8 +241,9 @@ def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
     facts = result["facts"]
     assert facts["attention_backends"] == [config.backend], facts
     tbo = "additional_config" in config.extra  # TBO runs vLLM's V1 runner under the plugin's
-    expected = "atom_plugin.vllm.tbo_worker" if tbo else EXPECTED_RUNNER[config.runner]
+    expected = "atom_plugin.vllm.tbo_worker_gpu" if tbo else EXPECTED_RUNNER[config.runner]
     assert facts["runner"].startswith(expected), facts
+    assert facts["torch_cuda_event"] == "torch.cuda.streams.Event", facts
     assert ("NONE" in facts["cudagraph_mode"]) == config.eager, facts
     ref_name, second_name = REFERENCES[config.model]
     ref = _reference_rows(plugin, reference, config, ref_name)

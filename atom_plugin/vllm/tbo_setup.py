@@ -1,7 +1,7 @@
 """Turning two-batch overlap on in a vLLM config (from the platform's `check_and_update_config`).
 
 With `--additional-config '{"atom_plugin": {"tbo": "..."}}'` other than "off",
-the plugin's worker (`atom_plugin.vllm.tbo_worker`) takes the place of the one
+the plugin's worker (`atom_plugin.vllm.tbo_worker_cpu` or `_gpu`) takes the place of the one
 vLLM would pick. A setting TBO cannot serve is refused here, at start.
 """
 
@@ -16,9 +16,9 @@ from atom_plugin.vllm.settings import PluginSettings
 logger = init_logger("vllm.atom_plugin")
 
 TBO_WORKERS = {
-    "cpu": "atom_plugin.vllm.tbo_worker.AtomTboCPUWorker",
-    "cuda": "atom_plugin.vllm.tbo_worker.AtomTboGPUWorker",
-    "rocm": "atom_plugin.vllm.tbo_worker.AtomTboGPUWorker",
+    "cpu": "atom_plugin.vllm.tbo_worker_cpu.AtomTboCPUWorker",
+    "cuda": "atom_plugin.vllm.tbo_worker_gpu.AtomTboGPUWorker",
+    "rocm": "atom_plugin.vllm.tbo_worker_gpu.AtomTboGPUWorker",
 }
 
 
