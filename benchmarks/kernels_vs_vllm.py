@@ -330,7 +330,7 @@ def assert_close(got, want, what: str, atol: float = ATOL, rtol: float = RTOL) -
     bad = int((diff > atol + rtol * w.abs()).sum())
     if bad:
         raise OutputMismatch(
-            f"{what}: {bad} of {diff.numel()} elements beyond {atol:g} + {rtol:g}*|ref| "
+            f"{what}: {bad} of {diff.numel()} elements beyond {atol:g} + {rtol:g}*abs(ref) "
             f"(max abs diff {worst:.3g})"
         )
     return worst
@@ -375,27 +375,46 @@ def _side(row: dict, name: str, fn, flush, iters) -> torch.Tensor | None:
     return out
 
 
+def max_abs_diff(a, b) -> float | None:
+    if tuple(a.shape) != tuple(b.shape) or a.numel() == 0:
+        return None
+    return (a.float() - b.float()).abs().max().item()
+
+
 def _judge(row: dict, plugin_out, vllm_out, vllm_name: str, ref_fn=None) -> None:
-    """Compare the two outputs (and each with the reference where one is computed) by
-    assertion; sets row['status'] ('ok', 'FAILED: ...', 'ERROR: ...')."""
-    errors = [row[k] for k in ("plugin_error", "vllm_error") if k in row]
-    try:
-        if plugin_out is not None and vllm_out is not None:
-            row["maxdiff"] = assert_close(plugin_out, vllm_out, f"plugin vs {vllm_name}")
-        if ref_fn is not None and (plugin_out is not None or vllm_out is not None):
+    """Assert the two outputs close, and each close to the reference where one is
+    computed; every check runs, so a FAILED row says which side is off. Sets
+    row['status']: 'ok', 'FAILED: <each mismatch>' or 'ERROR: <each error>'."""
+    sides = {"plugin": "plugin", "vllm": vllm_name}
+    errors = [f"{name}: {row[f'{k}_error']}" for k, name in sides.items() if f"{k}_error" in row]
+    pairs = []
+    if plugin_out is not None and vllm_out is not None:
+        pairs.append((plugin_out, vllm_out, f"plugin vs {vllm_name}"))
+        row["maxdiff"] = max_abs_diff(plugin_out, vllm_out)
+    if ref_fn is not None and (plugin_out is not None or vllm_out is not None):
+        try:
             ref = ref_fn()
-            diffs = []
-            if plugin_out is not None:
-                diffs.append(assert_close(plugin_out, ref, "plugin vs fp32 reference"))
-            if vllm_out is not None:
-                diffs.append(assert_close(vllm_out, ref, f"{vllm_name} vs fp32 reference"))
-            row["ref_maxdiff"] = max(diffs)
-    except OutputMismatch as exc:
-        row["status"] = f"FAILED: {exc}"
-        return
-    except Exception as exc:  # the reference itself failed
-        errors.append(f"reference: {_short(exc)}")
-    row["status"] = "ERROR: " + "; ".join(errors) if errors else "ok"
+        except Exception as exc:  # the reference itself failed
+            errors.append(f"reference: {_short(exc)}")
+        else:
+            outs = [
+                (o, n) for o, n in ((plugin_out, "plugin"), (vllm_out, vllm_name)) if o is not None
+            ]
+            diffs = [max_abs_diff(o, ref) for o, _ in outs]
+            row["ref_maxdiff"] = max((d for d in diffs if d is not None), default=None)
+            pairs += [(o, ref, f"{n} vs fp32 reference") for o, n in outs]
+    failures = []
+    for got, want, what in pairs:
+        try:
+            assert_close(got, want, what)
+        except OutputMismatch as exc:
+            failures.append(str(exc))
+    if failures:
+        row["status"] = "FAILED: " + "; ".join(failures)
+    elif errors:
+        row["status"] = "ERROR: " + "; ".join(errors)
+    else:
+        row["status"] = "ok"
 
 
 def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
@@ -462,7 +481,9 @@ def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
         def ref_fn():
             from atom_plugin.backends.mla_reference import mla_decode_reference
 
-            ref = torch.zeros(batch * q_len, heads, LORA, dtype=torch.float32, device="cuda")
+            ref = torch.zeros(
+                batch * q_len, heads, LORA, dtype=torch.float32, device=shape.q.device
+            )
             mla_decode_reference(
                 shape.q, shape.kv, shape.meta, scale=shape.scale, output=ref, kv_lora_rank=LORA
             )
@@ -539,7 +560,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def _status_cell(r: dict) -> str:
-    return r.get("status", "ERROR: not run")
+    return r.get("status", "ERROR: not run").replace("|", "/")
 
 
 def _timing_cell(r: dict) -> str:
