@@ -283,7 +283,9 @@ def main(spec: dict) -> dict:
             for rep in range(spec["repeats"] if w is workloads[0] else 1):
                 runs.append(run_workload(llm, w, f"{w.name}-{rep}", seed=rep))
                 print("RUN " + json.dumps(runs[-1]), flush=True)
-        result["runs"] = runs
+                # Saved after every pass: a case killed at the run's deadline keeps its rows.
+                result["runs"] = runs
+                save(spec, result)
         # Shorter passes (their prefill steps and 31 decode steps) keep the traces small.
         result["profiles"] = [
             profile_workload(llm, w.scaled(w.requests, min(32, w.output_len)), f"profile-{w.name}")
@@ -293,8 +295,12 @@ def main(spec: dict) -> dict:
     return result
 
 
+def save(spec: dict, result: dict) -> None:
+    Path(spec["out_json"]).write_text(json.dumps(result, indent=1))
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
     out = main(spec)
-    Path(spec["out_json"]).write_text(json.dumps(out, indent=1))
+    save(spec, out)
     print("DONE " + spec["case"], flush=True)

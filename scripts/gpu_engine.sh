@@ -3,14 +3,23 @@
 # ../shared/device-vllm/install.sh into /tmp/site). Run from the repo root there:
 #   bash scripts/gpu_engine.sh STAGE...
 # Stages:
+#   install     joins the parts sent to /tmp/parts (install.sh among them) and installs them
 #   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs)
 #               and TBO's refusal of Model Runner V2 on the GPU build
-#   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton
+#   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
+#               four pytest workers on the one GPU
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
+#   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
+#   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
 # Each stage writes its log under $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
+if [ "${1:-}" = install ]; then
+  shift
+  printf '\n===== install (%s)\n' "$(date -u +%H:%M:%S)"
+  mkdir -p /tmp/w && cp /tmp/parts/install.sh /tmp/w/ && bash /tmp/w/install.sh || exit 1
+fi
 source /tmp/w/install.sh env || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PYTHONPATH"
 # vLLM discovers plugins through installed entry points: announce this checkout's package.
@@ -32,13 +41,14 @@ for what in "$@"; do
       stage "GPU engine tests"
       timeout 560 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
         "tests/test_tbo_vllm_refusals.py::test_model_runner_v2_is_refused_with_the_setting_that_works" \
+        "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
         2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
     kernels)
       stage "kernel GPU tests"
-      timeout 500 python3 -m pytest -q -p no:cacheprovider \
+      timeout 500 python3 -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_attention_triton.py tests/test_mla_kernels.py tests/test_mla_gluon.py \
         tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
-        tests/test_k3_gate_core.py tests/test_tbo_gpu.py \
+        tests/test_k3_gate_core.py tests/test_tbo_gpu.py tests/test_kernels_vs_vllm.py \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
     mha)
       stage "engine benchmark, MHA"
@@ -50,7 +60,15 @@ for what in "$@"; do
       python3 -m benchmarks.engine --out-dir /tmp/engine-mla ${ENGINE_ARGS:-} \
         2>&1 | tee "$OUT/engine_mla.log" || status=1
       tar -czf "$OUT/engine_mla.tgz" -C /tmp/engine-mla --exclude shapes . ;;
-    *) echo "unknown stage '$what'; stages: tests kernels mha mla" >&2; exit 2 ;;
+    anchors)
+      stage "kernels beside FlashMLA and FA3"
+      timeout 400 python3 -m benchmarks.kernels_vs_vllm --out "$OUT/kernels_vs_vllm.md" \
+        ${ANCHOR_ARGS:-} 2>&1 | tee "$OUT/kernels_vs_vllm.log" || status=1 ;;
+    k3)
+      stage "K3 logits benchmark"
+      timeout 300 python3 benchmarks/k3_logits.py --out "$OUT/k3_logits.md" ${K3_ARGS:-} \
+        2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
+    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors k3" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

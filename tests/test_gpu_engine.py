@@ -108,6 +108,8 @@ PLUGIN = [
     Config("mha-v1-graphs", "mha", "ATOM_AITER", runner="v1", extra=CHUNKED),
     Config("mha-v1-eager", "mha", "ATOM_AITER", runner="v1", eager=True),
     Config("mla-mrv2-graphs", "mla", "ATOM_AITER_MLA", extra=CHUNKED),
+    Config("mla-mrv2-eager", "mla", "ATOM_AITER_MLA", eager=True),
+    Config("mla-v1-graphs", "mla", "ATOM_AITER_MLA", runner="v1", extra=CHUNKED),
     Config("mla-v1-eager", "mla", "ATOM_AITER_MLA", runner="v1", eager=True),
     Config("tbo-decode-graphs", "mha", "ATOM_AITER", runner="v1", extra=TBO_DECODE),
     Config(
