@@ -15,7 +15,16 @@ before logits processors). For every case it measures, in the same run:
   the step's logits bytes;
 - ATOM's MI355X figures from the original change, quoted (not measured here).
 
-Usage: python benchmarks/k3_logits.py [--out FILE] [--xgrammar-wheel WHEEL]
+A second table (same run) is issue 27's schema-constrained calls: a mixed batch of 256 rows
+(required rows inside the arguments of three different schemas, named rows, forced-prefix
+rows, waiting rows and free rows, benchmarks/k3_calls.py) on a synthetic BPE-like vocabulary
+of the K3 size (benchmarks/k3_vocab.py; the K3 tokenizer cannot be downloaded): our one launch
+against xgrammar's `apply_token_bitmask_inplace` with a bitmask giving the same mask, and
+xgrammar's host-side bitmask fill for vLLM's own kimi_k3 structural tag at the same positions
+(when xgrammar and vLLM import); and the one-off build of the vocabulary's token classes on
+the host CPU.
+
+Usage: python benchmarks/k3_logits.py [--out FILE] [--xgrammar-wheel WHEEL] [--calls-only]
 `--xgrammar-wheel` loads xgrammar's Triton kernel file straight from a wheel
 when `import xgrammar` fails (it needs only torch and triton).
 `--smoke` runs every code path on the CPU under TRITON_INTERPRET=1 at a small
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 
 VOCAB = 163_840
 SMOKE_VOCAB = 640
+SMOKE_CALLS_VOCAB = 4096  # the synthetic vocabulary's smallest size
 XGR_KERNEL = "xgrammar/kernels/apply_token_bitmask_inplace_triton.py"
 
 # ATOM's figures on an MI355X, from the notes: (before, after) in microseconds.
@@ -63,6 +73,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replays", type=int, default=50, help="graph replays per trial")
     parser.add_argument("--trials", type=int, default=5, help="trials; the median is reported")
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreted, tiny vocabulary")
+    parser.add_argument(
+        "--host-only",
+        action="store_true",
+        help="only the calls table's host-side figures (token classes, xgrammar's fill) at "
+        "the K3 vocabulary size, on the CPU",
+    )
+    parser.add_argument(
+        "--calls-only", action="store_true", help="only the schema-constrained calls table"
+    )
     parser.add_argument(
         "--sweep", action="store_true", help="also time the kernel over BLOCK x PROGRAMS choices"
     )
@@ -420,6 +439,8 @@ def mixed_case(vocab, device, channel, end_ids, xgr_case, fill, copy, empty) -> 
 
 
 def run(args: argparse.Namespace) -> str:
+    if args.host_only:
+        return "\n".join(host_table(args)) + "\n"
     if args.smoke:
         device, vocab = torch.device("cpu"), SMOKE_VOCAB
         args.replays = args.trials = 1
@@ -436,11 +457,22 @@ def run(args: argparse.Namespace) -> str:
 
     lines = [
         f"Device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (smoke)'}; "
-        f"torch {torch.__version__}, triton {triton.__version__}; vocabulary {vocab}, fp32 logits.",
+        f"torch {torch.__version__}, triton {triton.__version__}; fp32 logits.",
         f"xgrammar: {xgr_from if xgr else 'not available (' + xgr_from + ')'}.",
         "Times in us per call: 'dev' = device time per launch from a CUDA graph of "
         f"{args.graph_calls} back-to-back calls; 'eager' = wall time per eager call "
-        f"(median of {args.trials} trials). ATOM figures are theirs, on an MI355X.",
+        f"(median of {args.trials} trials).",
+    ]
+    if not args.calls_only:
+        lines += channel_table(args, device, vocab, xgr, timed)
+    lines += calls_table(args, device, xgr, timed)
+    return "\n".join(lines) + "\n"
+
+
+def channel_table(args, device, vocab, xgr, timed) -> list[str]:
+    lines = [
+        "",
+        f"Required and named channels, vocabulary {vocab}. ATOM figures are theirs, on an MI355X.",
         "",
         "| case | rows | forced rows | our launches | ours dev | ours eager | "
         "xgrammar dev | xgrammar eager | physical reference (dev us) | ATOM MI355X | target |",
@@ -466,7 +498,108 @@ def run(args: argparse.Namespace) -> str:
         )
     if args.sweep:
         lines += sweep_table(cases, args, device)
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def host_table(args) -> list[str]:
+    """The calls batch's host-side costs at the K3 vocabulary size, on the CPU."""
+    from benchmarks.k3_calls import CallsBatch, XgrammarFill, class_build_seconds
+    from benchmarks.k3_vocab import SyntheticK3Tokenizer
+
+    tokenizer = SyntheticK3Tokenizer(VOCAB)
+    build_s, num_classes = class_build_seconds(tokenizer, VOCAB)
+    batch = CallsBatch(tokenizer, torch.device("cpu"))
+    fill = XgrammarFill(batch)
+    fill_us = eager_time_us(fill.fill, args, torch.device("cpu"))
+    return [
+        f"Host CPU only; torch {torch.__version__}; synthetic BPE-like vocabulary of {VOCAB} "
+        "ids (benchmarks/k3_vocab.py, not the K3 tokenizer).",
+        f"Batch {MIXED_BATCH}: {batch.describe()}.",
+        "",
+        "| host-side cost | value |",
+        "|---|---|",
+        f"| token classes (`classes_for_tokenizer`, once per engine) | {build_s:.2f} s, "
+        f"{num_classes} classes |",
+        f"| xgrammar compile of vLLM's kimi_k3 tags (required + 3 forced) | "
+        f"{fill.compile_seconds:.2f} s |",
+        f"| xgrammar `fill_next_token_bitmask`, {fill.rows} rows, per step (median of "
+        f"{args.trials} x {args.replays * 4} steps) | {fill_us:.0f} us "
+        f"({fill_us / fill.rows:.1f} us/row) |",
+    ]
+
+
+def calls_table(args, device, xgr, timed) -> list[str]:
+    """Issue 27: the mixed batch with calls against xgrammar, and the token-class build."""
+    from benchmarks.k3_calls import CallsBatch, XgrammarFill, class_build_seconds
+    from benchmarks.k3_vocab import SyntheticK3Tokenizer
+
+    vocab = SMOKE_CALLS_VOCAB if args.smoke else VOCAB
+    t0 = time.perf_counter()
+    tokenizer = SyntheticK3Tokenizer(vocab)
+    made_s = time.perf_counter() - t0
+    build_s, num_classes = class_build_seconds(tokenizer, vocab)
+    batch = CallsBatch(tokenizer, device)
+    x = torch.randn(MIXED_BATCH, vocab, device=device, dtype=torch.float32)
+    ours = lambda: batch.apply(x)  # noqa: E731
+    core_launches = ours()
+    if core_launches != 1:
+        raise SystemExit(f"the calls batch took {core_launches} launches, expected 1")
+    allowed = torch.from_numpy(batch.allowed(vocab)).to(device)
+    if not torch.equal(torch.isfinite(x), allowed):
+        raise SystemExit("the kernel's mask differs from the state machine's for the calls batch")
+    xgr_dev = xgr_eager = "not available"
+    if xgr is not None:
+        mask = batch.bitmask(vocab, device)
+        y = torch.randn(MIXED_BATCH, vocab, device=device, dtype=torch.float32)
+        xgr(y, mask)
+        if not torch.equal(torch.isfinite(y), allowed):
+            raise SystemExit("xgrammar's bitmask does not give the same mask as ours")
+        xgr_dev, xgr_eager = timed(lambda: xgr(x, mask))
+    try:
+        fill = XgrammarFill(batch)
+    except Exception as err:  # xgrammar or vLLM missing or broken: say so rather than guess
+        fill_cell, compile_note = f"not available ({type(err).__name__}: {err})", ""
+    else:
+        fill_us = eager_time_us(fill.fill, args, torch.device("cpu"))
+        fill_cell = f"{fill_us:.0f} ({fill.rows} rows, {fill_us / fill.rows:.1f}/row)"
+        compile_note = (
+            f" xgrammar compiled vLLM's kimi_k3 tags (required + 3 forced) in "
+            f"{fill.compile_seconds:.2f} s."
+        )
+    ours_dev, ours_eager = timed(ours)
+    empty_arg = torch.empty(1, device=device)
+    dst = torch.empty_like(x)
+    physical = (
+        f"empty kernel launch: {timed(lambda: _empty_kernel[(1,)](empty_arg))[0]}; "
+        f"d2d copy of step logits ({x.numel() * 4 / 1e6:.2f} MB): {timed(lambda: dst.copy_(x))[0]}"
+    )
+    return [
+        "",
+        f"Schema-constrained calls (issue 27): synthetic BPE-like vocabulary of {vocab} ids "
+        "(benchmarks/k3_vocab.py, not the K3 tokenizer, which cannot be downloaded); "
+        f"batch {MIXED_BATCH}: {batch.describe()}.",
+        "xgrammar apply: `apply_token_bitmask_inplace` with a bitmask giving the same mask "
+        "as ours (checked), already on the device; its host-to-device copy is not counted. "
+        "xgrammar host fill: one `GrammarMatcher` per constrained row, compiled from vLLM's "
+        "own kimi_k3 structural tag for the same tools (required; named as vLLM's forced) and "
+        "advanced through the same ids, `fill_next_token_bitmask` for every such row once, "
+        "serially on one host thread (wall us per step on this host's CPU; its masks are "
+        "vLLM's, looser than ours). Ours needs no host work per step beyond the launch."
+        + compile_note,
+        "",
+        "| case | rows | forced rows | our launches (core / profiler) | ours dev | ours eager "
+        "| xgrammar apply dev | xgrammar apply eager | xgrammar host fill per step (us) "
+        "| physical reference (dev us) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| mixed batch {MIXED_BATCH} with calls, through ChannelCore.apply | {MIXED_BATCH} | "
+        f"{batch.forced_rows} | {core_launches} / {launches(ours, device)} | {ours_dev} | "
+        f"{ours_eager} | {xgr_dev} | {xgr_eager} | {fill_cell} | {physical} |",
+        "",
+        f"Token classes, built once per engine on its first request with calls: "
+        f"`classes_for_tokenizer` over the synthetic vocabulary of {vocab} ids (decode each "
+        f"id, sort into classes): {build_s:.2f} s on the host CPU, {num_classes} classes "
+        f"(making the synthetic vocabulary itself, {made_s:.2f} s, is not counted).",
+    ]
 
 
 SWEEP_BLOCKS = (1024, 2048, 4096, 8192)
