@@ -27,6 +27,12 @@ def mla_token_plan(
     """
     qsl = meta.query_start_loc[: meta.num_reqs + 1]
     device = qsl.device
+    if token_kv_lens is None and meta.max_query_len <= 1 and num_tokens == meta.num_reqs:
+        # A uniform decode step (query_start_loc is 0, 1, ..., n): token t is request t's
+        # only query and sees all of its seq_len keys. Two ops instead of some forty
+        # small ones, each a kernel launch and its host cost on every decode step.
+        req = torch.arange(num_tokens, device=device, dtype=torch.int32)
+        return req, meta.seq_lens[:num_tokens].to(torch.int32)
     t = torch.arange(num_tokens, device=device, dtype=qsl.dtype)
     req = torch.searchsorted(qsl[1:].contiguous(), t, right=True)
     covered = (req < meta.num_reqs) & (t >= qsl[0])
