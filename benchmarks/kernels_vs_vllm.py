@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -48,11 +47,44 @@ import torch
 
 from benchmarks import attention, attention_mla
 from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, graphed, matmul_tflops, time_us
-
-LORA, ROPE, MLA_PAGE = attention_mla.LORA, attention_mla.ROPE, attention_mla.PAGE
-HQ, HKV, D, DTYPE = attention.HQ, attention.HKV, attention.D, attention.DTYPE
-MHA_SCALE = attention.SCALE
-MHA_BLOCK_SIZE = 16  # vLLM's default block size with the plugin's MHA backend
+from benchmarks.kernel_problems import (
+    ATOL,
+    HKV,
+    HQ,
+    LOGIT_STD,
+    LORA,
+    MHA_BLOCK_SIZE,
+    MHA_SCALE,
+    MLA_PAGE,
+    ROPE,
+    RTOL,
+    D,
+    OutputMismatch,
+    assert_close,
+    fa3_kwargs,
+    fa3_scheduler_kwargs,
+    flashmla_kwargs,
+    make_mla_shape,
+    mha_decode_bytes,
+    mha_decode_flops,
+    mha_pool_tokens,
+    mla_bytes,
+    mla_flops,
+    peaked_mha_query,
+    prefill_flops,
+    prefill_reqs,
+    short_error,
+)
+from benchmarks.kernel_tables import (
+    anchors_table,
+    exit_status,
+    fmt,
+    mha_decode_table,
+    mla_table,
+    prefill_table,
+    ratio,
+    us_cell,
+)
 
 FAMILIES = ("anchors", "mla", "mha-decode", "prefill")
 MLA_HEADS = (16, 64, 128)
@@ -63,8 +95,6 @@ PREFILL_SHAPES = "1x8K,4x2K"  # requests x fresh tokens, causal
 MAX_BATCH = 256
 MAX_CONTEXT = 131072
 
-LOGIT_STD = 3.0  # logits' standard deviation: a few keys carry most of each row's weight
-ATOL, RTOL = 3e-2, 2e-2  # bf16 outputs of kernels that round P to bf16
 REFERENCE_MAX_KEYS = 65536  # float32 reference checks where batch * context is at most this
 REFERENCE_MAX_LOGITS = 1 << 28  # ... and one request's logits fit in 1 GiB of float32
 FA3_DECODE_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph default
@@ -172,175 +202,6 @@ def parse_args(argv=None) -> Config:
     return cfg
 
 
-# ---------------------------------------------------------------- accounting
-
-
-def mla_flops(batch: int, context: int, heads: int, q_len: int) -> int:
-    """2 * query tokens per request * sum of contexts * heads * (576 + 512)."""
-    return 2 * q_len * batch * context * heads * ((LORA + ROPE) + LORA)
-
-
-def mla_bytes(batch: int, context: int, heads: int, q_len: int, elem: int = 2) -> int:
-    """Latent rows read once per request, plus the queries read and the outputs written."""
-    kv = batch * context * (LORA + ROPE)
-    q = batch * q_len * heads * (LORA + ROPE)
-    o = batch * q_len * heads * LORA
-    return (kv + q + o) * elem
-
-
-def mha_decode_flops(batch: int, context: int) -> int:
-    """q.k and p.v: 4 * query heads * head size per key, one query token per request."""
-    return 4 * HQ * D * batch * context
-
-
-def mha_decode_bytes(batch: int, context: int, elem: int = 2) -> int:
-    """K and V rows read once per request, plus the queries read and the outputs written."""
-    return (2 * batch * context * HKV * D + 2 * batch * HQ * D) * elem
-
-
-def prefill_reqs(requests: int, tokens: int) -> list[tuple[int, int]]:
-    """`requests` fresh prompts of `tokens` each, as (query_len, seq_len) pairs."""
-    return [(tokens, tokens)] * requests
-
-
-def causal_pairs(reqs) -> int:
-    """(query, key) pairs a causal pass computes: query j of q_len new tokens over a
-    context s sees s - q_len + j + 1 keys."""
-    return sum(ql * (s - ql) + ql * (ql + 1) // 2 for ql, s in reqs)
-
-
-def prefill_flops(reqs) -> int:
-    return 4 * HQ * D * causal_pairs(reqs)
-
-
-def rate(amount: float, us: float | None, unit: float) -> float | None:
-    """amount per second in `unit`s (1e9: GB/s, 1e12: TFLOP/s) for a call of `us`."""
-    return None if not us else amount / (us * 1e-6) / unit
-
-
-# ---------------------------------------------------------------- inputs
-
-
-def peaked_std(dim: int, scale: float, logit_std: float = LOGIT_STD) -> float:
-    """Query standard deviation giving logits (q.k * scale, keys N(0, 1) over `dim`)
-    the standard deviation `logit_std`."""
-    return logit_std / (math.sqrt(dim) * scale)
-
-
-def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0):
-    """attention_mla.Shape (bf16 cache, block 64, shuffled tables) with peaked queries."""
-    torch.manual_seed(seed)
-    shape = attention_mla.Shape(batch, context, heads, q_len, "bf16", device)
-    std = peaked_std(LORA + ROPE, shape.scale)
-    shape.q = (torch.randn(shape.q.shape, device=device) * std).to(shape.q.dtype)
-    return shape
-
-
-def flashmla_kwargs(shape) -> dict:
-    """flash_mla_with_kvcache's arguments as vLLM's FlashMLAImpl.forward_mqa passes them
-    (bf16 cache), less the scheduler metadata: the query as [B, q_len, H, 576]
-    (reshape_query_for_spec_decode), the cache with its head axis ([blocks, 64, 1, 576]),
-    the request block table and seq_lens (int32), causal."""
-    b, ql, h = shape.batch, shape.q_len, shape.heads
-    return dict(
-        q=shape.q.view(b, ql, h, LORA + ROPE),
-        k_cache=shape.kv.unsqueeze(-2),
-        block_table=shape.meta.block_table,
-        cache_seqlens=shape.meta.seq_lens,
-        head_dim_v=LORA,
-        softmax_scale=shape.scale,
-        causal=True,
-        is_fp8_kvcache=False,
-    )
-
-
-def mha_pool_tokens(decode_shapes, prefill_shapes, block_size=MHA_BLOCK_SIZE) -> int:
-    """Cache rows one pool needs to hold the largest case's blocks."""
-    need = [b * -(-c // block_size) for b, c in (*decode_shapes, *prefill_shapes)]
-    return max(need, default=1) * block_size
-
-
-def peaked_mha_query(tokens: int, device="cuda") -> torch.Tensor:
-    std = peaked_std(D, MHA_SCALE)
-    return (torch.randn(tokens, HQ, D, device=device) * std).to(DTYPE)
-
-
-def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
-    """flash_attn_varlen_func's arguments as vLLM's FlashAttentionImpl.forward passes them
-    (bf16 cache, no window, no softcap, no sinks), less scheduler_metadata. The descales
-    vLLM passes are left out: FA3 reads them for fp8 inputs only."""
-    return dict(
-        q=q,
-        k=pool.key_cache,
-        v=pool.value_cache,
-        out=out,
-        cu_seqlens_q=meta.query_start_loc,
-        max_seqlen_q=meta.max_query_len,
-        seqused_k=meta.seq_lens,
-        max_seqlen_k=meta.max_seq_len,
-        softmax_scale=MHA_SCALE,
-        causal=True,
-        alibi_slopes=None,
-        window_size=[-1, -1],
-        block_table=meta.block_table,
-        softcap=0,
-        fa_version=3,
-        num_splits=num_splits,
-        s_aux=None,
-    )
-
-
-def fa3_scheduler_kwargs(pool, meta, num_splits: int) -> dict:
-    """get_scheduler_metadata's arguments as vLLM's FlashAttentionMetadataBuilder passes
-    them (`_get_scheduler_metadata`)."""
-    return dict(
-        batch_size=meta.num_reqs,
-        max_seqlen_q=meta.max_query_len,
-        max_seqlen_k=meta.max_seq_len,
-        num_heads_q=HQ,
-        num_heads_kv=HKV,
-        headdim=D,
-        cache_seqlens=meta.seq_lens,
-        qkv_dtype=DTYPE,
-        cu_seqlens_q=meta.query_start_loc,
-        page_size=pool.block_size,
-        causal=True,
-        window_size=(-1, -1),
-        num_splits=num_splits,
-    )
-
-
-# ---------------------------------------------------------------- checks
-
-
-class OutputMismatch(AssertionError):
-    pass
-
-
-def assert_close(got, want, what: str, atol: float = ATOL, rtol: float = RTOL) -> float:
-    """Raise OutputMismatch unless every element is finite and |got - want| <= atol +
-    rtol * |want|; returns the largest absolute difference."""
-    if tuple(got.shape) != tuple(want.shape):
-        raise OutputMismatch(f"{what}: shapes {tuple(got.shape)} vs {tuple(want.shape)}")
-    g, w = got.float(), want.float()
-    if not (torch.isfinite(g).all() and torch.isfinite(w).all()):
-        raise OutputMismatch(f"{what}: non-finite values")
-    diff = (g - w).abs()
-    worst = diff.max().item() if diff.numel() else 0.0
-    bad = int((diff > atol + rtol * w.abs()).sum())
-    if bad:
-        raise OutputMismatch(
-            f"{what}: {bad} of {diff.numel()} elements beyond {atol:g} + {rtol:g}*abs(ref) "
-            f"(max abs diff {worst:.3g})"
-        )
-    return worst
-
-
-def _short(exc: BaseException, n: int = 240) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("|", "/").replace("\n", " ")
-    return text[:n]
-
-
 # ---------------------------------------------------------------- running
 
 
@@ -364,13 +225,13 @@ def _side(row: dict, name: str, fn, flush, iters) -> torch.Tensor | None:
         out = fn().clone()
         torch.cuda.synchronize()
     except Exception as exc:
-        row[f"{name}_error"] = _short(exc)
+        row[f"{name}_error"] = short_error(exc)
         progress(f"  {name} error: {row[f'{name}_error']}")
         return None
     try:
         row[f"{name}_us"], row[f"{name}_timing"] = timed(fn, flush, iters)
     except Exception as exc:  # ran, but timing failed: still compare the output
-        row[f"{name}_error"] = f"timing: {_short(exc)}"
+        row[f"{name}_error"] = f"timing: {short_error(exc)}"
         progress(f"  {name} timing error: {row[f'{name}_error']}")
     return out
 
@@ -395,7 +256,7 @@ def _judge(row: dict, plugin_out, vllm_out, vllm_name: str, ref_fn=None) -> None
         try:
             ref = ref_fn()
         except Exception as exc:  # the reference itself failed
-            errors.append(f"reference: {_short(exc)}")
+            errors.append(f"reference: {short_error(exc)}")
         else:
             outs = [
                 (o, n) for o, n in ((plugin_out, "plugin"), (vllm_out, vllm_name)) if o is not None
@@ -430,7 +291,7 @@ def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
         plan = shape.plan()
         row["kernel"] = attention_mla.kernel_name(plan.launch)
     except Exception as exc:
-        row["plugin_error"] = f"plan: {_short(exc)}"
+        row["plugin_error"] = f"plan: {short_error(exc)}"
 
     def plugin():
         mla_ops.mla_decode(
@@ -470,7 +331,7 @@ def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
     try:
         call = vllm_side()
     except Exception as exc:
-        row["vllm_error"] = _short(exc)
+        row["vllm_error"] = short_error(exc)
         progress(f"  FlashMLA error: {row['vllm_error']}")
     else:
         vllm_out = _side(row, "vllm", call, flush, iters)
@@ -528,7 +389,7 @@ def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) 
     try:
         call = _fa3_call(pool, meta, q, num_splits)
     except Exception as exc:
-        row["vllm_error"] = _short(exc)
+        row["vllm_error"] = short_error(exc)
         progress(f"  FA3 error: {row['vllm_error']}")
     else:
         vllm_out = _side(row, "vllm", call, flush, iters)
@@ -550,129 +411,6 @@ def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) 
     return row  # the caller empties the allocator cache once the inputs are gone
 
 
-# ---------------------------------------------------------------- tables
-
-
-def _fmt(v, spec: str) -> str:
-    if v is None:
-        return "-"
-    return format(v, spec)
-
-
-def _status_cell(r: dict) -> str:
-    return r.get("status", "ERROR: not run").replace("|", "/")
-
-
-def _timing_cell(r: dict) -> str:
-    modes = {r.get("plugin_timing"), r.get("vllm_timing")} - {None}
-    return " / ".join(sorted(modes)) or "-"
-
-
-def _us_cell(r: dict, side: str) -> str:
-    if f"{side}_us" in r:
-        return f"{r[f'{side}_us']:.1f}"
-    return "error" if f"{side}_error" in r else "-"
-
-
-def _ratio(r: dict) -> float | None:
-    if r.get("plugin_us") and r.get("vllm_us"):
-        return r["plugin_us"] / r["vllm_us"]
-    return None
-
-
-def _diff_cells(r: dict) -> str:
-    return f"{_fmt(r.get('maxdiff'), '.2e')} | {_fmt(r.get('ref_maxdiff'), '.2e')}"
-
-
-def mla_table(rows, copy_gbps: float | None) -> str:
-    lines = [
-        "| heads | q/req | batch | context | plugin kernel | plugin us | FlashMLA us "
-        "| plugin/FlashMLA | plugin TFLOP/s | FlashMLA TFLOP/s | plugin GB/s | FlashMLA GB/s "
-        "| plugin of copy | max abs diff | vs fp32 ref | timing | status |",
-        "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
-    ]
-    for r in rows:
-        pg = rate(r["bytes"], r.get("plugin_us"), 1e9)
-        vg = rate(r["bytes"], r.get("vllm_us"), 1e9)
-        frac = pg / copy_gbps if pg and copy_gbps else None
-        lines.append(
-            f"| {r['heads']} | {r['q_len']} | {r['batch']} | {r['context']} | "
-            f"{r.get('kernel', '-')} | {_us_cell(r, 'plugin')} | {_us_cell(r, 'vllm')} | "
-            f"{_fmt(_ratio(r), '.2f')} | {_fmt(rate(r['flops'], r.get('plugin_us'), 1e12), '.0f')}"
-            f" | {_fmt(rate(r['flops'], r.get('vllm_us'), 1e12), '.0f')} | {_fmt(pg, '.0f')} | "
-            f"{_fmt(vg, '.0f')} | {_fmt(frac, '.1%')} | {_diff_cells(r)} | {_timing_cell(r)} | "
-            f"{_status_cell(r)} |"
-        )
-    return "\n".join(lines)
-
-
-def mha_decode_table(rows, copy_gbps: float | None) -> str:
-    lines = [
-        "| batch | context | plugin us | FA3 us | plugin/FA3 | plugin GB/s | FA3 GB/s "
-        "| plugin of copy | FA3 of copy | plugin TFLOP/s | FA3 TFLOP/s | max abs diff "
-        "| vs fp32 ref | timing | status |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
-    ]
-    for r in rows:
-        pg = rate(r["bytes"], r.get("plugin_us"), 1e9)
-        vg = rate(r["bytes"], r.get("vllm_us"), 1e9)
-        pf = pg / copy_gbps if pg and copy_gbps else None
-        vf = vg / copy_gbps if vg and copy_gbps else None
-        lines.append(
-            f"| {r['batch']} | {r['context']} | {_us_cell(r, 'plugin')} | {_us_cell(r, 'vllm')}"
-            f" | {_fmt(_ratio(r), '.2f')} | {_fmt(pg, '.0f')} | {_fmt(vg, '.0f')} | "
-            f"{_fmt(pf, '.1%')} | {_fmt(vf, '.1%')} | "
-            f"{_fmt(rate(r['flops'], r.get('plugin_us'), 1e12), '.1f')} | "
-            f"{_fmt(rate(r['flops'], r.get('vllm_us'), 1e12), '.1f')} | {_diff_cells(r)} | "
-            f"{_timing_cell(r)} | {_status_cell(r)} |"
-        )
-    return "\n".join(lines)
-
-
-def prefill_table(rows, matmul_rate: float | None) -> str:
-    lines = [
-        "| case | tokens | plugin us | FA3 us | plugin/FA3 | plugin TFLOP/s | FA3 TFLOP/s "
-        "| plugin of matmul | FA3 of matmul | max abs diff | vs fp32 ref | timing | status |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
-    ]
-    for r in rows:
-        pt = rate(r["flops"], r.get("plugin_us"), 1e12)
-        vt = rate(r["flops"], r.get("vllm_us"), 1e12)
-        pf = pt / matmul_rate if pt and matmul_rate else None
-        vf = vt / matmul_rate if vt and matmul_rate else None
-        lines.append(
-            f"| {r['case']} | {r['tokens']} | {_us_cell(r, 'plugin')} | {_us_cell(r, 'vllm')} | "
-            f"{_fmt(_ratio(r), '.2f')} | {_fmt(pt, '.0f')} | {_fmt(vt, '.0f')} | "
-            f"{_fmt(pf, '.1%')} | {_fmt(vf, '.1%')} | {_diff_cells(r)} | {_timing_cell(r)} | "
-            f"{_status_cell(r)} |"
-        )
-    return "\n".join(lines)
-
-
-def anchors_table(anchors: dict) -> str:
-    return "\n".join(
-        [
-            "| anchor | value | timing |",
-            "|:---|---:|:---|",
-            f"| device-to-device copy, 2 GiB (read + write) | "
-            f"{_fmt(anchors.get('copy_gbps'), '.0f')} GB/s | CUDA events, eager, median of 10 |",
-            f"| dense bf16 matmul 8192^3 | {_fmt(anchors.get('matmul_tflops'), '.0f')} TFLOP/s "
-            f"| CUDA events, eager, median of 10 |",
-        ]
-        + [f"| {k} | error | {v} |" for k, v in anchors.get("errors", {}).items()]
-    )
-
-
-def exit_status(rows) -> int:
-    """1 when some row FAILED its output check, else 3 when some row has an ERROR, else 0."""
-    statuses = [r.get("status", "ERROR") for r in rows]
-    if any(s.startswith("FAILED") for s in statuses):
-        return 1
-    if any(s != "ok" for s in statuses):
-        return 3
-    return 0
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -682,7 +420,7 @@ def _versions() -> str:
         try:
             parts.append(f"{mod} {__import__(mod).__version__}")
         except Exception as exc:
-            parts.append(f"{mod} unavailable ({_short(exc, 60)})")
+            parts.append(f"{mod} unavailable ({short_error(exc, 60)})")
     return ", ".join(parts)
 
 
@@ -695,10 +433,10 @@ def run(cfg: Config) -> tuple[str, int]:
             try:
                 anchors[key] = fn()
             except Exception as exc:
-                anchors["errors"][key] = _short(exc)
+                anchors["errors"][key] = short_error(exc)
     progress(
-        f"anchors: copy {_fmt(anchors.get('copy_gbps'), '.0f')} GB/s, "
-        f"matmul {_fmt(anchors.get('matmul_tflops'), '.0f')} TFLOP/s"
+        f"anchors: copy {fmt(anchors.get('copy_gbps'), '.0f')} GB/s, "
+        f"matmul {fmt(anchors.get('matmul_tflops'), '.0f')} TFLOP/s"
     )
     copy_gbps, mm = anchors.get("copy_gbps"), anchors.get("matmul_tflops")
     all_rows: list[dict] = [{"status": f"ERROR: {k}: {v}"} for k, v in anchors["errors"].items()]
@@ -718,7 +456,7 @@ def run(cfg: Config) -> tuple[str, int]:
             except Exception as exc:  # building the inputs failed
                 r = {"heads": h, "q_len": ql, "batch": b, "context": c, "status": "ERROR: "}
                 r.update(flops=mla_flops(b, c, h, ql), bytes=mla_bytes(b, c, h, ql))
-                r["status"] += _short(exc)
+                r["status"] += short_error(exc)
             torch.cuda.empty_cache()
             progress(f"  -> {_line(r)}")
             rows.append(r)
@@ -740,7 +478,7 @@ def run(cfg: Config) -> tuple[str, int]:
             torch.manual_seed(1)
             pool = attention.KVPool(mha_pool_tokens(dec, pre), MHA_BLOCK_SIZE)
         except Exception as exc:
-            sections.append(f"## MHA\n\nERROR building the KV pool: {_short(exc)}")
+            sections.append(f"## MHA\n\nERROR building the KV pool: {short_error(exc)}")
             all_rows.append({"status": "ERROR: KV pool"})
     if pool is not None and "mha-decode" in cfg.families:
         rows = []
@@ -749,7 +487,7 @@ def run(cfg: Config) -> tuple[str, int]:
             try:
                 r = mha_case(pool, [(1, c)] * b, flush, cfg.iters, FA3_DECODE_SPLITS, b * 7 + c)
             except Exception as exc:
-                r = {"status": f"ERROR: {_short(exc)}"}
+                r = {"status": f"ERROR: {short_error(exc)}"}
             torch.cuda.empty_cache()
             r.update(batch=b, context=c, flops=mha_decode_flops(b, c), bytes=mha_decode_bytes(b, c))
             progress(f"  -> {_line(r)}")
@@ -771,7 +509,7 @@ def run(cfg: Config) -> tuple[str, int]:
             try:
                 r = mha_case(pool, reqs, flush, cfg.iters, 0, n * 13 + t)
             except Exception as exc:
-                r = {"status": f"ERROR: {_short(exc)}"}
+                r = {"status": f"ERROR: {short_error(exc)}"}
             torch.cuda.empty_cache()
             r.update(case=name, tokens=n * t, flops=prefill_flops(reqs))
             progress(f"  -> {_line(r)}")
@@ -802,10 +540,10 @@ def run(cfg: Config) -> tuple[str, int]:
 
 
 def _line(r: dict) -> str:
-    ratio = _ratio(r)
+    time_ratio = ratio(r)
     return (
-        f"plugin {_us_cell(r, 'plugin')} us, vLLM {_us_cell(r, 'vllm')} us"
-        f"{f', ratio {ratio:.2f}' if ratio else ''}, {r.get('status', '?')}"
+        f"plugin {us_cell(r, 'plugin')} us, vLLM {us_cell(r, 'vllm')} us"
+        f"{f', ratio {time_ratio:.2f}' if time_ratio else ''}, {r.get('status', '?')}"
     )
 
 

@@ -10,6 +10,8 @@ import torch
 from atom_plugin.backends import reference
 from atom_plugin.backends.mla_reference import mla_decode_reference
 from benchmarks import attention
+from benchmarks import kernel_problems as kp
+from benchmarks import kernel_tables as kt
 from benchmarks import kernels_vs_vllm as kv
 
 # ---------------------------------------------------------------- flags
@@ -82,18 +84,18 @@ def test_parse_args_rejects_bad_flags(argv, needle, capsys):
 
 def test_mla_flops_and_bytes():
     # 2 * q_tokens * sum(ctx) * heads * (576 + 512)
-    assert kv.mla_flops(1, 1024, 16, 1) == 2 * 1024 * 16 * 1088
-    assert kv.mla_flops(8, 4096, 128, 2) == 2 * 2 * 8 * 4096 * 128 * 1088
+    assert kp.mla_flops(1, 1024, 16, 1) == 2 * 1024 * 16 * 1088
+    assert kp.mla_flops(8, 4096, 128, 2) == 2 * 2 * 8 * 4096 * 128 * 1088
     kv_rows = 8 * 4096 * 576
     q = 8 * 2 * 128 * 576
     o = 8 * 2 * 128 * 512
-    assert kv.mla_bytes(8, 4096, 128, 2) == 2 * (kv_rows + q + o)
+    assert kp.mla_bytes(8, 4096, 128, 2) == 2 * (kv_rows + q + o)
 
 
 def test_mha_flops_and_bytes():
-    assert kv.mha_decode_flops(8, 4096) == 4 * 32 * 128 * 8 * 4096
+    assert kp.mha_decode_flops(8, 4096) == 4 * 32 * 128 * 8 * 4096
     kv_bytes = 2 * 8 * 4096 * 8 * 128 * 2  # K and V, 8 KV heads, bf16
-    assert kv.mha_decode_bytes(8, 4096) == kv_bytes + 2 * 8 * 32 * 128 * 2
+    assert kp.mha_decode_bytes(8, 4096) == kv_bytes + 2 * 8 * 32 * 128 * 2
 
 
 @pytest.mark.parametrize("reqs", [[(4, 4)], [(2, 10)], [(3, 3), (1, 9), (5, 7)]])
@@ -102,19 +104,19 @@ def test_causal_pairs_count_the_mask(reqs):
     for ql, s in reqs:
         qpos = torch.arange(s - ql, s)[:, None]
         want += int((torch.arange(s)[None, :] <= qpos).sum())
-    assert kv.causal_pairs(reqs) == want
-    assert kv.prefill_flops(reqs) == 4 * 32 * 128 * want
+    assert kp.causal_pairs(reqs) == want
+    assert kp.prefill_flops(reqs) == 4 * 32 * 128 * want
 
 
 def test_prefill_reqs_and_rate():
-    assert kv.prefill_reqs(4, 2048) == [(2048, 2048)] * 4
-    assert kv.causal_pairs(kv.prefill_reqs(1, 8192)) == 8192 * 8193 // 2
-    assert kv.rate(2e12, 1e6, 1e12) == pytest.approx(2.0)  # 2e12 in one second
-    assert kv.rate(1, None, 1e9) is None
+    assert kp.prefill_reqs(4, 2048) == [(2048, 2048)] * 4
+    assert kp.causal_pairs(kp.prefill_reqs(1, 8192)) == 8192 * 8193 // 2
+    assert kp.rate(2e12, 1e6, 1e12) == pytest.approx(2.0)  # 2e12 in one second
+    assert kp.rate(1, None, 1e9) is None
 
 
 def test_pool_holds_the_largest_case():
-    tokens = kv.mha_pool_tokens(((8, 100), (1, 33)), ((4, 20),), block_size=16)
+    tokens = kp.mha_pool_tokens(((8, 100), (1, 33)), ((4, 20),), block_size=16)
     assert tokens == 8 * 7 * 16  # 8 requests of 7 blocks
     pool = attention.KVPool(tokens, 16, device="cpu")
     meta = pool.meta([(1, 100)] * 8)
@@ -145,15 +147,15 @@ def flashmla_semantics(q, k_cache, block_table, cache_seqlens, head_dim_v, softm
 
 
 def mla_reference(shape, **kw):
-    ref = torch.zeros(shape.batch * shape.q_len, shape.heads, kv.LORA)
+    ref = torch.zeros(shape.batch * shape.q_len, shape.heads, kp.LORA)
     mla_decode_reference(shape.q, shape.kv, shape.meta, scale=shape.scale, output=ref, **kw)
     return ref
 
 
 @pytest.mark.parametrize("q_len", [1, 2])
 def test_flashmla_arguments_pose_the_plugins_problem(q_len):
-    shape = kv.make_mla_shape(3, 150, 16, q_len, device="cpu", seed=3)
-    args = kv.flashmla_kwargs(shape)
+    shape = kp.make_mla_shape(3, 150, 16, q_len, device="cpu", seed=3)
+    args = kp.flashmla_kwargs(shape)
     assert args["q"].shape == (3, q_len, 16, 576)
     assert args["q"].data_ptr() == shape.q.data_ptr() and args["q"].is_contiguous()
     assert args["k_cache"].shape == (shape.kv.shape[0], 64, 1, 576)
@@ -168,37 +170,37 @@ def test_flashmla_arguments_pose_the_plugins_problem(q_len):
 
 
 def test_mla_queries_are_peaked():
-    shape = kv.make_mla_shape(2, 512, 16, 1, device="cpu")
+    shape = kp.make_mla_shape(2, 512, 16, 1, device="cpu")
     logits = torch.einsum("thd,kd->thk", shape.q.float(), shape.kv.flatten(0, 1).float())
     std = (logits * shape.scale).std().item()
-    assert std == pytest.approx(kv.LOGIT_STD, rel=0.15)
+    assert std == pytest.approx(kp.LOGIT_STD, rel=0.15)
 
 
 def test_mla_misread_or_dropped_block_fails_the_check():
     """A dropped last block or one block read from the wrong place moves some row by far
     more than the tolerance; rounding the output to bf16 does not."""
-    shape = kv.make_mla_shape(4, 512, 16, 1, device="cpu", seed=5)
+    shape = kp.make_mla_shape(4, 512, 16, 1, device="cpu", seed=5)
     ref = mla_reference(shape)
-    assert kv.assert_close(ref.to(torch.bfloat16), ref, "bf16 rounding") < kv.ATOL
+    assert kp.assert_close(ref.to(torch.bfloat16), ref, "bf16 rounding") < kp.ATOL
     dropped = mla_reference(shape, token_kv_lens=torch.full((4,), 512 - 64, dtype=torch.int32))
-    with pytest.raises(kv.OutputMismatch, match="beyond"):
-        kv.assert_close(dropped.to(torch.bfloat16), ref, "dropped")
+    with pytest.raises(kp.OutputMismatch, match="beyond"):
+        kp.assert_close(dropped.to(torch.bfloat16), ref, "dropped")
     used = set(shape.meta.block_table.flatten().tolist())
     spare = next(b for b in range(shape.kv.shape[0]) if b not in used)
     shape.meta.block_table[2, 3] = spare
     misread = mla_reference(shape)
-    with pytest.raises(kv.OutputMismatch, match="beyond"):
-        kv.assert_close(misread.to(torch.bfloat16), ref, "misread")
+    with pytest.raises(kp.OutputMismatch, match="beyond"):
+        kp.assert_close(misread.to(torch.bfloat16), ref, "misread")
 
 
 def test_assert_close_rejects_non_finite_and_shape():
     a = torch.zeros(2, 3)
-    with pytest.raises(kv.OutputMismatch, match="shapes"):
-        kv.assert_close(a, torch.zeros(3, 2), "x")
+    with pytest.raises(kp.OutputMismatch, match="shapes"):
+        kp.assert_close(a, torch.zeros(3, 2), "x")
     b = a.clone()
     b[0, 0] = float("nan")
-    with pytest.raises(kv.OutputMismatch, match="non-finite"):
-        kv.assert_close(b, a, "x")
+    with pytest.raises(kp.OutputMismatch, match="non-finite"):
+        kp.assert_close(b, a, "x")
 
 
 # ---------------------------------------------------------------- FA3 inputs
@@ -232,11 +234,11 @@ def fa3_semantics(q, k, v, cu_seqlens_q, seqused_k, block_table, softmax_scale, 
 )
 def test_fa3_arguments_pose_the_plugins_problem(reqs, splits):
     torch.manual_seed(0)
-    pool = attention.KVPool(kv.mha_pool_tokens([(len(reqs), 64)], []), 16, device="cpu")
+    pool = attention.KVPool(kp.mha_pool_tokens([(len(reqs), 64)], []), 16, device="cpu")
     meta = pool.meta(reqs, seed=1)
-    q = kv.peaked_mha_query(meta.num_actual_tokens, device="cpu")
+    q = kp.peaked_mha_query(meta.num_actual_tokens, device="cpu")
     out = torch.empty_like(q)
-    args = kv.fa3_kwargs(pool, meta, q, out, splits)
+    args = kp.fa3_kwargs(pool, meta, q, out, splits)
     assert args["k"].shape == (pool.num_blocks, 16, 8, 128)  # vLLM's K view of its layout
     assert args["k"].data_ptr() == pool.raw.data_ptr()
     assert args["v"].data_ptr() == pool.raw.data_ptr() + 128 * 2  # V: the second half
@@ -246,7 +248,7 @@ def test_fa3_arguments_pose_the_plugins_problem(reqs, splits):
     assert args["max_seqlen_q"] == max(q for q, _ in reqs)
     assert args["max_seqlen_k"] == max(s for _, s in reqs)
     assert args["fa_version"] == 3 and args["num_splits"] == splits and args["out"] is out
-    sched = kv.fa3_scheduler_kwargs(pool, meta, splits)
+    sched = kp.fa3_scheduler_kwargs(pool, meta, splits)
     assert (sched["num_heads_q"], sched["num_heads_kv"], sched["headdim"]) == (32, 8, 128)
     assert sched["page_size"] == 16 and sched["batch_size"] == len(reqs)
     assert sched["num_splits"] == splits and sched["causal"] is True
@@ -254,7 +256,7 @@ def test_fa3_arguments_pose_the_plugins_problem(reqs, splits):
     assert sched["cu_seqlens_q"] is meta.query_start_loc
     ref = torch.zeros(q.shape)
     reference.paged_attention(
-        q, pool.key_cache, pool.value_cache, meta, scale=kv.MHA_SCALE, output=ref
+        q, pool.key_cache, pool.value_cache, meta, scale=kp.MHA_SCALE, output=ref
     )
     torch.testing.assert_close(fa3_semantics(**args), ref, atol=1e-4, rtol=1e-4)
 
@@ -262,11 +264,11 @@ def test_fa3_arguments_pose_the_plugins_problem(reqs, splits):
 def test_mha_queries_are_peaked():
     torch.manual_seed(0)
     pool = attention.KVPool(256, 16, device="cpu")
-    q = kv.peaked_mha_query(64, device="cpu").float()
+    q = kp.peaked_mha_query(64, device="cpu").float()
     k = pool.key_cache.flatten(0, 1)[:, 0].float()  # KV head 0's keys
-    std = (q[:, :4] @ k.T * kv.MHA_SCALE).std().item()  # its four query heads
-    assert std == pytest.approx(kv.LOGIT_STD, rel=0.15)
-    assert math.isclose(kv.peaked_std(128, 128**-0.5), kv.LOGIT_STD)
+    std = (q[:, :4] @ k.T * kp.MHA_SCALE).std().item()  # its four query heads
+    assert std == pytest.approx(kp.LOGIT_STD, rel=0.15)
+    assert math.isclose(kp.peaked_std(128, 128**-0.5), kp.LOGIT_STD)
 
 
 # ---------------------------------------------------------------- report
@@ -274,23 +276,23 @@ def test_mha_queries_are_peaked():
 
 def test_tables_and_exit_status_for_failed_and_error_rows():
     ok = {"heads": 16, "q_len": 1, "batch": 1, "context": 1024, "status": "ok"}
-    ok.update(flops=kv.mla_flops(1, 1024, 16, 1), bytes=kv.mla_bytes(1, 1024, 16, 1))
+    ok.update(flops=kp.mla_flops(1, 1024, 16, 1), bytes=kp.mla_bytes(1, 1024, 16, 1))
     ok.update(plugin_us=10.0, vllm_us=8.0, plugin_timing="graph", vllm_timing="graph")
     ok.update(kernel="gluon/lockstep", maxdiff=0.01)
     err = dict(ok, status="ERROR: vllm: RuntimeError: nope", vllm_error="RuntimeError: nope")
     del err["vllm_us"]
-    text = kv.mla_table([ok, err], copy_gbps=4000.0)
+    text = kt.mla_table([ok, err], copy_gbps=4000.0)
     assert "| 1.25 |" in text  # plugin / FlashMLA
     assert "| error |" in text and "ERROR: vllm" in text
-    assert kv.exit_status([ok]) == 0
-    assert kv.exit_status([ok, err]) == 3
-    assert kv.exit_status([err, dict(ok, status="FAILED: plugin vs FlashMLA: ...")]) == 1
+    assert kt.exit_status([ok]) == 0
+    assert kt.exit_status([ok, err]) == 3
+    assert kt.exit_status([err, dict(ok, status="FAILED: plugin vs FlashMLA: ...")]) == 1
     dec = dict(ok, batch=8, context=4096)
-    dec.update(flops=kv.mha_decode_flops(8, 4096), bytes=kv.mha_decode_bytes(8, 4096))
-    assert "| 8 | 4096 | 10.0 | 8.0 | 1.25 |" in kv.mha_decode_table([dec], 4000.0)
-    pre = dict(ok, case="1 x 8192 fresh", tokens=8192, flops=kv.prefill_flops([(8192, 8192)]))
-    assert "| 1 x 8192 fresh | 8192 | 10.0 | 8.0 | 1.25 |" in kv.prefill_table([pre], 800.0)
-    assert "GB/s" in kv.anchors_table({"copy_gbps": 4000.0, "matmul_tflops": 700.0})
+    dec.update(flops=kp.mha_decode_flops(8, 4096), bytes=kp.mha_decode_bytes(8, 4096))
+    assert "| 8 | 4096 | 10.0 | 8.0 | 1.25 |" in kt.mha_decode_table([dec], 4000.0)
+    pre = dict(ok, case="1 x 8192 fresh", tokens=8192, flops=kp.prefill_flops([(8192, 8192)]))
+    assert "| 1 x 8192 fresh | 8192 | 10.0 | 8.0 | 1.25 |" in kt.prefill_table([pre], 800.0)
+    assert "GB/s" in kt.anchors_table({"copy_gbps": 4000.0, "matmul_tflops": 700.0})
 
 
 # ---------------------------------------------------------------- GPU

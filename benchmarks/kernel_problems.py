@@ -1,0 +1,188 @@
+"""The problems `benchmarks.kernels_vs_vllm` poses to the plugin's kernels and to vLLM's:
+how their work is counted (FLOP, bytes), the inputs and the arguments each side is called
+with (as vLLM's backends call FlashMLA and FA3), and the output check every row must pass."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from benchmarks import attention, attention_mla
+
+LORA, ROPE, MLA_PAGE = attention_mla.LORA, attention_mla.ROPE, attention_mla.PAGE
+HQ, HKV, D, DTYPE = attention.HQ, attention.HKV, attention.D, attention.DTYPE
+MHA_SCALE = attention.SCALE
+MHA_BLOCK_SIZE = 16  # vLLM's default block size with the plugin's MHA backend
+
+LOGIT_STD = 3.0  # logits' standard deviation: a few keys carry most of each row's weight
+ATOL, RTOL = 3e-2, 2e-2  # bf16 outputs of kernels that round P to bf16
+
+
+# ---------------------------------------------------------------- accounting
+
+
+def mla_flops(batch: int, context: int, heads: int, q_len: int) -> int:
+    """2 * query tokens per request * sum of contexts * heads * (576 + 512)."""
+    return 2 * q_len * batch * context * heads * ((LORA + ROPE) + LORA)
+
+
+def mla_bytes(batch: int, context: int, heads: int, q_len: int, elem: int = 2) -> int:
+    """Latent rows read once per request, plus the queries read and the outputs written."""
+    kv = batch * context * (LORA + ROPE)
+    q = batch * q_len * heads * (LORA + ROPE)
+    o = batch * q_len * heads * LORA
+    return (kv + q + o) * elem
+
+
+def mha_decode_flops(batch: int, context: int) -> int:
+    """q.k and p.v: 4 * query heads * head size per key, one query token per request."""
+    return 4 * HQ * D * batch * context
+
+
+def mha_decode_bytes(batch: int, context: int, elem: int = 2) -> int:
+    """K and V rows read once per request, plus the queries read and the outputs written."""
+    return (2 * batch * context * HKV * D + 2 * batch * HQ * D) * elem
+
+
+def prefill_reqs(requests: int, tokens: int) -> list[tuple[int, int]]:
+    """`requests` fresh prompts of `tokens` each, as (query_len, seq_len) pairs."""
+    return [(tokens, tokens)] * requests
+
+
+def causal_pairs(reqs) -> int:
+    """(query, key) pairs a causal pass computes: query j of q_len new tokens over a
+    context s sees s - q_len + j + 1 keys."""
+    return sum(ql * (s - ql) + ql * (ql + 1) // 2 for ql, s in reqs)
+
+
+def prefill_flops(reqs) -> int:
+    return 4 * HQ * D * causal_pairs(reqs)
+
+
+def rate(amount: float, us: float | None, unit: float) -> float | None:
+    """amount per second in `unit`s (1e9: GB/s, 1e12: TFLOP/s) for a call of `us`."""
+    return None if not us else amount / (us * 1e-6) / unit
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def peaked_std(dim: int, scale: float, logit_std: float = LOGIT_STD) -> float:
+    """Query standard deviation giving logits (q.k * scale, keys N(0, 1) over `dim`)
+    the standard deviation `logit_std`."""
+    return logit_std / (math.sqrt(dim) * scale)
+
+
+def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0):
+    """attention_mla.Shape (bf16 cache, block 64, shuffled tables) with peaked queries."""
+    torch.manual_seed(seed)
+    shape = attention_mla.Shape(batch, context, heads, q_len, "bf16", device)
+    std = peaked_std(LORA + ROPE, shape.scale)
+    shape.q = (torch.randn(shape.q.shape, device=device) * std).to(shape.q.dtype)
+    return shape
+
+
+def flashmla_kwargs(shape) -> dict:
+    """flash_mla_with_kvcache's arguments as vLLM's FlashMLAImpl.forward_mqa passes them
+    (bf16 cache), less the scheduler metadata: the query as [B, q_len, H, 576]
+    (reshape_query_for_spec_decode), the cache with its head axis ([blocks, 64, 1, 576]),
+    the request block table and seq_lens (int32), causal."""
+    b, ql, h = shape.batch, shape.q_len, shape.heads
+    return dict(
+        q=shape.q.view(b, ql, h, LORA + ROPE),
+        k_cache=shape.kv.unsqueeze(-2),
+        block_table=shape.meta.block_table,
+        cache_seqlens=shape.meta.seq_lens,
+        head_dim_v=LORA,
+        softmax_scale=shape.scale,
+        causal=True,
+        is_fp8_kvcache=False,
+    )
+
+
+def mha_pool_tokens(decode_shapes, prefill_shapes, block_size=MHA_BLOCK_SIZE) -> int:
+    """Cache rows one pool needs to hold the largest case's blocks."""
+    need = [b * -(-c // block_size) for b, c in (*decode_shapes, *prefill_shapes)]
+    return max(need, default=1) * block_size
+
+
+def peaked_mha_query(tokens: int, device="cuda") -> torch.Tensor:
+    std = peaked_std(D, MHA_SCALE)
+    return (torch.randn(tokens, HQ, D, device=device) * std).to(DTYPE)
+
+
+def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
+    """flash_attn_varlen_func's arguments as vLLM's FlashAttentionImpl.forward passes them
+    (bf16 cache, no window, no softcap, no sinks), less scheduler_metadata. The descales
+    vLLM passes are left out: FA3 reads them for fp8 inputs only."""
+    return dict(
+        q=q,
+        k=pool.key_cache,
+        v=pool.value_cache,
+        out=out,
+        cu_seqlens_q=meta.query_start_loc,
+        max_seqlen_q=meta.max_query_len,
+        seqused_k=meta.seq_lens,
+        max_seqlen_k=meta.max_seq_len,
+        softmax_scale=MHA_SCALE,
+        causal=True,
+        alibi_slopes=None,
+        window_size=[-1, -1],
+        block_table=meta.block_table,
+        softcap=0,
+        fa_version=3,
+        num_splits=num_splits,
+        s_aux=None,
+    )
+
+
+def fa3_scheduler_kwargs(pool, meta, num_splits: int) -> dict:
+    """get_scheduler_metadata's arguments as vLLM's FlashAttentionMetadataBuilder passes
+    them (`_get_scheduler_metadata`)."""
+    return dict(
+        batch_size=meta.num_reqs,
+        max_seqlen_q=meta.max_query_len,
+        max_seqlen_k=meta.max_seq_len,
+        num_heads_q=HQ,
+        num_heads_kv=HKV,
+        headdim=D,
+        cache_seqlens=meta.seq_lens,
+        qkv_dtype=DTYPE,
+        cu_seqlens_q=meta.query_start_loc,
+        page_size=pool.block_size,
+        causal=True,
+        window_size=(-1, -1),
+        num_splits=num_splits,
+    )
+
+
+# ---------------------------------------------------------------- checks
+
+
+class OutputMismatch(AssertionError):
+    pass
+
+
+def assert_close(got, want, what: str, atol: float = ATOL, rtol: float = RTOL) -> float:
+    """Raise OutputMismatch unless every element is finite and |got - want| <= atol +
+    rtol * |want|; returns the largest absolute difference."""
+    if tuple(got.shape) != tuple(want.shape):
+        raise OutputMismatch(f"{what}: shapes {tuple(got.shape)} vs {tuple(want.shape)}")
+    g, w = got.float(), want.float()
+    if not (torch.isfinite(g).all() and torch.isfinite(w).all()):
+        raise OutputMismatch(f"{what}: non-finite values")
+    diff = (g - w).abs()
+    worst = diff.max().item() if diff.numel() else 0.0
+    bad = int((diff > atol + rtol * w.abs()).sum())
+    if bad:
+        raise OutputMismatch(
+            f"{what}: {bad} of {diff.numel()} elements beyond {atol:g} + {rtol:g}*abs(ref) "
+            f"(max abs diff {worst:.3g})"
+        )
+    return worst
+
+
+def short_error(exc: BaseException, n: int = 240) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("|", "/").replace("\n", " ")
+    return text[:n]
