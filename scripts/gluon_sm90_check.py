@@ -38,10 +38,15 @@ from triton.runtime import driver
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from atom_plugin.backends import gluon_mla, gluon_mla_alternate, triton_mla  # noqa: E402
+from atom_plugin.backends import (  # noqa: E402
+    gluon_mla,
+    gluon_mla_alternate,
+    mla_triton_kernels,
+    triton_mla,
+)
 from atom_plugin.backends.metadata import PagedAttentionMetadata  # noqa: E402
+from atom_plugin.backends.mla_launch_plan import TritonMLALaunch  # noqa: E402
 from atom_plugin.backends.mla_plan import plan_mla_decode  # noqa: E402
-from atom_plugin.backends.triton_mla import TritonMLALaunch  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
 
@@ -170,10 +175,10 @@ def compile_triton_case(heads: int, q_len: int, fp8: bool, splits: int, config: 
 
 
 TRITON_KERNELS = (
-    triton_mla._mla_write_kernel,
-    triton_mla._mla_decode_stage1,
-    triton_mla._mla_decode_per_token,
-    triton_mla._mla_decode_stage2,
+    mla_triton_kernels._mla_write_kernel,
+    mla_triton_kernels._mla_decode_stage1,
+    mla_triton_kernels._mla_decode_per_token,
+    mla_triton_kernels._mla_decode_stage2,
 )
 
 
@@ -211,7 +216,7 @@ def main(argv=None) -> int:
             compile_case(schedule, dtype, block_h, tokens)
     failed = False
     for name, fn in (
-        ("lockstep", gluon_mla._kernel()),
+        ("lockstep", gluon_mla.kernel()),
         ("alternate", gluon_mla_alternate.kernel()),
     ):
         for compiled in fn.device_caches[0][0].values():
