@@ -161,7 +161,7 @@ def _mla_decode_stage1(
         qk_scale = qk_scale * kv_scale  # the tiles are widened unscaled
         if FP16_MATH:
             # e4m3 -> fp16 is one instruction per pair (-> bf16 is several); the query
-            # is clamped to fp16's range, the matmuls accumulate in fp32 as before
+            # is clamped to fp16's range, the matmuls still accumulate in fp32
             q_c = tl.clamp(q_c.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
             q_pe = tl.clamp(q_pe.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
