@@ -10,20 +10,16 @@ from atom_plugin import __version__
 
 def _info(args: argparse.Namespace) -> int:
     from atom_plugin import manager
-    from atom_plugin.platform import (
-        aiter_available,
-        detect_platform,
-        gluon_mla_problem,
-        triton_available,
-    )
+    from atom_plugin.backends.gluon_mla_probe import gluon_mla_problems
+    from atom_plugin.platform import aiter_available, detect_platform, triton_available
 
     yes_no = {True: "yes", False: "no"}
     print(f"atom-plugin {__version__}")
     print(f"platform: {detect_platform()}")
     print(f"aiter available: {yes_no[aiter_available()]}")
     print(f"triton available: {yes_no[triton_available()]}")
-    gluon = gluon_mla_problem()
-    print(f"hopper MLA decode (Gluon): {'yes' if gluon is None else f'no ({gluon})'}")
+    gluon = "; ".join(gluon_mla_problems())
+    print(f"hopper MLA decode (Gluon): {f'no ({gluon})' if gluon else 'yes'}")
     pm = manager.get_plugin_manager()
     print("hook implementations:")
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda item: item[0]):

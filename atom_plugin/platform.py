@@ -24,14 +24,3 @@ def aiter_available() -> bool:
 
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
-
-
-def gluon_mla_problem() -> str | None:
-    """Why this machine's GPU cannot run the Hopper Gluon MLA decode; None when it can."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    from atom_plugin.backends.gluon_mla import device_problem
-
-    return device_problem(torch.cuda.current_device())

@@ -41,7 +41,7 @@ PAGE = 64
 FP8_SCALE = 0.37  # a non-unit per-tensor scale
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
 
-# Alternatives to the default (triton_mla.plan_launch's choice; a config naming no kernel
+# Alternatives to the default (mla_launch_plan.plan_launch's choice; a config naming no kernel
 # tunes the packed one): each group's configs on its shapes and caches, at the rule's
 # split count and at the group's extra split counts. The first config of a group is
 # the reference its outputs are compared with.
@@ -161,7 +161,8 @@ class Shape:
         return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
 
     def plan(self, config=None, num_splits=None):
-        from atom_plugin.backends.mla_plan import MLAStepLayout, plan_mla_decode
+        from atom_plugin.backends.gluon_mla_probe import MLAStepLayout
+        from atom_plugin.backends.mla_plan import plan_mla_decode
 
         return plan_mla_decode(
             self.meta,
@@ -361,10 +362,10 @@ _SEEN_KERNELS: set[int] = set()
 def _new_kernels() -> str:
     """Shared memory, registers and spills of the stage-1 kernels compiled since the
     last call (what bounds how many programs an SM holds)."""
-    from atom_plugin.backends import triton_mla
+    from atom_plugin.backends import mla_triton_kernels as kernels
 
     found = []
-    for fn in (triton_mla._mla_decode_stage1, triton_mla._mla_decode_per_token):
+    for fn in (kernels._mla_decode_stage1, kernels._mla_decode_per_token):
         try:
             caches = [c[0] for c in fn.device_caches.values()]
         except (AttributeError, TypeError, IndexError):

@@ -32,7 +32,7 @@ def compiled_kernels(jit_fn) -> list:
 
 
 def main() -> int:
-    from atom_plugin.backends import triton_mla
+    from atom_plugin.backends import mla_triton_kernels
 
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -48,7 +48,7 @@ def main() -> int:
     torch.cuda.synchronize()
     print("kernel | loads | regs | spills | shared bytes | warps | stages")
     for name in ("_mla_decode_stage1", "_mla_decode_per_token", "_mla_decode_stage2"):
-        kernels = compiled_kernels(getattr(triton_mla, name))
+        kernels = compiled_kernels(getattr(mla_triton_kernels, name))
         if not kernels:
             print(f"{name}: no compiled kernels found (Triton's cache layout changed?)")
             return 1

@@ -1,6 +1,6 @@
 """Compile the Gluon MLA kernels for sm_90 on a machine without a GPU, through the real
 launcher (`gluon_mla.run_stage1`), and print each kernel's shared memory, registers and
-spills as ptxas reports them.
+spills as ptxas reports them. With `--ptx`, the Triton MLA kernels too.
 
 Gluon kernels do not run in Triton's CPU interpreter, and the H200 is lent by the
 half hour: this catches compile errors, shared memory past the 227 KB an SM grants and
@@ -13,14 +13,18 @@ project's CPU venv has a newer one whose Gluon API differs), e.g.
 
 `--ptx DIR` writes each compiled variant's instructions: a refactor of a kernel whose
 instructions come out the same (`diff -r` of two such folders) changes nothing the GPU runs.
+It also compiles the Triton MLA kernels (the cache write, stage 1 packed and per-token,
+the merge) through their launcher (`triton_mla.mla_decode_triton`) for the configurations
+in TRITON_CASES and writes theirs.
 
-The stand-in driver below answers the compiler's questions (device 0, target sm_90);
-the launch that follows a compile fails without a GPU, which is expected.
+The stand-in driver below answers the compiler's questions (device 0, target sm_90) and
+launches nothing: every launch after a compile is a no-op, so a launcher runs to its end.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -34,8 +38,15 @@ from triton.runtime import driver
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from atom_plugin.backends import gluon_mla, gluon_mla_alternate  # noqa: E402
-from atom_plugin.backends.triton_mla import TritonMLALaunch  # noqa: E402
+from atom_plugin.backends import (  # noqa: E402
+    gluon_mla,
+    gluon_mla_alternate,
+    mla_triton_kernels,
+    triton_mla,
+)
+from atom_plugin.backends.metadata import PagedAttentionMetadata  # noqa: E402
+from atom_plugin.backends.mla_launch_plan import TritonMLALaunch  # noqa: E402
+from atom_plugin.backends.mla_plan import plan_mla_decode  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
 
@@ -52,6 +63,18 @@ class CompileOnlyDriver:
 
     def get_active_torch_device(self):
         return torch.device("cpu")
+
+    def launcher_cls(self, src, metadata):
+        return lambda *args, **kwargs: None
+
+    class utils:  # what loading a compiled kernel asks
+        @staticmethod
+        def get_device_properties(device):
+            return {"max_shared_mem": SMEM_LIMIT}
+
+        @staticmethod
+        def load_binary(name, kernel, shared, device):
+            return 1, 1, 0, 0, 1024  # module, function, registers, spills, max threads
 
 
 def ptxas_report(ptx: str) -> str:
@@ -89,13 +112,84 @@ def compile_case(schedule: str, cache_dtype: torch.dtype, block_h: int, tokens: 
     launch = TritonMLALaunch(
         "gluon", block_h, tokens, 1, 2, 2, 64, 8, 2, True, fp8, True, 512, schedule=schedule
     )
-    try:
-        gluon_mla.run_stage1(
-            q, cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1), 0.1, launch, 512
-        )
-    except AttributeError as exc:  # the launch, after the compile
-        if "launcher" not in str(exc):
-            raise
+    gluon_mla.run_stage1(
+        q, cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1), 0.1, launch, 512
+    )
+
+
+# (heads, query tokens per request, fp8 cache, split count, config): the launches the
+# plan makes on an H200 (16 heads: 32-key tiles through TMA, with speculative tokens
+# 64-key tiles; above 16 heads fp8 through pointer loads), each kernel without TMA, and
+# the merge in one pass and in chunks, over narrowed columns
+TRITON_CASES = (
+    (16, 1, False, 2, {"kernel": "packed", "tma": True}),
+    (16, 1, True, 2, {"kernel": "packed", "tma": True}),
+    (16, 1, False, 2, {"kernel": "packed", "tma": False}),
+    (16, 2, False, 2, {"kernel": "packed", "tma": True}),
+    (16, 2, True, 2, {"kernel": "packed", "tma": True}),
+    (128, 1, False, 2, {"kernel": "packed", "tma": True}),
+    (128, 1, True, 2, {"kernel": "packed", "tma": False}),
+    (16, 1, False, 2, {"kernel": "per_token", "tma": True}),
+    (16, 1, True, 2, {"kernel": "per_token", "tma": False}),
+    (128, 1, False, 2, {"kernel": "per_token", "tma": True}),
+    (128, 1, True, 2, {"kernel": "per_token", "tma": False}),
+    (16, 1, False, 72, {"kernel": "packed", "tma": True, "merge_dv": 128}),
+    (16, 1, False, 72, {"kernel": "packed", "tma": True, "merge_dv": 32}),
+)
+
+
+def compile_triton_case(heads: int, q_len: int, fp8: bool, splits: int, config: dict):
+    """One decode step of two requests (and its cache write) through the Triton launcher."""
+    cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    cache = torch.zeros(8, 64, 576, dtype=cache_dtype)
+    tokens = 2 * q_len
+    qsl = torch.arange(0, tokens + 1, q_len, dtype=torch.int32)
+    meta = PagedAttentionMetadata(
+        num_reqs=2,
+        num_actual_tokens=tokens,
+        max_query_len=q_len,
+        max_seq_len=4096,
+        num_decodes=2,
+        num_decode_tokens=tokens,
+        query_start_loc=qsl,
+        seq_lens=torch.full((2,), 4096, dtype=torch.int32),
+        block_table=torch.zeros(2, 64, dtype=torch.int32),
+        slot_mapping=torch.zeros(tokens, dtype=torch.int64),
+    )
+    q = torch.zeros(tokens, heads, 576, dtype=torch.bfloat16)
+    out = torch.zeros(tokens, heads, 512, dtype=torch.bfloat16)
+    kv_scale = torch.ones(1) if fp8 else None
+    triton_mla.write_mla_kv_triton(q[:, 0, :512], q[:, 0, 512:], cache, meta.slot_mapping, kv_scale)
+    plan = plan_mla_decode(
+        meta,
+        tokens,
+        heads,
+        kernel_impl="triton",
+        kv_dtype=cache_dtype,
+        config=config,
+        num_splits=splits,
+    )
+    triton_mla.mla_decode_triton(
+        q, cache, meta, scale=0.1, output=out, kv_scale=kv_scale, plan=plan
+    )
+
+
+TRITON_KERNELS = (
+    mla_triton_kernels._mla_write_kernel,
+    mla_triton_kernels._mla_decode_stage1,
+    mla_triton_kernels._mla_decode_per_token,
+    mla_triton_kernels._mla_decode_stage2,
+)
+
+
+def variant_spec(compiled) -> str:
+    """What a Triton kernel variant was specialized on: its constexprs (the arguments
+    fixed to 1 or None among them) and its pointer and descriptor types."""
+    src = compiled.src
+    names = src.fn.arg_names
+    parts = [f"{names[k[0]]}={v}" for k, v in sorted(src.constants.items())]
+    parts += [f"{n}={ty}" for n, ty in src.signature.items() if ty.startswith(("*", "tensordesc"))]
+    return " ".join(parts)
 
 
 def instructions(ptx: str) -> str:
@@ -122,7 +216,7 @@ def main(argv=None) -> int:
             compile_case(schedule, dtype, block_h, tokens)
     failed = False
     for name, fn in (
-        ("lockstep", gluon_mla._kernel()),
+        ("lockstep", gluon_mla.kernel()),
         ("alternate", gluon_mla_alternate.kernel()),
     ):
         for compiled in fn.device_caches[0][0].values():
@@ -136,10 +230,25 @@ def main(argv=None) -> int:
                 f"{name} {cache} {rows}: shared {smem} B{over}; {ptxas_report(compiled.asm['ptx'])}"
             )
             if args.ptx:
-                os.makedirs(args.ptx, exist_ok=True)
-                with open(os.path.join(args.ptx, f"{name}_{cache}_{rows}.ptx"), "w") as f:
-                    f.write(instructions(compiled.asm["ptx"]))
+                write_ptx(args.ptx, f"{name}_{cache}_{rows}", compiled)
+    if args.ptx:
+        for case in TRITON_CASES:
+            compile_triton_case(*case)
+        for fn in TRITON_KERNELS:
+            for compiled in fn.device_caches[0][0].values():
+                spec = variant_spec(compiled)
+                name = f"{fn.__name__.lstrip('_')}_{hashlib.sha1(spec.encode()).hexdigest()[:10]}"
+                write_ptx(args.ptx, name, compiled, spec)
     return 1 if failed else 0
+
+
+def write_ptx(folder: str, name: str, compiled, spec: str | None = None) -> None:
+    """The variant's instructions into `folder`/`name`.ptx, after its spec if given."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{name}.ptx"), "w") as f:
+        if spec:
+            f.write(f"// {spec}\n")
+        f.write(instructions(compiled.asm["ptx"]))
 
 
 if __name__ == "__main__":

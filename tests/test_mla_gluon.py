@@ -6,8 +6,9 @@ import pytest
 import torch
 from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance
 
-from atom_plugin.backends import triton_mla
-from atom_plugin.backends.mla_plan import MLAStepLayout, plan_mla_decode
+from atom_plugin.backends import mla_launch_plan
+from atom_plugin.backends.gluon_mla_probe import MLAStepLayout, gluon_mla_problems
+from atom_plugin.backends.mla_plan import plan_mla_decode
 from atom_plugin.backends.mla_reference import mla_decode_reference
 from atom_plugin.backends.triton_mla import mla_decode_triton
 
@@ -25,17 +26,17 @@ def _run(fn, batch, **kw):
 
 
 def test_plan_without_a_layout_keeps_to_triton():
-    launch = triton_mla.plan_launch(32, 32, 1, 128, 4096, CPU)
+    launch = mla_launch_plan.plan_launch(32, 32, 1, 128, 4096, CPU)
     assert launch.kernel == "per_token"
     with pytest.raises(ValueError, match="no step layout"):
-        triton_mla.plan_launch(32, 32, 1, 128, 4096, CPU, config={"kernel": "gluon"})
+        mla_launch_plan.plan_launch(32, 32, 1, 128, 4096, CPU, config={"kernel": "gluon"})
 
 
 def test_gluon_refusal_names_the_device():
-    problems = triton_mla.gluon_step_problems(CPU, BF16_64)
+    problems = gluon_mla_problems(CPU, BF16_64)
     assert problems == ["device cpu (the Gluon kernel runs on CUDA GPUs)"]
     with pytest.raises(ValueError, match="device cpu"):
-        triton_mla.plan_launch(
+        mla_launch_plan.plan_launch(
             32, 32, 1, 128, 4096, CPU, config={"kernel": "gluon"}, layout=BF16_64
         )
 
@@ -53,10 +54,10 @@ def test_gluon_refusal_names_the_device():
     ],
 )
 def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
-    got = triton_mla.choose_kernel(heads, reqs, context, packed_splits, True, q_len)
+    got = mla_launch_plan.choose_kernel(heads, reqs, context, packed_splits, True, q_len)
     assert got == want
     if want == "gluon":  # and without the Gluon kernel, the Triton choice as before
-        assert triton_mla.choose_kernel(heads, reqs, context, packed_splits, False, q_len) in (
+        assert mla_launch_plan.choose_kernel(heads, reqs, context, packed_splits, False, q_len) in (
             "packed",
             "per_token",
         )
@@ -74,20 +75,20 @@ def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
     ],
 )
 def test_gluon_schedule_rule(fp8, heads, context, splits, want):
-    assert triton_mla.gluon_schedule(None, fp8, heads, context, splits) == want
-    assert triton_mla.gluon_schedule("lockstep", fp8, heads, context, splits) == "lockstep"
+    assert mla_launch_plan.gluon_schedule(None, fp8, heads, context, splits) == want
+    assert mla_launch_plan.gluon_schedule("lockstep", fp8, heads, context, splits) == "lockstep"
 
 
 def test_gluon_alternate_refuses_fp8():
     with pytest.raises(ValueError, match="alternate schedule takes 16-bit caches"):
-        triton_mla._config(128, True, "gluon", {"schedule": "alternate"})
+        mla_launch_plan._config(128, True, "gluon", {"schedule": "alternate"})
     with pytest.raises(ValueError, match="schedule must be None"):
-        triton_mla._config(128, False, "gluon", {"schedule": "seesaw"})
+        mla_launch_plan._config(128, False, "gluon", {"schedule": "seesaw"})
 
 
 def test_gluon_config_keys():
     with pytest.raises(ValueError, match=r"unknown gluon MLA decode config keys \['BLOCK_N'\]"):
-        triton_mla._config(128, False, "gluon", {"BLOCK_N": 32})
+        mla_launch_plan._config(128, False, "gluon", {"BLOCK_N": 32})
 
 
 GLUON_PATHS = [  # (cache, schedule): the alternate schedule takes 16-bit caches
@@ -156,7 +157,7 @@ def test_gpu_gluon_not_chosen_for_16_key_pages():
     """A 16-row page cannot feed 64-key TMA tiles: the plan keeps the Triton kernels and
     says why; naming the kernel is refused with the same reason."""
     layout = MLAStepLayout(torch.bfloat16, 16)
-    problems = triton_mla.gluon_step_problems(torch.device("cuda"), layout)
+    problems = gluon_mla_problems(torch.device("cuda"), layout)
     assert any("block size 16" in p for p in problems), problems
     b = gpu_edge_batch(EDGE_REQS, 128, "bf16", block_size=16)
     plan = plan_mla_decode(

@@ -13,7 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance  # noqa: E402
 
-from atom_plugin.backends import mla_ops, triton_mla  # noqa: E402
+from atom_plugin.backends import mla_cache_view, mla_launch_plan, mla_ops  # noqa: E402
 from atom_plugin.backends.mla_plan import mla_token_plan, plan_mla_decode  # noqa: E402
 from atom_plugin.backends.mla_reference import (  # noqa: E402
     mla_decode_reference,
@@ -374,7 +374,7 @@ def test_gpu_tma_chosen_where_the_cache_allows():
             device="cuda",
             col_offset=col_offset,
         )
-        assert triton_mla._use_tma(None, b.kv_cache, 512, 64, 64) is want_tma
+        assert mla_cache_view.use_tma(None, b.kv_cache, 512, 64, 64) is want_tma
         want_out, _ = _run(mla_decode_reference, b, 512)
         out, _ = _run(mla_decode_triton, b, 512)
         torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
@@ -394,7 +394,7 @@ def test_gpu_tma_chosen_where_the_cache_allows():
     ],
 )
 def test_split_count_fills_whole_waves(programs, tiles, want):
-    assert triton_mla.best_num_splits(programs, tiles, 132) == want
+    assert mla_launch_plan.best_num_splits(programs, tiles, 132) == want
 
 
 @pytest.mark.parametrize(
@@ -415,16 +415,16 @@ def test_split_count_fills_whole_waves(programs, tiles, want):
 def test_merge_columns_narrow_only_for_few_rows(rows, splits, want):
     """132 SMs: below half the SMs' worth of rows, programs narrowed to two waves;
     above, whole rows, except 128 columns for fewer rows than SMs in chunked merges."""
-    assert triton_mla.merge_block_dv(rows, splits, 132) == want
+    assert mla_launch_plan.merge_block_dv(rows, splits, 132) == want
 
 
 def test_split_count_keeps_64_keys_per_split():
     """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
     not the 128 the wave rule alone would take."""
-    assert triton_mla.best_num_splits(1, 128, 264) == 128
-    assert triton_mla.best_num_splits(1, 128, 264, most=64) == 64
-    launch = triton_mla.plan_launch(1, 1, 1, 16, 4096, torch.device("cpu"), config={})
-    assert launch.num_splits <= 4096 // triton_mla.MIN_KEYS_PER_SPLIT
+    assert mla_launch_plan.best_num_splits(1, 128, 264) == 128
+    assert mla_launch_plan.best_num_splits(1, 128, 264, most=64) == 64
+    launch = mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, torch.device("cpu"), config={})
+    assert launch.num_splits <= 4096 // mla_launch_plan.MIN_KEYS_PER_SPLIT
 
 
 @pytest.mark.parametrize(
@@ -439,25 +439,27 @@ def test_split_count_keeps_64_keys_per_split():
     ],
 )
 def test_kernel_choice_follows_the_measurements(heads, reqs, context, packed_splits, want):
-    assert triton_mla.choose_kernel(heads, reqs, context, packed_splits) == want
+    assert mla_launch_plan.choose_kernel(heads, reqs, context, packed_splits) == want
 
 
 def test_plan_names_the_kernel_it_chose():
     """Auto picks per the rule; a config naming no kernel tunes the packed one; a bad
     name or an fp8 TMA request on the per-token kernel is refused."""
     cpu = torch.device("cpu")
-    assert triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu).kernel == "per_token"
-    assert triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu, config={"num_stages": 2}).kernel == (
+    assert mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu).kernel == "per_token"
+    assert mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu, config={"num_stages": 2}).kernel == (
         "packed"
     )
     with pytest.raises(ValueError, match="kernel must be one of"):
-        triton_mla.plan_launch(1, 1, 1, 16, 4096, cpu, config={"kernel": "fast"})
+        mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu, config={"kernel": "fast"})
     with pytest.raises(ValueError, match="pointer loads only"):
-        triton_mla.plan_launch(
+        mla_launch_plan.plan_launch(
             1, 1, 1, 64, 4096, cpu, fp8_cache=True, config={"kernel": "per_token", "tma": None}
         )
     with pytest.raises(ValueError, match=r"unknown per_token .* \['BLOCK_M'\]"):
-        triton_mla.plan_launch(1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8})
+        mla_launch_plan.plan_launch(
+            1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8}
+        )
 
 
 @pytest.mark.gpu
@@ -514,10 +516,10 @@ def test_gpu_decode_edges(heads, cache, block_size):
         )
         # 16 heads pack both tokens; above, the per-token kernel runs at these sizes
         # unless the packed plan needs more splits than one merge pass (the 200 here)
-        packed = heads == 16 or (splits or 0) > triton_mla.MERGE_BLOCK_S
+        packed = heads == 16 or (splits or 0) > mla_launch_plan.MERGE_BLOCK_S
         assert plan.launch.kernel == ("packed" if packed else "per_token")
         assert plan.launch.tokens == (2 if heads == 16 else 1)
-        tma = triton_mla._use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
+        tma = mla_cache_view.use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
         fp8_pointer_loads = cache == "fp8" and heads > 16  # the default there
         assert tma is (block_size % plan.launch.block_n == 0 and not fp8_pointer_loads)
         out, lse = _run(mla_decode_triton, b, 512, plan=plan)
@@ -639,7 +641,7 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     plan = plan_mla_decode(
         b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs, num_splits=96
     )
-    assert plan.launch.num_splits > triton_mla.MERGE_BLOCK_S
+    assert plan.launch.num_splits > mla_launch_plan.MERGE_BLOCK_S
     out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
 
     def step():

@@ -108,9 +108,9 @@ def test_block_size_preference_feeds_the_hopper_kernel(monkeypatch, default, wan
 
     backend = attention_mla.AtomAiterMLABackend
     if not torch.cuda.is_available():
-        assert attention_mla.gluon_mla_problem() == "no CUDA GPU"
-    monkeypatch.setattr(attention_mla, "gluon_mla_problem", lambda: "no CUDA GPU")
+        assert attention_mla.gluon_mla_problems() == ["no CUDA GPU"]
+    monkeypatch.setattr(attention_mla, "gluon_mla_problems", lambda: ["no CUDA GPU"])
     base = MLACommonBackend.get_preferred_block_size.__func__(backend, default)
     assert backend.get_preferred_block_size(default) == base
-    monkeypatch.setattr(attention_mla, "gluon_mla_problem", lambda: None)
+    monkeypatch.setattr(attention_mla, "gluon_mla_problems", lambda: [])
     assert backend.get_preferred_block_size(default) == want

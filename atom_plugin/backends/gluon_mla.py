@@ -20,8 +20,9 @@ lives in shared memory and each warpgroup owns half of the accumulator's columns
   memory before the matmuls, so stale (even NaN) cache rows never reach P @ V.
 
 The kernel needs a CUDA GPU of compute capability 9.x and a cache TMA can read in
-64-row tiles (`triton_mla._tma_problems`); Gluon kernels do not run in Triton's CPU
-interpreter, so this path is tested on the GPU only.
+64-row tiles (`gluon_mla_probe` and `mla_cache_view.tma_problems` say where it can run);
+Gluon kernels do not run in Triton's CPU interpreter, so this path is tested on the GPU
+only.
 """
 
 from __future__ import annotations
@@ -37,22 +38,7 @@ STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared 
 
 
 @functools.cache
-def device_problem(device_index: int) -> str | None:
-    """Why the Gluon kernel cannot run on this GPU; None when it can."""
-    if torch.version.hip is not None:  # ROCm reports gfx9 parts as compute capability 9.x
-        return "a ROCm GPU (the warpgroup-MMA kernel is for NVIDIA Hopper)"
-    major, _ = torch.cuda.get_device_capability(device_index)
-    if major != 9:
-        return f"compute capability {major}.x (the warpgroup-MMA kernel is for Hopper, 9.x)"
-    try:
-        _kernel()
-    except Exception as exc:  # an older Triton without Gluon's Hopper API
-        return f"Triton's Gluon Hopper API is not importable ({type(exc).__name__}: {exc})"
-    return None
-
-
-@functools.cache
-def _kernel():
+def kernel():
     """Build the kernel on first use: Gluon's Hopper API exists only in newer Tritons."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -275,28 +261,6 @@ def _kernel():
     return stage1
 
 
-GLUON_Q_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def gluon_problems(device: torch.device, q_dtype, block_size, lora, rope) -> list[str]:
-    """Why the Gluon kernel cannot run a step on `device` with this query dtype and
-    cache layout (block size, latent and rope widths); empty when it can. Host-only."""
-    problems = []
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    why = device_problem(index)
-    if why:
-        problems.append(why)
-    if q_dtype not in GLUON_Q_DTYPES:
-        problems.append(f"query dtype {q_dtype} (the kernel takes {GLUON_Q_DTYPES})")
-    if block_size is None or block_size % BLOCK_N:
-        problems.append(f"block size {block_size} (64-key TMA tiles need a multiple of {BLOCK_N})")
-    if lora not in (128, 256, 512):
-        problems.append(f"kv_lora_rank {lora} (the kernel takes 128, 256 or 512)")
-    if rope not in (16, 32, 64):
-        problems.append(f"rope width {rope} (the kernel takes 16, 32 or 64)")
-    return problems
-
-
 _GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
     torch.bfloat16: "bfloat16",
     torch.float16: "float16",
@@ -306,12 +270,12 @@ _GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
 
 def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
     """Gluon TMA descriptors of the cache's latent and rope columns
-    (`triton_mla.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
+    (`mla_cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
     the part's width)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from atom_plugin.backends.triton_mla import cache_row_parts
+    from atom_plugin.backends.mla_cache_view import cache_row_parts
 
     gdt = getattr(gl, _GLUON_DTYPES[kv_cache.dtype])
     descs = []
@@ -325,7 +289,7 @@ def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = 
 def run_stage1(
     q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale, launch, lora
 ):
-    """Launch stage 1 on the grid of `launch` (`triton_mla.TritonMLALaunch`, kernel
+    """Launch stage 1 on the grid of `launch` (`mla_launch_plan.TritonMLALaunch`, kernel
     'gluon') in its schedule; `mid_o` / `mid_lse` are the merge's partials (or the
     output and lse themselves at one split). Both kernels take the same arguments but
     for the lockstep one's kv scale and stage count."""
@@ -362,7 +326,7 @@ def run_stage1(
         )
         return
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    _kernel()[grid](
+    kernel()[grid](
         q,
         *cache_descriptors(kv_cache, lora),
         *plan,

@@ -14,13 +14,9 @@ each over all 64 keys of its own tile, and each keeps half of the output columns
   scores start as the first chunk lands; the loader warp refills a stage once both
   warpgroups have released it, and both multiply over stage 0 first (warpgroup 0 its
   own tile, warpgroup 1 the remote one), so stage 0 is refilled while the products
-  over stage 1 still run (1.05-1.14x at 128 heads, H200 run 17 against run 16);
+  over stage 1 still run;
 - the query's rope part is held in registers: the shared memory holds the latent
   query, two 64-key stages and two P buffers (230 KB).
-
-A staggered variant, where warpgroup 1 takes warpgroup 0's max before its own so the
-two halves of a pair overlap (FlashMLA's "seesaw"), measured no faster on the H200
-(docs/benchmarks.md, run 15) and was dropped.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from atom_plugin.backends.checks import FP8_DTYPES
+from atom_plugin.backends.gluon_mla_probe import MLAStepLayout
 
 
 def mla_token_plan(
@@ -79,21 +80,10 @@ def check_mla_shapes(
 
 
 @dataclass(frozen=True)
-class MLAStepLayout:
-    """What the kernel choice needs beyond the step's sizes: the query's dtype and the
-    cache's block size, latent and rope widths (the metadata builder knows them)."""
-
-    q_dtype: torch.dtype
-    block_size: int
-    kv_lora_rank: int = 512
-    rope: int = 64
-
-
-@dataclass(frozen=True)
 class MLADecodePlan:
     """One step's decode plan, shared by every layer: per query token its request row
     (-1: none) and visible cached rows (`mla_token_plan`), and the kernel path's launch
-    (`triton_mla.TritonMLALaunch` on the Triton path: packing, split count, tiles)."""
+    (`mla_launch_plan.TritonMLALaunch` on the Triton path: packing, split count, tiles)."""
 
     kernel_impl: str
     token_req: torch.Tensor
@@ -132,7 +122,9 @@ def plan_mla_decode(
         req, kv_len = out[0][:n], out[1][:n]
     launch = None
     if kernel_impl == "triton":
-        from atom_plugin.backends.triton_mla import plan_launch
+        # imported here: Triton is optional (not installed on every platform) and the
+        # torch and AITER paths plan without it
+        from atom_plugin.backends.mla_launch_plan import plan_launch
 
         launch = plan_launch(
             meta.num_reqs,

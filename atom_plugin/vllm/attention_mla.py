@@ -34,15 +34,10 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
 from atom_plugin.backends import mla_ops
 from atom_plugin.backends.aiter_mha import unit_scale
+from atom_plugin.backends.gluon_mla_probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.mla_plan import (
-    MLADecodePlan,
-    MLAStepLayout,
-    mla_token_plan,
-    plan_mla_decode,
-)
+from atom_plugin.backends.mla_plan import MLADecodePlan, mla_token_plan, plan_mla_decode
 from atom_plugin.backends.select import select_kernel_impl
-from atom_plugin.platform import gluon_mla_problem
 from atom_plugin.vllm.attention_mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
 
 
@@ -303,7 +298,7 @@ class AtomAiterMLABackend(MLACommonBackend):
         """The block size vLLM takes when none is given: at least 64 where the Hopper
         warpgroup-MMA decode can run (it reads 64-key tiles; smaller pages keep the
         Triton kernels), vLLM's default elsewhere."""
-        if gluon_mla_problem() is None:
+        if not gluon_mla_problems():
             return -(-default_block_size // 64) * 64  # the default rounded up to 64s
         return super().get_preferred_block_size(default_block_size)
 
