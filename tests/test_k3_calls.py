@@ -62,9 +62,31 @@ scalar = st.one_of(
 
 
 @st.composite
+def objects(draw, values, max_keys=3):
+    keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=max_keys))
+    schema = {"type": "object", "properties": {k: draw(values) for k in keys}}
+    required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
+    if required:
+        schema["required"] = required
+    if draw(st.booleans()):
+        schema["additionalProperties"] = False
+    return schema
+
+
+# Property values: scalars, and objects and arrays of them (nested, written as JSON).
+values = st.recursive(
+    scalar,
+    lambda inner: st.one_of(
+        inner.map(lambda items: {"type": "array", "items": items}), objects(inner)
+    ),
+    max_leaves=4,
+)
+
+
+@st.composite
 def schemas(draw):
     keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))
-    properties = {k: draw(scalar) for k in keys}
+    properties = {k: draw(values) for k in keys}
     schema = {"type": "object", "properties": properties}
     required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
     if required:
@@ -91,7 +113,8 @@ def walk(channel, seed: int, max_steps: int = 200):
     """Sample the argmax of adversarial logits among the allowed ids; the ids and states."""
     rng = np.random.default_rng(seed)
     out, state, states = list(PROMPT_END), channel.walk(PROMPT_END), []
-    boost = ids("<|end_of_msg|>", "<|close|>", "<|open|>", "<|sep|>", '"', "Paris")
+    boost = ids("<|end_of_msg|>", "<|close|>", "<|open|>", "<|sep|>", '"', "Paris", "Pa\nris")
+    boost += ids('"}', "\\", "]", "}", ", ")
     for _ in range(max_steps):
         if state == UNCONSTRAINED:
             break
@@ -181,10 +204,79 @@ def test_a_disallowed_key_a_wrong_type_and_a_missing_key_cannot_be_written():
     assert channel.forced_token(state) == ids("<|close|>")[0]
 
 
+def test_nested_objects_and_arrays_are_written_as_their_schema_says():
+    inner = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "b": {"type": "array", "items": {"type": "integer"}},
+        },
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": inner}, "required": ["a"]},
+            },
+        }
+    ]
+    channel = channel_for(tools, parallel=False)
+
+    def write(state, *texts):
+        """Each text encoded on its own (the automaton's pieces), every id allowed."""
+        for text in texts:
+            for token in WORDS.encode(text):
+                assert token in allowed_ids(channel, state), (text, WORDS.decode([token]))
+                state = channel.step(state, token)
+                out.append(token)
+        return state
+
+    out = [*PROMPT_END, *ids("<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="')]
+    state = write(channel.walk(out), "f", '" index="', "0", '"', "<|sep|>", "<|open|>")
+    state = write(state, 'argument key="a" type="object"', "<|sep|>")
+    assert channel.forced_token(state) == ids("{")[0]
+    state = write(state, "{")
+    assert ids("}")[0] not in allowed_ids(channel, state)  # "city" is required
+    state = write(state, '"city": ', '"')
+    # A JSON string: text and digits, no quote inside a token, no backslash, no newline.
+    allowed = allowed_ids(channel, state)
+    assert {*ids("Paris", "12", " ", '"')} <= set(allowed)
+    assert not {*ids("Pa\nris", "\\", '"}', '", "', "<|close|>")} & set(allowed)
+    state = write(state, "Paris", '"')
+    assert set(allowed_ids(channel, state)) == {*ids(", ", "}")}
+    state = write(state, ', "b": ', "[")
+    allowed = allowed_ids(channel, state)
+    assert {*ids("]", "12", "-")} <= set(allowed) and not {*ids("1.", "Paris")} & set(allowed)
+    state = write(state, "12")
+    assert {*ids(", ", "]", "0")} <= set(allowed_ids(channel, state))
+    assert ids("}")[0] not in allowed_ids(channel, state)
+    state = write(state, ", ", "-", "7", "]")
+    assert allowed_ids(channel, state) == ids("}")  # no key after "b", none outside properties
+    state = write(state, "}")
+    assert channel.forced_token(state) == ids("<|close|>")[0]
+    state = write(state, "<|close|>", "argument", "<|sep|>", "<|close|>", "call", "<|sep|>")
+    state = write(state, "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>")
+    assert write(state, "<|end_of_msg|>") == UNCONSTRAINED
+    check_turn(tools, False, out)
+    assert parse_k3(WORDS.decode(out)).tool_calls[0].arguments == {
+        "a": {"city": "Paris", "b": [12, -7]}
+    }
+
+
 def test_unsupported_schemas_are_refused_with_the_construct():
-    nested = {"type": "object", "properties": {"a": {"type": "object"}}}
+    def prop(schema):
+        return {"type": "object", "properties": {"a": schema}}
+
     cases = [
-        (nested, "type 'object'"),
+        (prop({"type": "array"}), "property 'a': an array without an items schema"),
+        (prop({"type": "array", "items": {"type": "string"}, "minItems": 1}), "minItems"),
+        (prop(prop({"type": "integer", "minimum": 0})), "property 'a' key 'a': .*minimum"),
+        (prop({"type": "array", "items": {"type": ["string", "null"]}}), "items: type"),
+        (prop(prop({"anyOf": []})), "anyOf"),
+        (prop({"type": "object", "properties": {"<|open|>": {"type": "null"}}}), "K3 marker"),
         ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}, "maxLength"),
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf"),
         ({"type": "object", "required": ["a"]}, "not properties"),

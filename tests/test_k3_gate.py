@@ -544,14 +544,14 @@ def test_responses_named_choice_gets_the_named_channel(tokenizer, formats):
     assert params.structured_outputs is None and params.skip_special_tokens is False
 
 
-NESTED = [
+UNSUPPORTED = [  # a type union: the call automaton cannot hold it
     {
         "type": "function",
         "function": {
             "name": "get_weather",
             "parameters": {
                 "type": "object",
-                "properties": {"where": {"type": "object", "properties": {}}},
+                "properties": {"where": {"type": ["string", "null"]}},
             },
         },
     }
@@ -588,7 +588,7 @@ def test_unsupported_schema_keeps_vllms_tag_and_logs_the_reason_once(
     monkeypatch.setattr(kimi_k3_parser, "_logged", set())  # as in a fresh server
     with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
         for _ in range(2):
-            params = through(tokenizer, NESTED, choice)
+            params = through(tokenizer, UNSUPPORTED, choice)
             assert EXTRA_ARGS_KEY not in (params.extra_args or {})
             assert params.structured_outputs.structural_tag is not None
     lines = [r.getMessage() for r in caplog.records if "cannot be enforced by" in r.getMessage()]
@@ -599,7 +599,7 @@ def test_unsupported_schema_keeps_vllms_tag_and_logs_the_reason_once(
 def test_unsupported_schema_without_vllms_tag_is_a_400(tokenizer, formats, monkeypatch):
     monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
     with pytest.raises(VLLMValidationError) as err:
-        through(tokenizer, NESTED, "required")
+        through(tokenizer, UNSUPPORTED, "required")
     message = str(err.value)
     assert "cannot enforce this request's tool schemas" in message
     assert "property 'where'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING=1" in message
