@@ -23,6 +23,7 @@ they break the number), so the automaton's class transitions are lookups.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ FIXED_CLASSES = 3  # number classes follow
 MAX_CLASSES = 63
 DEAD = -1
 NUMBER_CHARS = frozenset("0123456789+-.eE")
-_QUOTED_CHARS = frozenset('"\\')
+_QUOTED = re.compile(r'["\\\x00-\x1f]')
 
 # Character states. INDEX_*: [0-9]+. INT_*: JSON integer. NUM_*: JSON number.
 INDEX_START, INDEX_DIGITS = 0, 1
@@ -145,7 +146,7 @@ def classes_from_texts(
                 cls = index[effect] = len(effects)
                 effects.append(effect)
             of[token] = SPECIAL if cls is None else cls
-        elif any(c in _QUOTED_CHARS or c < " " for c in text):
+        elif _QUOTED.search(text):
             of[token] = QUOTED
     return TokenClasses(of=of, effects=tuple(effects))
 
