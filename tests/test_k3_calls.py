@@ -25,7 +25,11 @@ from hypothesis import strategies as st  # noqa: E402
 from k3_words import PIECES, Words, ids  # noqa: E402
 
 from atom_plugin.parsers.call_automaton import CallAutomaton, CallSpec  # noqa: E402
-from atom_plugin.parsers.channel_for import required_channel_for  # noqa: E402
+from atom_plugin.parsers.channel_for import (  # noqa: E402
+    channel_extra_args,
+    channel_from_extra_args,
+    required_channel_for,
+)
 from atom_plugin.parsers.channel_kernel import (  # noqa: E402
     advance_states,
     apply_channel_torch,
@@ -34,7 +38,7 @@ from atom_plugin.parsers.channel_kernel import (  # noqa: E402
 from atom_plugin.parsers.channel_tables import compile_channels, next_states  # noqa: E402
 from atom_plugin.parsers.k3_schema import UnsupportedSchema, call_spec_for  # noqa: E402
 from atom_plugin.parsers.k3_tool_parser import parse_k3  # noqa: E402
-from atom_plugin.parsers.required_channel import UNCONSTRAINED  # noqa: E402
+from atom_plugin.parsers.required_channel import START, UNCONSTRAINED  # noqa: E402
 from atom_plugin.parsers.token_classes import classes_for_tokenizer  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,6 +47,7 @@ CLASSES = classes_for_tokenizer(WORDS)
 REQUIRED = required_channel_for(WORDS)
 VOCAB = len(PIECES) + 3  # logits wider than the tokenizer: the extra ids are never allowed
 PROMPT_END = ids("Sure", "<|close|>", "response", "<|sep|>")
+AUTO_PREFIX = PROMPT_END + ids("<|open|>", "tools", "<|sep|>")  # the model opens the channel
 KEYS = ["a", "b", "c", "city", "count"]
 
 scalar = st.one_of(
@@ -109,10 +114,11 @@ def requests(draw):
     return tools, draw(st.booleans())
 
 
-def walk(channel, seed: int, max_steps: int = 200):
-    """Sample the argmax of adversarial logits among the allowed ids; the ids and states."""
+def walk(channel, seed: int, max_steps: int = 200, prefix=PROMPT_END):
+    """Sample the argmax of adversarial logits among the allowed ids after `prefix`; the ids
+    and the states from the end of `prefix` on."""
     rng = np.random.default_rng(seed)
-    out, state, states = list(PROMPT_END), channel.walk(PROMPT_END), []
+    out, state, states = list(prefix), channel.walk(prefix), []
     boost = ids("<|end_of_msg|>", "<|close|>", "<|open|>", "<|sep|>", '"', "Paris", "Pa\nris")
     boost += ids('"}', "\\", "]", "}", ", ")
     for _ in range(max_steps):
@@ -135,7 +141,7 @@ def allowed_ids(channel, state):
         return [forced]
     call = channel.call_state(state)
     if call is None:
-        return [t for t in range(VOCAB) if t not in channel.end_ids]
+        return [t for t in range(VOCAB) if t not in channel.banned_tokens(state)]
     return [t for t in channel.calls.allowed_ids(call, VOCAB) if t not in channel.end_ids]
 
 
@@ -164,6 +170,34 @@ def test_every_finished_call_validates_against_its_schema(request, seed):
     channel = channel_for(tools, parallel)
     out, state, _ = walk(channel, seed, max_steps=400)
     if state == UNCONSTRAINED:  # finished: <|end_of_msg|> written
+        check_turn(tools, parallel, out)
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests(), st.integers(0, 2**32 - 1))
+def test_auto_constrains_the_calls_once_the_model_opens_the_tools_channel(request, seed):
+    tools, parallel = request
+    required = channel_for(tools, parallel)
+    channel = required.as_optional()
+    assert channel_from_extra_args(channel_extra_args(channel, required.calls.spec), CLASSES) == (
+        channel
+    )
+    # No trigger and nothing banned: the model may answer and end without a call.
+    answer = [*PROMPT_END, *ids("<|close|>", "message", "<|sep|>", "<|end_of_msg|>")]
+    state = START
+    for token in answer:
+        assert allowed_ids(channel, state) == list(range(VOCAB))
+        state = channel.step(state, token)
+    assert (
+        channel.is_waiting(state)
+        and required.forced_token(required.walk(PROMPT_END)) == ids("<|open|>")[0]
+    )
+    # Once the model writes <|open|>tools<|sep|>, the call opening is forced and every call
+    # is held to the schemas, as with required.
+    state = channel.walk(AUTO_PREFIX)
+    assert channel.forced_token(state) == ids("<|open|>")[0]
+    out, state, _ = walk(channel, seed, max_steps=400, prefix=AUTO_PREFIX)
+    if state == UNCONSTRAINED:
         check_turn(tools, parallel, out)
 
 
@@ -292,17 +326,23 @@ def test_unsupported_schemas_are_refused_with_the_construct():
 @given(st.lists(requests(), min_size=1, max_size=2), st.integers(0, 2**32 - 1))
 def test_kernel_and_reference_agree_with_the_state_machine(batch, seed):
     # Channels with calls beside the plain required channel, in one table.
+    # Optional (auto) channels too, walked from the head the model wrote itself.
     channels = [channel_for(tools, parallel) for tools, parallel in batch]
+    channels += [c.as_optional() for c in channels]
     channels = list(dict.fromkeys([REQUIRED, *channels]))
     tables = compile_channels(channels, DEVICE)
     rows, want, tokens, after = [], [], [], []
     for index, channel in enumerate(channels):
         base = tables.bases[index]
-        out, _, states = walk(channel, seed + index, max_steps=60)
-        for i, state in enumerate(states[:12]):
+        prefix = AUTO_PREFIX if channel.optional else PROMPT_END
+        out, _, states = walk(channel, seed + index, max_steps=60, prefix=prefix)
+        steps = list(zip(states, out[len(prefix) :], strict=False))
+        if channel.optional:  # waiting rows (banning nothing) while the model writes the head
+            written, start = prefix[len(PROMPT_END) :], channel.walk(PROMPT_END)
+            steps[:0] = [(channel.walk(written[:k], start), t) for k, t in enumerate(written)]
+        for state, token in steps[:12]:
             rows.append(base + state)
             want.append(allowed_ids(channel, state))
-            token = out[len(PROMPT_END) + i]
             tokens.append(token)
             nxt = channel.step(state, token)
             after.append(UNCONSTRAINED if nxt == UNCONSTRAINED else base + nxt)
