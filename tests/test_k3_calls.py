@@ -10,6 +10,7 @@ must mask exactly the ids the state machine forbids, and step states as it does.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -24,7 +25,12 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from k3_words import PIECES, Words, ids  # noqa: E402
 
-from atom_plugin.parsers.call_automaton import CallAutomaton, CallSpec  # noqa: E402
+from atom_plugin.parsers.call_automaton import (  # noqa: E402
+    CallAutomaton,
+    CallSpec,
+    CallSpecError,
+    JsonSpec,
+)
 from atom_plugin.parsers.channel_for import (  # noqa: E402
     channel_extra_args,
     channel_from_extra_args,
@@ -311,6 +317,14 @@ def test_unsupported_schemas_are_refused_with_the_construct():
         (prop({"type": "array", "items": {"type": ["string", "null"]}}), "items: type"),
         (prop(prop({"anyOf": []})), "anyOf"),
         (prop({"type": "object", "properties": {"<|open|>": {"type": "null"}}}), "K3 marker"),
+        (
+            prop(
+                functools.reduce(
+                    lambda inner, _: {"type": "array", "items": inner}, range(17), {"type": "null"}
+                )
+            ),
+            "nested deeper than 16",
+        ),  # fmt: skip
         ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}, "maxLength"),
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf"),
         ({"type": "object", "required": ["a"]}, "not properties"),
@@ -320,6 +334,12 @@ def test_unsupported_schemas_are_refused_with_the_construct():
         tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
         with pytest.raises(UnsupportedSchema, match=what):
             call_spec_for(WORDS, tools)
+    # A spec that arrives in extra_args nested without end is refused, not recursed into.
+    deep = {"kind": "integer"}
+    for _ in range(40):
+        deep = {"kind": "array", "open": [1], "close": [2], "sep": [3], "items": deep}
+    with pytest.raises(CallSpecError, match="nests deeper than 16"):
+        JsonSpec.from_json(deep)
 
 
 @settings(max_examples=8, deadline=None)

@@ -51,8 +51,12 @@ FINAL = -1
 VALUE_KINDS = ("text", "integer", "number", "options", "json")
 JSON_KINDS = ("object", "array", "string", "integer", "number", "options")
 # The fixed pieces each JSON kind has (ids of `{` `}`, `[` `]` `, `, the quote twice).
-_JSON_PIECES = {"object": ("open", "close"), "array": ("open", "close", "sep")}
-_JSON_PIECES["string"] = ("open", "close")
+_JSON_PIECES = {
+    "object": ("open", "close"),
+    "array": ("open", "close", "sep"),
+    "string": ("open", "close"),
+}
+MAX_JSON_DEPTH = 16  # objects and arrays nested in one argument value
 _JSON_FIELDS = {"object": {"props"}, "array": {"items"}, "options": {"options"}}
 _PIECES = ("open", "close", "sep", "end")
 _SEQUENCES = ("call", "index", "index_end", "argument", "call_end", "tools_end", "message_end")
@@ -114,7 +118,9 @@ class JsonSpec:
         return out
 
     @classmethod
-    def from_json(cls, value: Any) -> JsonSpec:
+    def from_json(cls, value: Any, depth: int = 0) -> JsonSpec:
+        if depth > MAX_JSON_DEPTH:
+            raise CallSpecError(f"a JSON value spec nests deeper than {MAX_JSON_DEPTH} levels")
         if not isinstance(value, Mapping) or value.get("kind") not in JSON_KINDS:
             raise CallSpecError(
                 f"a JSON value spec has a kind, one of {', '.join(JSON_KINDS)}; got {value!r}"
@@ -132,9 +138,9 @@ class JsonSpec:
         if kind == "object":
             if not isinstance(value["props"], list):
                 raise CallSpecError(f"an object's props must be a list, got {value['props']!r}")
-            fields["props"] = tuple(_json_prop(p) for p in value["props"])
+            fields["props"] = tuple(_json_prop(p, depth + 1) for p in value["props"])
         elif kind == "array":
-            fields["items"] = cls.from_json(value["items"])
+            fields["items"] = cls.from_json(value["items"], depth + 1)
         elif kind == "options":
             if not isinstance(value["options"], list) or not value["options"]:
                 raise CallSpecError(f"options must be a non-empty list, got {value['options']!r}")
@@ -142,7 +148,7 @@ class JsonSpec:
         return cls(kind, **fields)
 
 
-def _json_prop(value: Any) -> JsonProp:
+def _json_prop(value: Any, depth: int) -> JsonProp:
     keys = {"first", "more", "required", "value"}
     if not isinstance(value, Mapping) or set(value) != keys:
         raise CallSpecError(f"a property has exactly the keys {sorted(keys)}; got {value!r}")
@@ -152,7 +158,7 @@ def _json_prop(value: Any) -> JsonProp:
         _ids("key", value["first"]),
         _ids("key", value["more"]),
         value["required"],
-        JsonSpec.from_json(value["value"]),
+        JsonSpec.from_json(value["value"], depth),
     )
 
 

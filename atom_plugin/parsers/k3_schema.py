@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from atom_plugin.parsers.call_automaton import (
+    MAX_JSON_DEPTH,
     ArgSpec,
     CallSpec,
     CallSpecError,
@@ -163,8 +164,10 @@ def _value(tool: str, key: str, schema: Any, tokenizer: Any) -> tuple[str, str, 
     return K3_TYPES[json_type], "options", _options(where, texts, tokenizer), None
 
 
-def _json(where: str, schema: Any, tokenizer: Any) -> JsonSpec:
+def _json(where: str, schema: Any, tokenizer: Any, depth: int = 0) -> JsonSpec:
     """A value written as JSON (a property of type object or array, and what is inside)."""
+    if depth > MAX_JSON_DEPTH:
+        raise UnsupportedSchema(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
     json_type = _json_type(where, schema)
     enc = functools.partial(_encode, tokenizer)
     if json_type == "object":
@@ -172,7 +175,7 @@ def _json(where: str, schema: Any, tokenizer: Any) -> JsonSpec:
         for key, prop, required in _properties(where, schema):
             name = json.dumps(key, ensure_ascii=False)
             _no_control(f"{where} key", name)
-            value = _json(f"{where} key {key!r}", prop, tokenizer)
+            value = _json(f"{where} key {key!r}", prop, tokenizer, depth + 1)
             props.append(JsonProp(enc(f"{name}: "), enc(f", {name}: "), required, value))
         return JsonSpec("object", open=enc("{"), close=enc("}"), props=tuple(props))
     if json_type == "array":
@@ -184,7 +187,7 @@ def _json(where: str, schema: Any, tokenizer: Any) -> JsonSpec:
             open=enc("["),
             close=enc("]"),
             sep=enc(", "),
-            items=_json(f"{where} items", items, tokenizer),
+            items=_json(f"{where} items", items, tokenizer, depth + 1),
         )
     choices = _scalar_choices(where, schema, json_type)
     if choices is not None:
