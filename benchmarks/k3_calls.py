@@ -2,9 +2,11 @@
 
 `CallsBatch(tokenizer, device)` builds, on a synthetic K3 vocabulary (benchmarks/k3_vocab.py),
 one step of 256 rows through the processors' core (`ChannelCore`):
-- 96 required rows inside calls of three tools with different schemas (`TOOLS`): the tool
+- 96 required rows inside calls of four tools with different schemas (`TOOLS`): the tool
   name, the call index, argument keys, string, integer and number values, enum and boolean
-  values, the choice of the next call or the close, all masked states of the call automaton;
+  values, JSON inside an object- and an array-typed argument (a string in a nested object,
+  its next key or close, an array's first item or close, its separator or close), the
+  choice of the next call or the close: all masked states of the call automaton;
 - 32 named rows (one named channel per tool, `parallel_tool_calls=false`): a forced name,
   keys and values;
 - 32 forced-prefix rows: the channel's forced opening and the call's forced pieces;
@@ -70,6 +72,19 @@ TOOLS = [
         ["amount", "currency"],
     ),
     _tool(
+        "book",
+        {
+            "guest": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name"],
+                "additionalProperties": False,
+            },
+            "nights": {"type": "array", "items": {"type": "string"}},
+        },
+        ["guest"],
+    ),
+    _tool(
         "search",
         {"query": {"type": "string"}, "limit": {"type": "integer"}, "lang": {"type": "string"}},
         ["query"],
@@ -94,6 +109,8 @@ _CITY = (*_WEATHER, *_arg("city", "string"), "Paris", *_ARG_END)
 _PRICE = (*_call("set_price"), *_arg("amount", "number"))
 _PRICE_CURRENCY = (*_PRICE, "12.5", *_ARG_END, *_arg("currency", "string"))
 _SEARCH = _call("search")
+_GUEST = (*_call("book"), *_arg("guest", "object"), "{", '"name": ', '"')
+_NIGHTS = (*_GUEST, "Ann", '"', "}", *_ARG_END, *_arg("nights", "array"), "[")
 
 # (what the row is, its channel: "required" or the named tool, its output pieces)
 MASKED_ROWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -108,6 +125,10 @@ MASKED_ROWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("number value, exponent", "required", (*_PRICE, "12", "e")),
     ("enum value", "required", _PRICE_CURRENCY),
     ("boolean value", "required", (*_PRICE_CURRENCY, "EUR", *_ARG_END, *_arg("exact", "boolean"))),
+    ("JSON: string in a nested object", "required", (*_GUEST, "Ann")),
+    ("JSON: key or object close", "required", (*_GUEST, "Ann", '"')),
+    ("JSON: array item or close", "required", _NIGHTS),
+    ("JSON: item separator or close", "required", (*_NIGHTS, '"', "Mon", '"')),
     ("next call or close", "required", (*_SEARCH, *_arg("query", "string"), "x", *_ARG_END,
                                         CLOSE, "call", SEP)),
 )  # fmt: skip
@@ -116,6 +137,7 @@ NAMED_ROWS = (
     ("named: string value", "search", (*_SEARCH, *_arg("query", "string"), "how")),
     ("named: number value", "set_price", (*_PRICE, "3")),
     ("named: forced name", "set_price", (*PROMPT_END, *OPENING)),
+    ("named: JSON array item or close", "book", _NIGHTS),
 )
 FORCED_ROWS = (
     ("forced: opening", "required", (*PROMPT_END, OPEN)),
@@ -186,9 +208,10 @@ class CallsBatch:
         waiting = self.count(lambda c, r: c.is_waiting(r.state))
         kinds = len({r.what for r in self.rows if r.channel})
         return (
-            f"{masked} masked rows (keys, typed values, names, digits: {kinds} kinds of rows "
-            f"over 3 schemas), {forced} forced, {waiting} waiting, {FREE_ROWS} free; "
-            f"{self.core.num_channels} channels (required + 3 named, all with calls)"
+            f"{masked} masked rows (names, digits, keys, typed values, JSON inside arguments: "
+            f"{kinds} kinds of rows over {len(TOOLS)} schemas), {forced} forced, {waiting} "
+            f"waiting, {FREE_ROWS} free; {self.core.num_channels} channels (required + "
+            f"{self.core.num_channels - 1} named, all with calls)"
         )
 
     @property

@@ -16,7 +16,7 @@ before logits processors). For every case it measures, in the same run:
 - ATOM's MI355X figures from the original change, quoted (not measured here).
 
 A second table (same run) is issue 27's schema-constrained calls: a mixed batch of 256 rows
-(required rows inside the arguments of three different schemas, named rows, forced-prefix
+(required rows inside the arguments of four different schemas, named rows, forced-prefix
 rows, waiting rows and free rows, benchmarks/k3_calls.py) on a synthetic BPE-like vocabulary
 of the K3 size (benchmarks/k3_vocab.py; the K3 tokenizer cannot be downloaded): our one launch
 against xgrammar's `apply_token_bitmask_inplace` with a bitmask giving the same mask, and
@@ -520,7 +520,7 @@ def host_table(args) -> list[str]:
         "|---|---|",
         f"| token classes (`classes_for_tokenizer`, once per engine) | {build_s:.2f} s, "
         f"{num_classes} classes |",
-        f"| xgrammar compile of vLLM's kimi_k3 tags (required + 3 forced) | "
+        f"| xgrammar compile of vLLM's kimi_k3 tags (required + one forced per tool) | "
         f"{fill.compile_seconds:.2f} s |",
         f"| xgrammar `fill_next_token_bitmask`, {fill.rows} rows, per step (median of "
         f"{args.trials} x {args.replays * 4} steps) | {fill_us:.0f} us "
@@ -563,7 +563,7 @@ def calls_table(args, device, xgr, timed) -> list[str]:
         fill_us = eager_time_us(fill.fill, args, torch.device("cpu"))
         fill_cell = f"{fill_us:.0f} ({fill.rows} rows, {fill_us / fill.rows:.1f}/row)"
         compile_note = (
-            f" xgrammar compiled vLLM's kimi_k3 tags (required + 3 forced) in "
+            f" xgrammar compiled vLLM's kimi_k3 tags (required + one forced per tool) in "
             f"{fill.compile_seconds:.2f} s."
         )
     ours_dev, ours_eager = timed(ours)

@@ -23,10 +23,10 @@ def test_calls_smoke_run_masks_the_mixed_batch_in_one_launch():
     rows = [line for line in table.splitlines() if line.startswith("| mixed batch 256 with calls")]
     assert len(rows) == 1, table
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[1:4] == ["256", "40", "1 / n/a (cpu)"]
+    assert cells[1:4] == ["256", "38", "1 / n/a (cpu)"]
     assert re.fullmatch(r"\d+", cells[7]), cells  # xgrammar's apply ran
     assert re.fullmatch(r"\d+ \(192 rows, [\d.]+/row\)", cells[8]), cells  # and its host fill
-    assert "120 masked rows" in table and "4 channels" in table
+    assert "122 masked rows" in table and "5 channels" in table
     assert re.search(r"synthetic vocabulary of 4096 ids .*: [\d.]+ s on the host CPU", table)
     assert "Required and named channels" not in table  # --calls-only
 

@@ -10,6 +10,7 @@ must mask exactly the ids the state machine forbids, and step states as it does.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -24,8 +25,17 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from k3_words import PIECES, Words, ids  # noqa: E402
 
-from atom_plugin.parsers.call_automaton import CallAutomaton, CallSpec  # noqa: E402
-from atom_plugin.parsers.channel_for import required_channel_for  # noqa: E402
+from atom_plugin.parsers.call_automaton import (  # noqa: E402
+    CallAutomaton,
+    CallSpec,
+    CallSpecError,
+    JsonSpec,
+)
+from atom_plugin.parsers.channel_for import (  # noqa: E402
+    channel_extra_args,
+    channel_from_extra_args,
+    required_channel_for,
+)
 from atom_plugin.parsers.channel_kernel import (  # noqa: E402
     advance_states,
     apply_channel_torch,
@@ -34,7 +44,7 @@ from atom_plugin.parsers.channel_kernel import (  # noqa: E402
 from atom_plugin.parsers.channel_tables import compile_channels, next_states  # noqa: E402
 from atom_plugin.parsers.k3_schema import UnsupportedSchema, call_spec_for  # noqa: E402
 from atom_plugin.parsers.k3_tool_parser import parse_k3  # noqa: E402
-from atom_plugin.parsers.required_channel import UNCONSTRAINED  # noqa: E402
+from atom_plugin.parsers.required_channel import START, UNCONSTRAINED  # noqa: E402
 from atom_plugin.parsers.token_classes import classes_for_tokenizer  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,6 +53,7 @@ CLASSES = classes_for_tokenizer(WORDS)
 REQUIRED = required_channel_for(WORDS)
 VOCAB = len(PIECES) + 3  # logits wider than the tokenizer: the extra ids are never allowed
 PROMPT_END = ids("Sure", "<|close|>", "response", "<|sep|>")
+AUTO_PREFIX = PROMPT_END + ids("<|open|>", "tools", "<|sep|>")  # the model opens the channel
 KEYS = ["a", "b", "c", "city", "count"]
 
 scalar = st.one_of(
@@ -62,9 +73,31 @@ scalar = st.one_of(
 
 
 @st.composite
+def objects(draw, values, max_keys=3):
+    keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=max_keys))
+    schema = {"type": "object", "properties": {k: draw(values) for k in keys}}
+    required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
+    if required:
+        schema["required"] = required
+    if draw(st.booleans()):
+        schema["additionalProperties"] = False
+    return schema
+
+
+# Property values: scalars, and objects and arrays of them (nested, written as JSON).
+values = st.recursive(
+    scalar,
+    lambda inner: st.one_of(
+        inner.map(lambda items: {"type": "array", "items": items}), objects(inner)
+    ),
+    max_leaves=4,
+)
+
+
+@st.composite
 def schemas(draw):
     keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))
-    properties = {k: draw(scalar) for k in keys}
+    properties = {k: draw(values) for k in keys}
     schema = {"type": "object", "properties": properties}
     required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
     if required:
@@ -87,11 +120,13 @@ def requests(draw):
     return tools, draw(st.booleans())
 
 
-def walk(channel, seed: int, max_steps: int = 200):
-    """Sample the argmax of adversarial logits among the allowed ids; the ids and states."""
+def walk(channel, seed: int, max_steps: int = 200, prefix=PROMPT_END):
+    """Sample the argmax of adversarial logits among the allowed ids after `prefix`; the ids
+    and the states from the end of `prefix` on."""
     rng = np.random.default_rng(seed)
-    out, state, states = list(PROMPT_END), channel.walk(PROMPT_END), []
-    boost = ids("<|end_of_msg|>", "<|close|>", "<|open|>", "<|sep|>", '"', "Paris")
+    out, state, states = list(prefix), channel.walk(prefix), []
+    boost = ids("<|end_of_msg|>", "<|close|>", "<|open|>", "<|sep|>", '"', "Paris", "Pa\nris")
+    boost += ids('"}', "\\", "]", "}", ", ")
     for _ in range(max_steps):
         if state == UNCONSTRAINED:
             break
@@ -112,7 +147,7 @@ def allowed_ids(channel, state):
         return [forced]
     call = channel.call_state(state)
     if call is None:
-        return [t for t in range(VOCAB) if t not in channel.end_ids]
+        return [t for t in range(VOCAB) if t not in channel.banned_tokens(state)]
     return [t for t in channel.calls.allowed_ids(call, VOCAB) if t not in channel.end_ids]
 
 
@@ -141,6 +176,34 @@ def test_every_finished_call_validates_against_its_schema(request, seed):
     channel = channel_for(tools, parallel)
     out, state, _ = walk(channel, seed, max_steps=400)
     if state == UNCONSTRAINED:  # finished: <|end_of_msg|> written
+        check_turn(tools, parallel, out)
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests(), st.integers(0, 2**32 - 1))
+def test_auto_constrains_the_calls_once_the_model_opens_the_tools_channel(request, seed):
+    tools, parallel = request
+    required = channel_for(tools, parallel)
+    channel = required.as_optional()
+    assert channel_from_extra_args(channel_extra_args(channel, required.calls.spec), CLASSES) == (
+        channel
+    )
+    # No trigger and nothing banned: the model may answer and end without a call.
+    answer = [*PROMPT_END, *ids("<|close|>", "message", "<|sep|>", "<|end_of_msg|>")]
+    state = START
+    for token in answer:
+        assert allowed_ids(channel, state) == list(range(VOCAB))
+        state = channel.step(state, token)
+    assert (
+        channel.is_waiting(state)
+        and required.forced_token(required.walk(PROMPT_END)) == ids("<|open|>")[0]
+    )
+    # Once the model writes <|open|>tools<|sep|>, the call opening is forced and every call
+    # is held to the schemas, as with required.
+    state = channel.walk(AUTO_PREFIX)
+    assert channel.forced_token(state) == ids("<|open|>")[0]
+    out, state, _ = walk(channel, seed, max_steps=400, prefix=AUTO_PREFIX)
+    if state == UNCONSTRAINED:
         check_turn(tools, parallel, out)
 
 
@@ -181,10 +244,87 @@ def test_a_disallowed_key_a_wrong_type_and_a_missing_key_cannot_be_written():
     assert channel.forced_token(state) == ids("<|close|>")[0]
 
 
+def test_nested_objects_and_arrays_are_written_as_their_schema_says():
+    inner = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "b": {"type": "array", "items": {"type": "integer"}},
+        },
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": inner}, "required": ["a"]},
+            },
+        }
+    ]
+    channel = channel_for(tools, parallel=False)
+
+    def write(state, *texts):
+        """Each text encoded on its own (the automaton's pieces), every id allowed."""
+        for text in texts:
+            for token in WORDS.encode(text):
+                assert token in allowed_ids(channel, state), (text, WORDS.decode([token]))
+                state = channel.step(state, token)
+                out.append(token)
+        return state
+
+    out = [*PROMPT_END, *ids("<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="')]
+    state = write(channel.walk(out), "f", '" index="', "0", '"', "<|sep|>", "<|open|>")
+    state = write(state, 'argument key="a" type="object"', "<|sep|>")
+    assert channel.forced_token(state) == ids("{")[0]
+    state = write(state, "{")
+    assert ids("}")[0] not in allowed_ids(channel, state)  # "city" is required
+    state = write(state, '"city": ', '"')
+    # A JSON string: text and digits, no quote inside a token, no backslash, no newline.
+    allowed = allowed_ids(channel, state)
+    assert {*ids("Paris", "12", " ", '"')} <= set(allowed)
+    assert not {*ids("Pa\nris", "\\", '"}', '", "', "<|close|>")} & set(allowed)
+    state = write(state, "Paris", '"')
+    assert set(allowed_ids(channel, state)) == {*ids(", ", "}")}
+    state = write(state, ', "b": ', "[")
+    allowed = allowed_ids(channel, state)
+    assert {*ids("]", "12", "-")} <= set(allowed) and not {*ids("1.", "Paris")} & set(allowed)
+    state = write(state, "12")
+    assert {*ids(", ", "]", "0")} <= set(allowed_ids(channel, state))
+    assert ids("}")[0] not in allowed_ids(channel, state)
+    state = write(state, ", ", "-", "7", "]")
+    assert allowed_ids(channel, state) == ids("}")  # no key after "b", none outside properties
+    state = write(state, "}")
+    assert channel.forced_token(state) == ids("<|close|>")[0]
+    state = write(state, "<|close|>", "argument", "<|sep|>", "<|close|>", "call", "<|sep|>")
+    state = write(state, "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>")
+    assert write(state, "<|end_of_msg|>") == UNCONSTRAINED
+    check_turn(tools, False, out)
+    assert parse_k3(WORDS.decode(out)).tool_calls[0].arguments == {
+        "a": {"city": "Paris", "b": [12, -7]}
+    }
+
+
 def test_unsupported_schemas_are_refused_with_the_construct():
-    nested = {"type": "object", "properties": {"a": {"type": "object"}}}
+    def prop(schema):
+        return {"type": "object", "properties": {"a": schema}}
+
     cases = [
-        (nested, "type 'object'"),
+        (prop({"type": "array"}), "property 'a': an array without an items schema"),
+        (prop({"type": "array", "items": {"type": "string"}, "minItems": 1}), "minItems"),
+        (prop(prop({"type": "integer", "minimum": 0})), "property 'a' key 'a': .*minimum"),
+        (prop({"type": "array", "items": {"type": ["string", "null"]}}), "items: type"),
+        (prop(prop({"anyOf": []})), "anyOf"),
+        (prop({"type": "object", "properties": {"<|open|>": {"type": "null"}}}), "K3 marker"),
+        (
+            prop(
+                functools.reduce(
+                    lambda inner, _: {"type": "array", "items": inner}, range(17), {"type": "null"}
+                )
+            ),
+            "nested deeper than 16",
+        ),  # fmt: skip
         ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}, "maxLength"),
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf"),
         ({"type": "object", "required": ["a"]}, "not properties"),
@@ -194,23 +334,35 @@ def test_unsupported_schemas_are_refused_with_the_construct():
         tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
         with pytest.raises(UnsupportedSchema, match=what):
             call_spec_for(WORDS, tools)
+    # A spec that arrives in extra_args nested without end is refused, not recursed into.
+    deep = {"kind": "integer"}
+    for _ in range(40):
+        deep = {"kind": "array", "open": [1], "close": [2], "sep": [3], "items": deep}
+    with pytest.raises(CallSpecError, match="nests deeper than 16"):
+        JsonSpec.from_json(deep)
 
 
 @settings(max_examples=8, deadline=None)
 @given(st.lists(requests(), min_size=1, max_size=2), st.integers(0, 2**32 - 1))
 def test_kernel_and_reference_agree_with_the_state_machine(batch, seed):
     # Channels with calls beside the plain required channel, in one table.
+    # Optional (auto) channels too, walked from the head the model wrote itself.
     channels = [channel_for(tools, parallel) for tools, parallel in batch]
+    channels += [c.as_optional() for c in channels]
     channels = list(dict.fromkeys([REQUIRED, *channels]))
     tables = compile_channels(channels, DEVICE)
     rows, want, tokens, after = [], [], [], []
     for index, channel in enumerate(channels):
         base = tables.bases[index]
-        out, _, states = walk(channel, seed + index, max_steps=60)
-        for i, state in enumerate(states[:12]):
+        prefix = AUTO_PREFIX if channel.optional else PROMPT_END
+        out, _, states = walk(channel, seed + index, max_steps=60, prefix=prefix)
+        steps = list(zip(states, out[len(prefix) :], strict=False))
+        if channel.optional:  # waiting rows (banning nothing) while the model writes the head
+            written, start = prefix[len(PROMPT_END) :], channel.walk(PROMPT_END)
+            steps[:0] = [(channel.walk(written[:k], start), t) for k, t in enumerate(written)]
+        for state, token in steps[:12]:
             rows.append(base + state)
             want.append(allowed_ids(channel, state))
-            token = out[len(PROMPT_END) + i]
             tokens.append(token)
             nxt = channel.step(state, token)
             after.append(UNCONSTRAINED if nxt == UNCONSTRAINED else base + nxt)

@@ -277,17 +277,19 @@ def requests_by_format(formats, tokenizer):
     return made
 
 
-def test_only_atom_kimi_k3_required_or_named_attaches_the_channel(requests_by_format, tokenizer):
+def test_only_atom_kimi_k3_attaches_the_channel(requests_by_format, tokenizer):
     with_channel = {
         key
         for key, params in requests_by_format.items()
         if EXTRA_ARGS_KEY in (params.extra_args or {})
     }
-    assert with_channel == {("atom_kimi_k3", "required"), ("atom_kimi_k3", "named")}
+    want_keys = {("atom_kimi_k3", "required"), ("atom_kimi_k3", "named"), ("atom_kimi_k3", "auto")}
+    assert with_channel == want_keys
     classes = classes_for_tokenizer(tokenizer)
     for choice, want in (
         ("required", calls_channel(tokenizer)),
         ("named", calls_channel(tokenizer, name="get_weather")),
+        ("auto", calls_channel(tokenizer).as_optional()),  # constrained once the model opens it
     ):
         params = requests_by_format["atom_kimi_k3", choice]
         assert params.structured_outputs is None  # the channel replaces vLLM's structural tag
@@ -391,6 +393,8 @@ def test_v1_every_format_batch_only_k3_rows_change(requests_by_format, tokenizer
     k3_rows = {
         keys.index(("atom_kimi_k3", "required")): calls_channel(tokenizer),
         keys.index(("atom_kimi_k3", "named")): calls_channel(tokenizer, name="get_weather"),
+        # auto: nothing until the script writes <|open|>tools<|sep|>, then its call is held.
+        keys.index(("atom_kimi_k3", "auto")): calls_channel(tokenizer).as_optional(),
     }
     outputs = [[] for _ in keys]
     proc = v1_processor(max_num_seqs=len(keys), tokenizer=tokenizer)
@@ -544,14 +548,14 @@ def test_responses_named_choice_gets_the_named_channel(tokenizer, formats):
     assert params.structured_outputs is None and params.skip_special_tokens is False
 
 
-NESTED = [
+UNSUPPORTED = [  # a type union: the call automaton cannot hold it
     {
         "type": "function",
         "function": {
             "name": "get_weather",
             "parameters": {
                 "type": "object",
-                "properties": {"where": {"type": "object", "properties": {}}},
+                "properties": {"where": {"type": ["string", "null"]}},
             },
         },
     }
@@ -588,7 +592,7 @@ def test_unsupported_schema_keeps_vllms_tag_and_logs_the_reason_once(
     monkeypatch.setattr(kimi_k3_parser, "_logged", set())  # as in a fresh server
     with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
         for _ in range(2):
-            params = through(tokenizer, NESTED, choice)
+            params = through(tokenizer, UNSUPPORTED, choice)
             assert EXTRA_ARGS_KEY not in (params.extra_args or {})
             assert params.structured_outputs.structural_tag is not None
     lines = [r.getMessage() for r in caplog.records if "cannot be enforced by" in r.getMessage()]
@@ -599,7 +603,7 @@ def test_unsupported_schema_keeps_vllms_tag_and_logs_the_reason_once(
 def test_unsupported_schema_without_vllms_tag_is_a_400(tokenizer, formats, monkeypatch):
     monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
     with pytest.raises(VLLMValidationError) as err:
-        through(tokenizer, NESTED, "required")
+        through(tokenizer, UNSUPPORTED, "required")
     message = str(err.value)
     assert "cannot enforce this request's tool schemas" in message
     assert "property 'where'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING=1" in message
@@ -624,3 +628,20 @@ def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
     assert asked == [1]
     with pytest.raises(ValueError, match="carries calls, which need the vocabulary's token"):
         request_channel(with_calls)
+
+
+def test_auto_gets_the_optional_channel_in_place_of_vllms_tag(tokenizer, formats):
+    classes = classes_for_tokenizer(tokenizer)
+    for parallel in (True, False):
+        # parallel_tool_calls=false makes vLLM give auto its call-envelope tag: replaced too.
+        params = through(tokenizer, TOOLS, "auto", parallel_tool_calls=parallel)
+        assert params.structured_outputs is None
+        want = calls_channel(tokenizer, parallel=parallel).as_optional()
+        assert channel_from_extra_args(params.extra_args, classes) == want
+        assert params.skip_special_tokens is False
+    # Schemas the channel cannot hold: vLLM's own handling (its envelope tag here).
+    params = through(tokenizer, UNSUPPORTED, "auto", parallel_tool_calls=False)
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    assert params.structured_outputs.structural_tag is not None
+    params = through(tokenizer, UNSUPPORTED, "auto")
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {}) and params.structured_outputs is None

@@ -20,18 +20,21 @@ def reference(channel: RequiredChannel, output: list[int]) -> tuple[int | None, 
     """(forced id, banned ids) for the next token, found by scanning the decoded output.
 
     Each id decodes to one character; the earliest place where the text ends
-    with `after` or with the opening's head fixes where the forced ids start.
+    with `after` or with the opening's head fixes where the forced ids start. An
+    optional channel has no `after` and bans nothing until then.
     """
     text = "".join(chr(0x100 + t) for t in output)
     after = "".join(chr(0x100 + t) for t in channel.after)
     head = "".join(chr(0x100 + t) for t in channel.opening[: channel.opens_at])
     hits = []
     for pattern, first_forced in ((after, 0), (head, channel.opens_at)):
+        if not pattern:
+            continue
         at = text.find(pattern)
         if at >= 0:
             hits.append((at + len(pattern), first_forced))
     if not hits:
-        return None, channel.end_ids
+        return None, frozenset() if channel.optional else channel.end_ids
     end, first_forced = min(hits)
     position = first_forced + len(text) - end
     if position >= len(channel.opening):
@@ -145,6 +148,25 @@ def test_constructor_refuses(args, message):
         RequiredChannel(*args)
 
 
+def test_optional_channel_has_no_trigger_and_bans_nothing_while_waiting():
+    auto = K3.as_optional()
+    assert auto.after == () and auto.optional and auto != K3 and auto.as_optional() == auto
+    with pytest.raises(ValueError, match=r"no trigger: after must be empty, got \[2, 5, 3\]"):
+        RequiredChannel(AFTER, OPENING, 3, [EOM], optional=True)
+    with pytest.raises(TypeError, match="optional must be True or False"):
+        RequiredChannel((), OPENING, 3, [EOM], optional=1)
+    # The model answers, closes its response and ends: nothing forced, nothing banned.
+    out = follow(auto, [WORD, CLOSE, RESPONSE, SEP, WORD, EOM])
+    assert out == [WORD, CLOSE, RESPONSE, SEP, WORD, EOM]
+    assert auto.banned_tokens(auto.walk(out)) == frozenset()
+    # It writes the head itself: the rest of the opening is forced, end ids banned.
+    out = follow(auto, [WORD, OPEN, TOOLS, SEP] + [EOM] * 5)
+    assert out == [WORD, *OPENING, EOM]
+    assert auto.banned_tokens(auto.walk([WORD, OPEN, TOOLS, SEP])) == {EOM, EOS}
+    assert auto.ending_on([STOP]).optional and auto.extended([WORD]).optional
+    assert "optional=True" in repr(auto)
+
+
 def test_bad_states_and_tokens_are_refused():
     with pytest.raises(ValueError, match=r"state 99 .* valid are 0\.\.\d+ and UNCONSTRAINED"):
         K3.step(99, WORD)
@@ -173,6 +195,17 @@ def valid_channels(draw):
 def test_every_prefix_matches_the_reference(channel, output):
     for n in range(len(output) + 1):
         assert machine(channel, output[:n]) == reference(channel, output[:n])
+
+
+@settings(max_examples=200, deadline=None)
+@given(valid_channels(), st.lists(st.integers(0, 8), max_size=30))
+def test_optional_channels_match_the_reference(channel, output):
+    auto = channel.as_optional()
+    for n in range(len(output) + 1):
+        assert machine(auto, output[:n]) == reference(auto, output[:n])
+    out = follow(auto, output)
+    for n in range(len(out) + 1):
+        assert machine(auto, out[:n]) == reference(auto, out[:n])
 
 
 @settings(max_examples=300, deadline=None)

@@ -21,7 +21,14 @@ the call may close only once no required property is left. Values:
 - "text": any TEXT or number-class token, up to `<|close|>` (a string);
 - "integer" / "number" / the call index: the character DFA of token_classes.py,
   `<|close|>` (or the index's closing quote) allowed in accepting states;
-- "options": one of a fixed set of id sequences (enums, booleans, null).
+- "options": one of a fixed set of id sequences (enums, booleans, null);
+- "json": a JSON value (`JsonSpec`: objects, arrays, JSON strings, numbers,
+  options) written compactly in fixed pieces (`{`, `"K": `, `, "K": `, `}`, `[`,
+  `, `, `]`, `"`), then `<|close|>`. An object's keys follow its properties'
+  order as the arguments do; a JSON string is TEXT and number-class tokens (no
+  QUOTED one, so no quote, backslash or control character) up to its closing
+  quote; a value's end takes the edges of the state after it (merged once the
+  states are built, so numbers and options end on whatever may follow them).
 """
 
 from __future__ import annotations
@@ -34,14 +41,23 @@ from typing import Any
 from atom_plugin.parsers.token_classes import (
     ACCEPTING,
     DEAD,
+    QUOTED,
     SPECIAL,
     STARTS,
-    TEXT,
     TokenClasses,
 )
 
 FINAL = -1
-VALUE_KINDS = ("text", "integer", "number", "options")
+VALUE_KINDS = ("text", "integer", "number", "options", "json")
+JSON_KINDS = ("object", "array", "string", "integer", "number", "options")
+# The fixed pieces each JSON kind has (ids of `{` `}`, `[` `]` `, `, the quote twice).
+_JSON_PIECES = {
+    "object": ("open", "close"),
+    "array": ("open", "close", "sep"),
+    "string": ("open", "close"),
+}
+MAX_JSON_DEPTH = 16  # objects and arrays nested in one argument value
+_JSON_FIELDS = {"object": {"props"}, "array": {"items"}, "options": {"options"}}
 _PIECES = ("open", "close", "sep", "end")
 _SEQUENCES = ("call", "index", "index_end", "argument", "call_end", "tools_end", "message_end")
 
@@ -60,11 +76,99 @@ def _ids(what: str, value: Any) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class JsonProp:
+    first: tuple[int, ...]  # ids of `"K": ` (the object's first key written)
+    more: tuple[int, ...]  # ids of `, "K": ` (a later key)
+    required: bool
+    value: JsonSpec
+
+
+@dataclass(frozen=True)
+class JsonSpec:
+    """A JSON value in ids. `kind` is one of JSON_KINDS; `open`/`close`/`sep` are the
+    kind's fixed pieces (see _JSON_PIECES), `props` an object's properties in order,
+    `items` an array's item, `options` the values of kind "options"."""
+
+    kind: str
+    open: tuple[int, ...] = ()
+    close: tuple[int, ...] = ()
+    sep: tuple[int, ...] = ()
+    props: tuple[JsonProp, ...] = ()
+    items: JsonSpec | None = None
+    options: tuple[tuple[int, ...], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for piece in _JSON_PIECES.get(self.kind, ()):
+            out[piece] = list(getattr(self, piece))
+        if self.kind == "object":
+            out["props"] = [
+                {
+                    "first": list(p.first),
+                    "more": list(p.more),
+                    "required": p.required,
+                    "value": p.value.to_json(),
+                }
+                for p in self.props
+            ]
+        if self.items is not None:
+            out["items"] = self.items.to_json()
+        if self.options:
+            out["options"] = [list(o) for o in self.options]
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any, depth: int = 0) -> JsonSpec:
+        if depth > MAX_JSON_DEPTH:
+            raise CallSpecError(f"a JSON value spec nests deeper than {MAX_JSON_DEPTH} levels")
+        if not isinstance(value, Mapping) or value.get("kind") not in JSON_KINDS:
+            raise CallSpecError(
+                f"a JSON value spec has a kind, one of {', '.join(JSON_KINDS)}; got {value!r}"
+            )
+        kind = value["kind"]
+        pieces = _JSON_PIECES.get(kind, ())
+        expected = {"kind", *pieces}
+        expected |= _JSON_FIELDS.get(kind, set())
+        if set(value) != expected:
+            raise CallSpecError(
+                f"a JSON {kind} spec has exactly the keys {', '.join(sorted(expected))}; "
+                f"got {', '.join(sorted(value))}"
+            )
+        fields: dict[str, Any] = {p: _ids(f"{kind} {p}", value[p]) for p in pieces}
+        if kind == "object":
+            if not isinstance(value["props"], list):
+                raise CallSpecError(f"an object's props must be a list, got {value['props']!r}")
+            fields["props"] = tuple(_json_prop(p, depth + 1) for p in value["props"])
+        elif kind == "array":
+            fields["items"] = cls.from_json(value["items"], depth + 1)
+        elif kind == "options":
+            if not isinstance(value["options"], list) or not value["options"]:
+                raise CallSpecError(f"options must be a non-empty list, got {value['options']!r}")
+            fields["options"] = tuple(_ids("option", o) for o in value["options"])
+        return cls(kind, **fields)
+
+
+def _json_prop(value: Any, depth: int) -> JsonProp:
+    keys = {"first", "more", "required", "value"}
+    if not isinstance(value, Mapping) or set(value) != keys:
+        raise CallSpecError(f"a property has exactly the keys {sorted(keys)}; got {value!r}")
+    if not isinstance(value["required"], bool):
+        raise CallSpecError(f"required must be true or false, got {value['required']!r}")
+    return JsonProp(
+        _ids("key", value["first"]),
+        _ids("key", value["more"]),
+        value["required"],
+        JsonSpec.from_json(value["value"], depth),
+    )
+
+
+@dataclass(frozen=True)
 class ArgSpec:
     head: tuple[int, ...]  # ids of `argument key="K" type="T"` (between <|open|> and <|sep|>)
     required: bool
     kind: str
     options: tuple[tuple[int, ...], ...] = ()
+    json: JsonSpec | None = None  # kind "json" only
 
 
 @dataclass(frozen=True)
@@ -102,6 +206,7 @@ class CallSpec:
                             "required": a.required,
                             "kind": a.kind,
                             **({"options": [list(o) for o in a.options]} if a.options else {}),
+                            **({"json": a.json.to_json()} if a.json is not None else {}),
                         }
                         for a in t.args
                     ],
@@ -149,7 +254,10 @@ def _arg(value: Any) -> ArgSpec:
     options = tuple(_ids("option", o) for o in value.get("options", ()))
     if (kind == "options") != bool(options):
         raise CallSpecError(f"only kind 'options' has options (and needs them), got {value!r}")
-    return ArgSpec(_ids("head", value["head"]), bool(value["required"]), kind, options)
+    if (kind == "json") != ("json" in value):
+        raise CallSpecError(f"only kind 'json' has a json value spec (and needs it), got {value!r}")
+    json_spec = JsonSpec.from_json(value["json"]) if kind == "json" else None
+    return ArgSpec(_ids("head", value["head"]), bool(value["required"]), kind, options, json_spec)
 
 
 @dataclass
@@ -242,6 +350,7 @@ class CallAutomaton:
         spec, seq = self.spec, self.spec.sequence
         open_, close, sep, end = (spec.piece(p) for p in _PIECES)
         self._ends: set[int] = set()
+        self._merges: list[tuple[int, int]] = []
         name_root = self._new()  # state 0: right after `call tool="`
         tools_close = self._chain(
             (*seq("tools_end"), sep, close, *seq("message_end"), sep, end), FINAL
@@ -259,6 +368,26 @@ class CallAutomaton:
             digits = self._number("index", index_end, explicit_end=seq("index_end")[0])
             branches.append(((*tool.name, *seq("index")), digits))
         self._trie(name_root, branches)
+        self._merge()
+
+    def _merge(self) -> None:
+        """Give each merge's target state the edges and classes of its source, to a fixpoint
+        (a source may take edges of its own); a clash of targets is a CallSpecError."""
+        changed = True
+        while changed:
+            changed = False
+            for dst, src in self._merges:
+                into, source = self._states[dst], self._states[src]
+                for mine, theirs in ((into.edges, source.edges), (into.classes, source.classes)):
+                    for key, target in theirs.items():
+                        if key not in mine:
+                            mine[key] = target
+                            changed = True
+                        elif mine[key] != target:
+                            raise CallSpecError(
+                                f"id or class {key} both ends a JSON value and continues it: "
+                                "the automaton cannot tell them apart"
+                            )
 
     def _arguments(
         self, args: Sequence[ArgSpec], close: int, open_: int, sep: int, call_close: int
@@ -300,12 +429,64 @@ class CallAutomaton:
             root = self._new()
             self._trie(root, [((*o, close), arg_close) for o in arg.options])
             return root
+        if arg.kind == "json":
+            end = self._new()
+            self._states[end].edges[close] = arg_close
+            return self._json(arg.json, end)
         return self._number(arg.kind, arg_close, explicit_end=close)
 
-    def _number(self, language: str, after: int, explicit_end: int) -> int:
-        """States of a character DFA language; `explicit_end` leaves an accepting state."""
+    def _json(self, node: JsonSpec, after: int) -> int:
+        """States of a JSON value that goes on to `after`; returns the first."""
+        if node.kind == "string":
+            body = self._new()
+            state = self._states[body]
+            for cls in range(self.token_classes.num_classes):
+                if cls not in (SPECIAL, QUOTED):
+                    state.classes[cls] = body
+            state.edges[node.close[0]] = self._chain(node.close[1:], after)
+            return self._chain(node.open, body)
+        if node.kind in ("integer", "number"):
+            return self._number(node.kind, after)
+        if node.kind == "options":
+            root = self._new()
+            for option in node.options:
+                state = root
+                for token in option:
+                    edges = self._states[state].edges
+                    state = edges[token] if token in edges else edges.setdefault(token, self._new())
+                self._merges.append((state, after))
+            return root
+        if node.kind == "array":
+            after_item = self._new()
+            item = self._json(node.items, after_item)
+            self._trie(after_item, [(node.sep, item), (node.close, after)])
+            first = self._new()
+            self._trie(first, [(node.close, after)])
+            self._merges.append((first, item))  # `]` or the first item
+            return self._chain(node.open, first)
+        props = node.props
+        n = len(props)
+        # before[i][w]: before property i, w = whether a key was written (`, "K": ` then).
+        before = [[self._new(), self._new()] for _ in range(n + 1)]
+        values = [self._json(p.value, before[j + 1][1]) for j, p in enumerate(props)]
+        for i in range(n + 1):
+            required_left = [j for j in range(i, n) if props[j].required]
+            last = required_left[0] if required_left else n - 1
+            for written in (0, 1):
+                branches = [
+                    (props[j].more if written else props[j].first, values[j])
+                    for j in range(i, last + 1)
+                ]
+                if not required_left:
+                    branches.append((node.close, after))
+                self._trie(before[i][written], branches)
+        return self._chain(node.open, before[0][0])
+
+    def _number(self, language: str, after: int, explicit_end: int | None = None) -> int:
+        """States of a character DFA language. An accepting state leaves on `explicit_end`
+        to `after`, or without one takes `after`'s edges (merged once built)."""
         classes = self.token_classes
-        numbers = [c for c in range(classes.num_classes) if c not in (TEXT, SPECIAL)]
+        numbers = list(classes.number_classes)
         reach, todo = {STARTS[language]}, [STARTS[language]]
         while todo:
             q = todo.pop()
@@ -322,7 +503,10 @@ class CallAutomaton:
                 if nxt != DEAD:
                     node.classes[c] = state_of[nxt]
             if q in ACCEPTING:
-                node.edges[explicit_end] = after
+                if explicit_end is None:
+                    self._merges.append((state, after))
+                else:
+                    node.edges[explicit_end] = after
         if not any(q in ACCEPTING for q in reach):
             raise CallSpecError(
                 f"the vocabulary has no tokens that write a {language} value "

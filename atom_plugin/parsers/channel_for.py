@@ -152,6 +152,14 @@ def wants_channel(tool_choice: Any, tools: Sequence[Any] | None, tool_format: st
     return forces_a_call and bool(tools) and tool_format in K3_FORMATS
 
 
+def wants_auto_channel(
+    tool_choice: Any, tools: Sequence[Any] | None, tool_format: str | None
+) -> bool:
+    """`tool_choice="auto"` (or unset) with tools in a K3 format: the optional channel, which
+    constrains the calls once the model opens the tools channel itself."""
+    return tool_choice in (None, "auto") and bool(tools) and tool_format in K3_FORMATS
+
+
 def named_channel(channel: RequiredChannel, tokenizer: Any, name: str) -> RequiredChannel:
     """`channel` forcing the call opening through `tool="NAME"` (the name escaped as K3 does).
 
@@ -192,12 +200,15 @@ def channel_extra_args(channel: RequiredChannel, calls: CallSpec | None = None) 
         "opens_at": channel.opens_at,
         "end_ids": sorted(channel.end_ids),
     }
+    if channel.optional:
+        value["optional"] = True
     if calls is not None:
         value["calls"] = calls.to_json()
     return {EXTRA_ARGS_KEY: json.dumps(value, separators=(",", ":"))}
 
 
 _FIELDS = ("after", "opening", "opens_at", "end_ids")
+_OPTIONS = ("optional", "calls")
 
 
 def channel_args(
@@ -210,9 +221,16 @@ def channel_args(
     raw = extra_args[EXTRA_ARGS_KEY]
     try:
         value = json.loads(raw) if isinstance(raw, str) else raw
-        if not isinstance(value, Mapping) or not set(_FIELDS) <= set(value) <= {*_FIELDS, "calls"}:
-            raise ValueError(f"expected exactly the keys {', '.join(_FIELDS)} (and calls)")
-        channel = RequiredChannel(**{k: value[k] for k in _FIELDS})
+        if not isinstance(value, Mapping) or not set(_FIELDS) <= set(value) <= {
+            *_FIELDS,
+            *_OPTIONS,
+        }:
+            raise ValueError(
+                f"expected exactly the keys {', '.join(_FIELDS)} (and {', '.join(_OPTIONS)})"
+            )
+        channel = RequiredChannel(
+            **{k: value[k] for k in _FIELDS}, optional=value.get("optional", False)
+        )
         calls = CallSpec.from_json(value["calls"]) if "calls" in value else None
     except (TypeError, ValueError) as err:
         raise ValueError(

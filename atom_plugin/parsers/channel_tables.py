@@ -38,11 +38,12 @@ class ChannelTables:
     max_id: the largest id any channel uses (a host int, checked against the logits width).
 
     forced[s]: the id state s forces, -1 when it forces nothing.
-    waiting[s]: bool, s bans its end ids and forces nothing.
+    waiting[s]: bool, s bans its end ids and forces nothing (an optional channel's
+      waiting states are not: they ban nothing, and their end_ids rows are -1).
     channel_ids[k]: the ids with their own column, ascending.
     next_state[s, k]: the state after channel_ids[k]; column K + c is every other
       id of class c.
-    end_ids[s, e]: the ids state s bans while waiting or masked, padded with -1.
+    end_ids[s, e]: the ids state s bans unless it is forced, padded with -1.
     token_class[t]: id t's class (ids past its end are SPECIAL); one 0 without calls.
     masked[s]: bool, s allows the ids below and nothing else (and bans its end ids).
     class_bits[s]: int64, bit c set when s allows every id of class c.
@@ -118,7 +119,7 @@ def _local(channel: RequiredChannel) -> _Local:
         allow[s] = sorted(node.edges)
     return _Local(
         forced=np.array([_or_minus_one(channel.forced_token(s)) for s in states], np.int32),
-        waiting=np.array([channel.is_waiting(s) for s in states], bool),
+        waiting=np.array([channel.bans_while_waiting(s) for s in states], bool),
         next_state=np.array(
             [
                 [*(channel.step(s, t) for t in channel.channel_ids)]
@@ -188,7 +189,10 @@ def compile_channels(
             np.array([a + [-1] * (allow_width - len(a)) for a in local.allow_ids], np.int32)
         )
         ends = sorted(channel.end_ids) + [-1] * (width - len(channel.end_ids))
-        end_ids.append(np.tile(np.array(ends, np.int32), (channel.num_states, 1)))
+        rows = np.tile(np.array(ends, np.int32), (channel.num_states, 1))
+        if channel.optional:
+            rows[: channel.num_waiting] = -1  # an optional channel bans nothing while waiting
+        end_ids.append(rows)
 
     def tensor(parts, dtype=torch.int32):
         return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts))).to(

@@ -11,27 +11,42 @@ Enforced (see docs/kimi-k3.md): an object's `properties` (keys only from them, i
 their order, each at most once), `required`, `additionalProperties` (keys outside
 `properties` are never written, so `false` holds and anything else is honoured
 too), values of type string (raw text), integer, number, boolean, null, and
-`enum`/`const` of one of those types. Everything else (nested objects and arrays,
-type unions, `anyOf`/`oneOf`/`allOf`/`$ref`, string length and pattern, numeric
-bounds, `patternProperties`, ...) is unsupported.
+`enum`/`const` of one of those types; properties of type object and array, whose
+value is JSON (K3 writes it so), as a `JsonSpec`: nested objects under the same
+rules, arrays with an `items` schema of any of these types, JSON strings, numbers,
+booleans, null and enums. Everything else (type unions, `anyOf`/`oneOf`/`allOf`/
+`$ref`, string length and pattern, numeric bounds, array length, `prefixItems`,
+`patternProperties`, an array without `items`, ...) is unsupported.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from atom_plugin.parsers.call_automaton import ArgSpec, CallSpec, CallSpecError, ToolSpec
+from atom_plugin.parsers.call_automaton import (
+    MAX_JSON_DEPTH,
+    ArgSpec,
+    CallSpec,
+    CallSpecError,
+    JsonProp,
+    JsonSpec,
+    ToolSpec,
+)
 from atom_plugin.parsers.k3_grammar import CLOSE, CONTROL_TOKENS, END_OF_MSG, OPEN, SEP, escape_attr
 
 # JSON type -> K3 `type=` attribute (integer is written as number, as K3's encoder does).
 K3_TYPES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean"}
-K3_TYPES["null"] = "null"
+K3_TYPES.update(null="null", object="object", array="array")
 # Keywords that describe but do not constrain.
 _NOTES = frozenset({"description", "title", "default", "examples", "$comment", "deprecated"})
 _OBJECT_KEYS = _NOTES | {"type", "properties", "required", "additionalProperties", "$schema"}
 _VALUE_KEYS = _NOTES | {"type", "enum", "const", "format"}
+_ARRAY_KEYS = _NOTES | {"type", "items"}
+_KEYWORDS = {"object": _OBJECT_KEYS, "array": _ARRAY_KEYS}
+_ANY_KEYS = _OBJECT_KEYS | _ARRAY_KEYS | _VALUE_KEYS
 _SEQUENCES = {
     "call": 'call tool="',
     "index": '" index="',
@@ -55,6 +70,9 @@ def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise UnsupportedSchema(f"{text!r} encodes to no ids")
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is not None and unknown in ids:
+        raise UnsupportedSchema(f"{text!r} encodes to the tokenizer's unknown token {unknown}")
     return ids
 
 
@@ -79,44 +97,119 @@ def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
     return out
 
 
-def _value(tool: str, key: str, schema: Any, tokenizer: Any) -> tuple[str, str, tuple]:
-    """(K3 type, kind, options) of one property."""
-    where = f"tool {tool!r} property {key!r}"
+def _json_type(where: str, schema: Any) -> str:
+    """The JSON type of a property's schema, once its keywords are all supported."""
     if not isinstance(schema, Mapping):
         raise UnsupportedSchema(f"{where}: schema {schema!r} is not an object")
-    extra = sorted(set(schema) - _VALUE_KEYS)
+    json_type = schema.get("type")
+    choices = _choices(where, schema)
+    if json_type is None and choices:
+        json_type = _type_of(choices[0])
+    known = json_type in K3_TYPES if isinstance(json_type, str) else False
+    extra = sorted(
+        set(schema) - _KEYWORDS.get(json_type, _VALUE_KEYS) if known else set(schema) - _ANY_KEYS
+    )
     if extra:
         raise UnsupportedSchema(f"{where}: unsupported keywords {', '.join(extra)}")
+    if not known:
+        raise UnsupportedSchema(f"{where}: type {json_type!r} is not one of {', '.join(K3_TYPES)}")
+    if extra:
+        raise UnsupportedSchema(f"{where}: unsupported keywords {', '.join(extra)}")
+    return json_type
+
+
+def _choices(where: str, schema: Mapping) -> list | None:
+    """The values `enum` and `const` allow together, None when neither is given."""
     choices = schema.get("enum")
     if "const" in schema:
         choices = (
             [schema["const"]] if choices is None else [v for v in choices if v == schema["const"]]
         )
-    json_type = schema.get("type")
-    if json_type is None and choices:
-        json_type = _type_of(choices[0])
-    if json_type not in K3_TYPES:
-        raise UnsupportedSchema(f"{where}: type {json_type!r} is not one of {', '.join(K3_TYPES)}")
+    if choices is not None and (not isinstance(choices, list) or not choices):
+        raise UnsupportedSchema(f"{where}: enum {choices!r} is not a non-empty list")
+    return choices
+
+
+def _scalar_choices(where: str, schema: Mapping, json_type: str) -> list | None:
+    """The values a scalar allows (booleans and null are finite), None for any."""
+    choices = _choices(where, schema)
     if json_type == "boolean" and choices is None:
         choices = [True, False]
     if json_type == "null":
         choices = [None]
-    if choices is None:
-        return K3_TYPES[json_type], "text" if json_type == "string" else json_type, ()
-    if not isinstance(choices, list) or not choices:
-        raise UnsupportedSchema(f"{where}: enum {choices!r} is not a non-empty list")
-    options = []
-    for value in choices:
+    for value in choices or ():
         if _type_of(value) != json_type and not (
             json_type == "number" and _type_of(value) == "integer"
         ):
             raise UnsupportedSchema(f"{where}: enum value {value!r} is not of type {json_type}")
-        text = value if json_type == "string" else json.dumps(value)
+    return choices
+
+
+def _options(where: str, texts: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    for text in texts:
         _no_control(f"{where}: enum value", text)
-        options.append(_encode(tokenizer, text))
-    if len(set(options)) != len(options):
-        options = list(dict.fromkeys(options))
-    return K3_TYPES[json_type], "options", tuple(options)
+    return tuple(dict.fromkeys(_encode(tokenizer, t) for t in texts))
+
+
+def _value(tool: str, key: str, schema: Any, tokenizer: Any) -> tuple[str, str, tuple, Any]:
+    """(K3 type, kind, options, JSON spec or None) of one property."""
+    where = f"tool {tool!r} property {key!r}"
+    json_type = _json_type(where, schema)
+    if json_type in ("object", "array"):
+        return K3_TYPES[json_type], "json", (), _json(where, schema, tokenizer)
+    choices = _scalar_choices(where, schema, json_type)
+    if choices is None:
+        return K3_TYPES[json_type], "text" if json_type == "string" else json_type, (), None
+    texts = [v if json_type == "string" else json.dumps(v) for v in choices]
+    return K3_TYPES[json_type], "options", _options(where, texts, tokenizer), None
+
+
+def _json(where: str, schema: Any, tokenizer: Any, depth: int = 0) -> JsonSpec:
+    """A value written as JSON (a property of type object or array, and what is inside)."""
+    if depth > MAX_JSON_DEPTH:
+        raise UnsupportedSchema(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+    json_type = _json_type(where, schema)
+    enc = functools.partial(_encode, tokenizer)
+    if json_type == "object":
+        props = []
+        for key, prop, required in _properties(where, schema):
+            name = json.dumps(key, ensure_ascii=False)
+            _no_control(f"{where} key", name)
+            value = _json(f"{where} key {key!r}", prop, tokenizer, depth + 1)
+            props.append(JsonProp(enc(f"{name}: "), enc(f", {name}: "), required, value))
+        return JsonSpec("object", open=enc("{"), close=enc("}"), props=tuple(props))
+    if json_type == "array":
+        items = schema.get("items")
+        if not isinstance(items, Mapping):
+            raise UnsupportedSchema(f"{where}: an array without an items schema ({items!r})")
+        return JsonSpec(
+            "array",
+            open=enc("["),
+            close=enc("]"),
+            sep=enc(", "),
+            items=_json(f"{where} items", items, tokenizer, depth + 1),
+        )
+    choices = _scalar_choices(where, schema, json_type)
+    if choices is not None:
+        texts = [json.dumps(v, ensure_ascii=False) for v in choices]
+        return JsonSpec("options", options=_options(where, texts, tokenizer))
+    if json_type == "string":
+        return JsonSpec("string", open=enc('"'), close=enc('"'))
+    return JsonSpec(json_type)
+
+
+def _properties(where: str, schema: Mapping) -> list[tuple[str, Any, bool]]:
+    """(key, schema, required) of an object schema's properties, in order."""
+    properties = schema.get("properties") or {}
+    required = schema.get("required") or []
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        raise UnsupportedSchema(f"{where}: properties or required malformed")
+    unknown = [k for k in required if k not in properties]
+    if unknown:
+        raise UnsupportedSchema(f"{where}: required keys {unknown} are not properties")
+    for key in properties:
+        _no_control(f"{where} key", key)
+    return [(key, prop, key in required) for key, prop in properties.items()]
 
 
 def _type_of(value: Any) -> str | None:
@@ -141,19 +234,11 @@ def _tool_spec(name: str, parameters: Any, tokenizer: Any) -> ToolSpec:
         raise UnsupportedSchema(f"tool {name!r}: unsupported keywords {', '.join(extra)}")
     if schema.get("type", "object") != "object":
         raise UnsupportedSchema(f"tool {name!r}: parameters of type {schema['type']!r}")
-    properties = schema.get("properties") or {}
-    required = schema.get("required") or []
-    if not isinstance(properties, Mapping) or not isinstance(required, list):
-        raise UnsupportedSchema(f"tool {name!r}: properties or required malformed")
-    unknown = [k for k in required if k not in properties]
-    if unknown:
-        raise UnsupportedSchema(f"tool {name!r}: required keys {unknown} are not properties")
     args = []
-    for key, prop in properties.items():
-        _no_control(f"tool {name!r} key", key)
-        k3_type, kind, options = _value(name, key, prop, tokenizer)
+    for key, prop, required in _properties(f"tool {name!r}", schema):
+        k3_type, kind, options, json_spec = _value(name, key, prop, tokenizer)
         head = _encode(tokenizer, f'argument key="{escape_attr(key)}" type="{k3_type}"')
-        args.append(ArgSpec(head, key in required, kind, options))
+        args.append(ArgSpec(head, required, kind, options, json_spec))
     return ToolSpec(_encode(tokenizer, escape_attr(name)), tuple(args))
 
 

@@ -29,6 +29,11 @@ automaton's state j, and UNCONSTRAINED is -1.
 A forced state advances to the next forced position whatever the token: a
 different token can only be a speculative draft, which the sampler rejects, so
 nothing built on it is ever committed.
+
+An optional channel (`optional=True`, for `tool_choice="auto"`) has no trigger
+(`after` is empty) and its waiting states ban nothing: the model may answer
+without a call. Once the model writes the head itself, the rest of the opening
+is forced and its calls are constrained as in a required channel.
 """
 
 from __future__ import annotations
@@ -61,7 +66,9 @@ class RequiredChannel:
 
     `after`: ids after which the opening is forced; `opening`: the forced ids;
     `opens_at`: how many leading ids of `opening` open the channel when the
-    model writes them itself; `end_ids`: ids banned until the channel is open.
+    model writes them itself; `end_ids`: ids banned until the channel is open
+    (and in its call states); `optional`: no trigger (`after` empty) and nothing
+    banned while waiting.
     """
 
     __slots__ = (
@@ -70,6 +77,7 @@ class RequiredChannel:
         "opens_at",
         "end_ids",
         "calls",
+        "optional",
         "channel_ids",
         "num_waiting",
         "num_states",
@@ -83,11 +91,18 @@ class RequiredChannel:
         opens_at: int,
         end_ids: Iterable[int],
         calls: CallAutomaton | None = None,
+        optional: bool = False,
     ) -> None:
         after_t = _ids("after", after)
         opening_t = _ids("opening", opening)
         ends = frozenset(_ids("end_ids", end_ids))
-        if not after_t:
+        if not isinstance(optional, bool):
+            raise TypeError(f"optional must be True or False, got {optional!r}")
+        if optional and after_t:
+            raise ValueError(
+                f"an optional channel has no trigger: after must be empty, got {list(after_t)}"
+            )
+        if not optional and not after_t:
             raise ValueError("after must hold at least one token id, got ()")
         if not opening_t:
             raise ValueError("opening must hold at least one token id, got ()")
@@ -99,7 +114,7 @@ class RequiredChannel:
                 f"(opening={list(opening_t)})"
             )
         head = opening_t[:opens_at]
-        if _contains(head, after_t) or _contains(after_t, head):
+        if after_t and (_contains(head, after_t) or _contains(after_t, head)):
             # Whichever completes first would hide the other, or both would
             # complete on the same token with different forced positions.
             raise ValueError(
@@ -118,6 +133,7 @@ class RequiredChannel:
         set_(self, "opens_at", opens_at)
         set_(self, "end_ids", ends)
         set_(self, "calls", calls)
+        set_(self, "optional", optional)
         explicit = calls.explicit_ids() if calls is not None else frozenset()
         set_(self, "channel_ids", tuple(sorted(set(after_t) | set(head) | explicit)))
         self._build(after_t, head)
@@ -138,7 +154,7 @@ class RequiredChannel:
             row: dict[int, int] = {}
             for t in sorted(set(after) | set(head)):
                 text = p + (t,)
-                if text[-len(after) :] == after:
+                if after and text[-len(after) :] == after:
                     row[t] = num_waiting
                 elif text[-len(head) :] == head:
                     row[t] = opened
@@ -173,7 +189,8 @@ class RequiredChannel:
         calls = "" if self.calls is None else f", calls={self.calls.num_states} states"
         return (
             f"RequiredChannel(after={list(self.after)}, opening={list(self.opening)}, "
-            f"opens_at={self.opens_at}, end_ids={sorted(self.end_ids)}{calls})"
+            f"opens_at={self.opens_at}, end_ids={sorted(self.end_ids)}{calls}"
+            f"{', optional=True' if self.optional else ''})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -186,13 +203,15 @@ class RequiredChannel:
 
     def _key(self) -> tuple:
         calls = None if self.calls is None else (self.calls.spec, self.calls.token_classes)
-        return (self.after, self.opening, self.opens_at, self.end_ids, calls)
+        return (self.after, self.opening, self.opens_at, self.end_ids, calls, self.optional)
 
     def ending_on(self, stop_ids: Iterable[int]) -> RequiredChannel:
         """The same channel with the engine's stop ids banned too."""
         extra = _ids("stop_ids", stop_ids)
         ends = self.end_ids | set(extra)
-        return RequiredChannel(self.after, self.opening, self.opens_at, ends, self.calls)
+        return RequiredChannel(
+            self.after, self.opening, self.opens_at, ends, self.calls, self.optional
+        )
 
     def extended(self, tail: Iterable[int]) -> RequiredChannel:
         """The same channel with `tail` forced after its opening.
@@ -204,12 +223,25 @@ class RequiredChannel:
         """
         extra = _ids("tail", tail)
         return RequiredChannel(
-            self.after, self.opening + extra, self.opens_at, self.end_ids, self.calls
+            self.after, self.opening + extra, self.opens_at, self.end_ids, self.calls, self.optional
         )
 
     def with_calls(self, calls: CallAutomaton) -> RequiredChannel:
         """The same channel whose opening goes on into `calls` instead of letting go."""
-        return RequiredChannel(self.after, self.opening, self.opens_at, self.end_ids, calls)
+        return RequiredChannel(
+            self.after, self.opening, self.opens_at, self.end_ids, calls, self.optional
+        )
+
+    def as_optional(self) -> RequiredChannel:
+        """The channel of `tool_choice="auto"`: the same opening (and calls) without the
+        trigger, banning nothing until the model writes the head itself."""
+        return RequiredChannel(
+            (), self.opening, self.opens_at, self.end_ids, self.calls, optional=True
+        )
+
+    def bans_while_waiting(self, state: int) -> bool:
+        """Whether `state` is a waiting state that bans the end ids (not in an optional one)."""
+        return self.is_waiting(state) and not self.optional
 
     def _check_state(self, state: int) -> None:
         if isinstance(state, bool) or not isinstance(state, int):
@@ -287,7 +319,10 @@ class RequiredChannel:
         """End ids while the channel is not open yet (waiting or forced), else nothing.
 
         A forced state bans every id but its forced one; this set only names
-        the end ids, which stay banned until the request is UNCONSTRAINED.
+        the end ids, which stay banned until the request is UNCONSTRAINED. An
+        optional channel's waiting states ban nothing.
         """
         self._check_state(state)
-        return frozenset() if state == UNCONSTRAINED else self.end_ids
+        if state == UNCONSTRAINED or (self.optional and self.is_waiting(state)):
+            return frozenset()
+        return self.end_ids

@@ -4,9 +4,12 @@ Argument values are free text (strings) or JSON numbers written in whatever
 tokens the model likes ("12", "3", ".5", "e-", ...). The call automaton
 (call_automaton.py) cannot list those ids one by one, so every id gets a class:
 
-- `TEXT` (0): ordinary text, allowed inside a string value;
+- `TEXT` (0): ordinary text, allowed inside a string value, raw or JSON;
 - `SPECIAL` (1): control and other special tokens, and text holding `<|` (it
   could spell a K3 marker): never allowed by a class, only as an explicit id;
+- `QUOTED` (2): text holding `"`, `\\` or a control character (below U+0020):
+  allowed in a raw string value, not inside a JSON string (where it would end
+  the string or start an escape; the closing quote is an explicit id);
 - one class per distinct effect on the number automata below, for tokens made
   only of the characters `0-9 + - . e E` (they are text too).
 
@@ -20,6 +23,7 @@ they break the number), so the automaton's class transitions are lookups.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -27,10 +31,13 @@ import numpy as np
 
 TEXT = 0
 SPECIAL = 1
+QUOTED = 2
+FIXED_CLASSES = 3  # number classes follow
 # Class ids are bits of an int64 mask on the device; the two fixed ones included.
 MAX_CLASSES = 63
 DEAD = -1
 NUMBER_CHARS = frozenset("0123456789+-.eE")
+_QUOTED = re.compile(r'["\\\x00-\x1f]')
 
 # Character states. INDEX_*: [0-9]+. INT_*: JSON integer. NUM_*: JSON number.
 INDEX_START, INDEX_DIGITS = 0, 1
@@ -92,11 +99,15 @@ class TokenClasses:
     """`of[id]` is id's class; `effects[c]` is number class c's tuple of next char states."""
 
     of: np.ndarray  # [vocab] int32
-    effects: tuple[tuple[int, ...], ...]  # indexed by class; () for TEXT and SPECIAL
+    effects: tuple[tuple[int, ...], ...]  # indexed by class; () for the fixed classes
 
     @property
     def num_classes(self) -> int:
         return len(self.effects)
+
+    @property
+    def number_classes(self) -> range:
+        return range(FIXED_CLASSES, self.num_classes)
 
     @property
     def vocab(self) -> int:
@@ -120,7 +131,7 @@ def classes_from_texts(
     tokens then cannot start or continue a number: stricter, never wrong).
     """
     specials = set(special_ids)
-    effects: list[tuple[int, ...]] = [(), ()]
+    effects: list[tuple[int, ...]] = [()] * FIXED_CLASSES
     index: dict[tuple[int, ...], int] = {}
     of = np.full(len(texts), TEXT, dtype=np.int32)
     for token, text in enumerate(texts):
@@ -135,6 +146,8 @@ def classes_from_texts(
                 cls = index[effect] = len(effects)
                 effects.append(effect)
             of[token] = SPECIAL if cls is None else cls
+        elif _QUOTED.search(text):
+            of[token] = QUOTED
     return TokenClasses(of=of, effects=tuple(effects))
 
 

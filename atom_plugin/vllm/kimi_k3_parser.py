@@ -11,8 +11,13 @@ call when `parallel_tool_calls` is false (`atom_plugin.parsers.k3_schema`). A
 request whose schemas the channel cannot enforce keeps vLLM's structural tag
 (the reason is logged once). A name that is not one of the request's tools is
 refused with a 400. Set `ATOM_K3_STRUCTURAL_TAG=1` to
-keep vLLM's structural tag instead. `auto` with strict tools keeps the
-structural tag either way.
+keep vLLM's structural tag instead. `auto` with tools (and no structured
+outputs of its own) gets the optional channel (`RequiredChannel.as_optional`)
+in place of whatever tag vLLM would give it (its call envelope for strict tools
+or `parallel_tool_calls=false`): nothing is forced or banned until the model
+writes `<|open|>tools<|sep|>` itself, and from there the call opening is forced
+and every call is held to the schemas as for required. An auto request whose
+schemas the channel cannot hold is left to vLLM (its tag, or none).
 
 The channel is used only where it is live in this engine (`k3_enforcement`: the
 processor is installed for the engine's runner). Elsewhere a required or named
@@ -48,6 +53,7 @@ from atom_plugin.parsers.channel_for import (
     channel_for_choice,
     named_tool,
     required_channel_for,
+    wants_auto_channel,
     wants_channel,
 )
 from atom_plugin.parsers.k3_schema import UnsupportedSchema, call_spec_for
@@ -168,15 +174,30 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         # vLLM asks for the tag before adjust_request; the channel replaces it.
         if self.forces_call(request) and self.channel_decision().live:
             self.channel_for(request)  # a bad name is refused before anything else happens
-        if self.uses_channel(request):
+        if self.uses_channel(request) or self.opens_on_auto(request):
             return None
         return super().get_structural_tag(request, **kwargs)
+
+    def opens_on_auto(self, request: Any) -> bool:
+        """Auto with tools, no structured outputs (no tag: tools not strict), the channel
+        live, and schemas the channel can hold: the optional channel."""
+        return (
+            wants_auto_channel(request.tool_choice, request.tools, NAME)
+            and request.extract_structured_outputs() is None
+            and self.channel_decision().live
+            and not isinstance(self.call_spec(request), UnsupportedSchema)
+        )
 
     def adjust_request(self, request: Any) -> Any:
         # vLLM attached its structural tag before this call, if it gives one: a request
         # that still forces a call without structured outputs has no tag.
         if not self.forces_call(request):
-            return super().adjust_request(request)
+            request = super().adjust_request(request)
+            if self.opens_on_auto(request):
+                channel = self.channel.as_optional()
+                extra = channel_extra_args(channel, self.call_spec(request))
+                request.vllm_xargs = {**(request.vllm_xargs or {}), **extra}
+            return request
         decision = self.channel_decision()
         spec = self.call_spec(request) if decision.live else None
         if not decision.live or isinstance(spec, UnsupportedSchema):

@@ -1,0 +1,93 @@
+"""End to end on vLLM (CPU) through `vllm serve`: `tool_choice="auto"` once the model opens
+the tools channel itself.
+
+The scripted GPT-2 (tests/models/scripted_gpt2.py) writes its response, then
+`<|open|>tools<|sep|><|open|>call tool="` itself, then the same faulty calls as in
+test_k3_e2e_calls.py: `get_time` with the argument `Paris="Sure"` and a second call. With
+`auto` the request gets the optional channel (nothing forced or banned until the model
+writes `<|open|>tools<|sep|>`), so from there every call is held to the request's tools and
+schemas: against each schema of test_k3_e2e_calls.CASES, with `parallel_tool_calls=false`,
+streamed and not, the reply is one call of `get_weather` that validates. Without the
+optional channel (tried on 2026-12-02), vLLM's own kimi_k3 tag holds these requests
+(`parallel_tool_calls=false` raises its strict level to the call envelope): the name and the
+single call, not the arguments, and every case fails with `get_weather({"Paris": "Sure"})`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+import pytest
+from models.scripted_gpt2 import build_scripted_dir
+
+from tests.engine import engine_env as shared_engine_env
+from tests.test_k3_e2e import streamed_reply
+from tests.test_k3_e2e_calls import CALLS, CASES, MAX_MODEL_LEN, MESSAGES
+
+pytestmark = pytest.mark.vllm
+
+OPENS_TOOLS = ["<|open|>", "tools", "<|sep|>", "<|open|>", "call", ' tool="']
+SCRIPT = ["Sure", "<|close|>", "response", "<|sep|>", *OPENS_TOOLS, *CALLS]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from scripts.serve import VllmServer
+
+    path = tmp_path_factory.mktemp("scripted-k3-auto")
+    build_scripted_dir(path, SCRIPT, MESSAGES, tools=CASES["disallowed-key"])
+    args = [
+        *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)),
+        *("--enforce-eager", "--max-num-seqs", "4"),
+        *("--tool-call-parser", "atom_kimi_k3", "--enable-auto-tool-choice"),
+    ]
+    env = shared_engine_env(
+        ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None, VLLM_PLUGINS=None
+    )
+    with VllmServer(path, args, log_path=os.path.join(path, "serve.log"), env=env) as running:
+        yield f"{running.url}/v1", str(path)
+
+
+def reply(server, tools, stream):
+    """(content, [(name, arguments JSON)]) of one auto chat request."""
+    from openai import OpenAI
+
+    url, model = server
+    response = OpenAI(base_url=url, api_key="none").chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        tools=tools,
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        temperature=0.0,
+        max_tokens=80,
+        stream=stream,
+    )
+    if not stream:
+        message = response.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        return message.content, calls
+    return streamed_reply(response)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_auto_calls_are_schema_valid_and_single_once_the_model_opens_the_channel(
+    server, case, stream
+):
+    tools = CASES[case]
+    content, calls = reply(server, tools, stream)
+    assert content == "Sure"
+    assert [name for name, _ in calls] == ["get_weather"], calls
+    arguments = json.loads(calls[0][1])
+    jsonschema.validate(arguments, tools[0]["function"]["parameters"])
+    assert (
+        arguments
+        == {
+            "disallowed-key": {"city": "Sure"},
+            "wrong-type": {"city": 0},
+            "missing-key": {"city": "Sure", "days": 100},
+        }[case]
+    )
