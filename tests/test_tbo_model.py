@@ -160,8 +160,7 @@ def test_graph_steps_read_only_refreshed_static_buffers(
 ):
     """The recorded step reads static buffers only; a refresh in place is all a replay needs."""
     from tbo_harness.graphed import GraphedDecoder
-
-    from atom_plugin.tbo.graphs import RerunGraphs
+    from tbo_harness.rerun_graphs import RerunGraphs
 
     graph_caches = caches.clone()
     config = TboConfig(decode=tbo_decode)

@@ -84,49 +84,17 @@ class RequestGraphs:
         return outputs
 
 
-class RerunGraphs:
-    """`RequestGraphs`' stand-in on CPU: a 'replay' re-runs the recorded step.
-
-    The step reads what it captured (its static buffers and metadata objects),
-    as a replayed graph does, so a step whose inputs do not reach those buffers
-    gives stale results here too. The CPU tests run the split-replay paths on it.
-    """
-
-    def __init__(self):
-        self._steps: dict[GraphKey, Callable[[], Any]] = {}
-
-    def __contains__(self, key: GraphKey) -> bool:
-        return key in self._steps
-
-    def keys(self) -> list[GraphKey]:
-        return list(self._steps)
-
-    def capture(self, key: GraphKey, step: Callable[[], Any]) -> Any:
-        if key in self._steps:
-            raise ValueError(f"graph {key} is already captured")
-        self._steps[key] = step
-        return step()
-
-    def replay(self, key: GraphKey) -> Any:
-        try:
-            step = self._steps[key]
-        except KeyError:
-            raise KeyError(f"no graph captured for {key}; captured: {self.keys()}") from None
-        return step()
-
-
 class BucketGraphs:
     """The decode buckets' request graphs, each recorded on the first step that replays it.
 
-    `graphs` is a `RequestGraphs` (or `RerunGraphs` on CPU); `planned` is
-    `plan_request_graphs`' answer. `keys` are every bucket, for
-    `ForwardMode.decide` (which picks the bucket a step pads to and whether its
-    replay splits); `split_buckets` those recorded split.
+    `graphs` is a `RequestGraphs` (or a stand-in with its `capture`, `replay`
+    and `in`, as the CPU tests use); `planned` is `plan_request_graphs`' answer.
+    `keys` are every bucket, for `ForwardMode.decide` (which picks the bucket a
+    step pads to and whether its replay splits); `split_buckets` those recorded
+    split.
     """
 
-    def __init__(
-        self, graphs: RequestGraphs | RerunGraphs, planned: Sequence[tuple[GraphKey, bool]]
-    ):
+    def __init__(self, graphs: RequestGraphs, planned: Sequence[tuple[GraphKey, bool]]):
         self.graphs = graphs
         self.keys: list[GraphKey] = [key for key, _ in planned]
         self.split_buckets: list[int] = [key.bucket for key, split in planned if split]
