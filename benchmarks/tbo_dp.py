@@ -67,10 +67,10 @@ from tbo_harness.model import (  # noqa: E402
     OneRankComm,
     TboTestModel,
 )
+from tbo_harness.rerun_graphs import RerunGraphs  # noqa: E402
 
 from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig  # noqa: E402
 from atom_plugin.tbo.dp import decide_across_dp  # noqa: E402
-from atom_plugin.tbo.graphs import RerunGraphs  # noqa: E402
 from atom_plugin.tbo.runner import COMPUTE_STREAM_CHOICES  # noqa: E402
 from benchmarks.tbo import MODEL as BENCH_MODEL  # noqa: E402
 from benchmarks.tbo import markdown  # noqa: E402

@@ -19,6 +19,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def engine_faults(tmp_path_factory):
+    """`engine_faults(miscut=..., rerun_graphs=...)`: the environment that puts these faults
+    into every vLLM process a test starts (`tbo_harness.fault_plugin`)."""
+    from tests.tbo_harness.fault_plugin import fault_plugin_env
+
+    def env(**faults) -> dict[str, str]:
+        return fault_plugin_env(tmp_path_factory.mktemp("engine-faults"), **faults)
+
+    return env
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     """A tiny random-weight Llama (head size 64, GQA 2:1) built locally once per session."""
     from scripts.tiny_llama import build_tiny_llama

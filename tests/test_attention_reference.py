@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_cases import make_batch
+from tbo_harness.ubatch_metadata import prepare_ubatch_decode
 
 from atom_plugin.backends import ops, reference
-from atom_plugin.backends.metadata import PagedAttentionMetadata, prepare_ubatch_decode
+from atom_plugin.backends.metadata import PagedAttentionMetadata
 
 
 @pytest.fixture(autouse=True)

@@ -15,9 +15,9 @@ if not torch.cuda.is_available():  # must precede the kernels' @triton.jit
 from attention_cases import make_batch, tolerance  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from tbo_harness.ubatch_metadata import prepare_ubatch_decode  # noqa: E402
 
 from atom_plugin.backends import ops, reference  # noqa: E402
-from atom_plugin.backends.metadata import prepare_ubatch_decode  # noqa: E402
 from atom_plugin.backends.triton_common import choose_num_splits  # noqa: E402
 from atom_plugin.backends.triton_decode import paged_decode  # noqa: E402
 from atom_plugin.backends.triton_mha import paged_attention, write_kv  # noqa: E402

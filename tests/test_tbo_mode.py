@@ -13,9 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tbo_harness.batches import make_batch
+from tbo_harness.graph_buffers import DecodeGraphBuffers, pad_decode_rows
 from tbo_harness.model import ModelConfig
+from tbo_harness.ubatch_metadata import prepare_ubatch_decode, ubatch_metadata
 
-from atom_plugin.backends.metadata import prepare_ubatch_decode
 from atom_plugin.tbo import (
     BatchShape,
     ForwardMode,
@@ -26,8 +27,6 @@ from atom_plugin.tbo import (
     plan_request_graphs,
     replay_splits,
 )
-from atom_plugin.tbo.graphs import DecodeGraphBuffers, pad_decode_rows
-from atom_plugin.tbo.ubatch_metadata import ubatch_metadata
 
 CFG = ModelConfig()
 BUCKETS = st.lists(st.integers(1, 512), min_size=1, max_size=8).map(lambda b: sorted(set(b)))

@@ -11,9 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tbo_harness.batches import make_batch, random_decode_batch, run_split, run_step, run_unsplit
+from tbo_harness.graph_buffers import pad_decode_rows
 from tbo_harness.model import KVCaches, LocalComm, ModelConfig, OneRankComm, TboTestModel
+from tbo_harness.ubatch_metadata import prepare_ubatch_decode
 
-from atom_plugin.backends.metadata import prepare_ubatch_decode
 from atom_plugin.tbo import (
     BatchShape,
     ForwardMode,
@@ -23,7 +24,6 @@ from atom_plugin.tbo import (
     maybe_create_ubatch_slices,
     plan_request_graphs,
 )
-from atom_plugin.tbo.graphs import pad_decode_rows
 
 CFG = ModelConfig()
 NUM_BLOCKS = 700
@@ -160,8 +160,7 @@ def test_graph_steps_read_only_refreshed_static_buffers(
 ):
     """The recorded step reads static buffers only; a refresh in place is all a replay needs."""
     from tbo_harness.graphed import GraphedDecoder
-
-    from atom_plugin.tbo.graphs import RerunGraphs
+    from tbo_harness.rerun_graphs import RerunGraphs
 
     graph_caches = caches.clone()
     config = TboConfig(decode=tbo_decode)

@@ -96,9 +96,9 @@ def test_tbo_on_equals_off(request, tbo_off_tokens, name, tbo):
     assert (stats["straddled"] > 0) == ("prefill" in splits), stats
 
 
-def test_metadata_cut_apart_from_the_slices_is_caught(request, tbo_off_tokens):
+def test_metadata_cut_apart_from_the_slices_is_caught(request, tbo_off_tokens, engine_faults):
     """ATOM's bug: one backend's micro-batch metadata cut one request off the slices."""
-    run = run_tbo(request, "llama-atom", "decode", env=engine_env(ATOM_PLUGIN_TBO_TEST_MISCUT="1"))
+    run = run_tbo(request, "llama-atom", "decode", env=engine_env(**engine_faults(miscut=True)))
     [stats] = run["rpc"]["atom_tbo_stats"]
     assert stats["decode"] > 0
     assert run["tokens"] != tbo_off_tokens(request, "llama-atom")
@@ -127,16 +127,18 @@ def test_prefix_cache_reader_of_blocks_written_now_keeps_the_step_whole(request)
     assert on["tokens"] == run(None)["tokens"]
 
 
-# The CPU build records no CUDA graphs: the split request graphs of these buckets
-# run on `RerunGraphs`, whose replay re-runs the recorded step on what it captured.
-GRAPH_BUCKETS = engine_env(ATOM_PLUGIN_TBO_TEST_GRAPHS="4,8,16")
+@pytest.fixture(scope="module")
+def graph_buckets(engine_faults):
+    """The CPU build records no CUDA graphs: the split request graphs of buckets 4, 8 and
+    16 run on `RerunGraphs`, whose replay re-runs the recorded step on what it captured."""
+    return engine_env(**engine_faults(rerun_graphs=[4, 8, 16]))
 
 
 @pytest.mark.parametrize("name", ["llama-atom", "mla-atom"])
-def test_split_decode_graph_replays_equal_tbo_off(request, tbo_off_tokens, name):
+def test_split_decode_graph_replays_equal_tbo_off(request, tbo_off_tokens, graph_buckets, name):
     """Decode steps pad to a bucket and replay its split graph, recorded on the bucket's
     first step; later steps with other request counts reuse what it captured."""
-    run = run_tbo(request, name, "decode", env=GRAPH_BUCKETS)
+    run = run_tbo(request, name, "decode", env=graph_buckets)
     [stats] = run["rpc"]["atom_tbo_stats"]
     print(f"TBO steps, {name}, split graphs: {stats}")
     assert "split decode buckets [4, 8, 16] replay split request graphs" in run["log"]
@@ -145,9 +147,9 @@ def test_split_decode_graph_replays_equal_tbo_off(request, tbo_off_tokens, name)
     assert run["tokens"] == tbo_off_tokens(request, name)
 
 
-def test_split_decode_graphs_need_the_plugins_backends(request, tbo_off_tokens):
+def test_split_decode_graphs_need_the_plugins_backends(request, tbo_off_tokens, graph_buckets):
     """With vLLM's own CPU backend the split decode steps stay eager, and the log says why."""
-    run = run_tbo(request, "llama-vllm-cpu", "decode", env=GRAPH_BUCKETS)
+    run = run_tbo(request, "llama-vllm-cpu", "decode", env=graph_buckets)
     [stats] = run["rpc"]["atom_tbo_stats"]
     assert "split decode steps run eagerly: attention backend CPU_ATTN" in run["log"]
     assert stats["replayed"] == 0 and stats["decode"] > 0, stats

@@ -94,12 +94,14 @@ def test_served_answers_with_tbo_equal_tbo_off(tiny_llama, tmp_path, tbo_off):
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "split-graphs"])
-def test_two_data_parallel_ranks_agree_on_every_split(tiny_llama, tmp_path, tbo_off, graphs):
+def test_two_data_parallel_ranks_agree_on_every_split(
+    tiny_llama, tmp_path, tbo_off, engine_faults, graphs
+):
     """DP = 2 on vLLM's CPU build: eight choices spread over both engines, whose every
     step is decided by the plugin's one all_gather (a rank that skipped it would hang).
     With split graphs (the CPU stand-in, buckets 4 and 8) both ranks pad to one agreed
     bucket and replay it split; a rank left idle keeps the step whole on both."""
-    env = {"ATOM_PLUGIN_TBO_TEST_GRAPHS": "4,8"} if graphs else None
+    env = engine_faults(rerun_graphs=[4, 8]) if graphs else None
     on = answers(tiny_llama, tmp_path, "dp2", TBO_ALL, "--data-parallel-size", "2", n=8, env=env)
     for kind in ("completion", "chat", "streamed"):
         assert set(on[kind]) == {tbo_off[kind][0]}, kind

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tbo_harness.ubatch_metadata import prepare_ubatch_decode
 from vllm.config import VllmConfig
 from vllm.v1.attention.backend import CommonAttentionMetadata, MultipleOf
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from atom_plugin.backends.metadata import prepare_ubatch_decode
 from atom_plugin.vllm.attention_mha import AtomAiterBackend
 from atom_plugin.vllm.registration import register_attention_backends
 

@@ -8,11 +8,9 @@ host-side integers (`num_reqs`, `max_seq_len`, ...) carry what launches need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
-
-from atom_plugin.tbo.split import decode_ubatch_request_ranges
 
 
 @dataclass
@@ -90,63 +88,3 @@ def _check_tensor(name: str, t: object, dtype: torch.dtype, ndim: int) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype or t.dim() != ndim:
         raise ValueError(f"{name} must be a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}")
-
-
-def prepare_ubatch_decode(
-    meta: PagedAttentionMetadata, split_bs: int
-) -> tuple[PagedAttentionMetadata, PagedAttentionMetadata]:
-    """Cut a pure-decode batch into the two TBO micro-batches.
-
-    Rows are cut at `decode_ubatch_request_ranges(split_bs)`. In a decode batch
-    every row owns exactly one token (token index == row index), padding rows
-    included, so each micro-batch's tokens are its rows. Rows at or past the
-    real requests (`meta.num_decodes`) come out inert: seq_len 0, slot -1.
-    `split_bs` may exceed the scheduled requests on a graph replay, but not the
-    rows the block table holds (the builder's padded, persistent rows).
-    """
-    if isinstance(split_bs, bool) or not isinstance(split_bs, int):
-        raise TypeError(f"split_bs must be an int, got {split_bs!r}")
-    if meta.max_query_len > 1 or meta.num_decode_tokens != meta.num_decodes:
-        raise ValueError(
-            "prepare_ubatch_decode needs a pure-decode batch; got "
-            f"max_query_len={meta.max_query_len}, num_decodes={meta.num_decodes}, "
-            f"num_decode_tokens={meta.num_decode_tokens}, num_reqs={meta.num_reqs}"
-        )
-    rows_available = meta.block_table.shape[0]
-    if split_bs > rows_available:
-        raise ValueError(
-            f"split_bs={split_bs} exceeds the {rows_available} rows of the block table "
-            f"(num_reqs={meta.num_reqs}); pad the builder's rows to the graph bucket"
-        )
-    (a0, b0), (a1, b1) = decode_ubatch_request_ranges(split_bs)
-    real = meta.num_decodes
-    device = meta.seq_lens.device
-    # Every row at or past `real` is inert; seq_lens/slots may be shorter than
-    # split_bs (only the scheduled rows), so pad before masking.
-    seq_lens = _pad_to(meta.seq_lens[: min(real, split_bs)], split_bs, 0)
-    slots = _pad_to(meta.slot_mapping[: min(real, split_bs)], split_bs, -1)
-    table = meta.block_table[:split_bs]
-
-    def cut(a: int, b: int) -> PagedAttentionMetadata:
-        n = b - a
-        return replace(
-            meta,
-            num_reqs=n,
-            num_actual_tokens=n,
-            max_query_len=1,  # both halves hold >= 1 row (decode_ubatch_request_ranges)
-            num_decodes=n,
-            num_decode_tokens=n,
-            query_start_loc=torch.arange(n + 1, dtype=torch.int32, device=device),
-            seq_lens=seq_lens[a:b],
-            block_table=table[a:b],
-            slot_mapping=slots[a:b],
-        )
-
-    return cut(a0, b0), cut(a1, b1)
-
-
-def _pad_to(t: torch.Tensor, n: int, fill: int) -> torch.Tensor:
-    if t.shape[0] >= n:
-        return t[:n]
-    pad = torch.full((n - t.shape[0],), fill, dtype=t.dtype, device=t.device)
-    return torch.cat([t, pad])

@@ -1,7 +1,7 @@
 """Two-batch overlap: one split, DP agreement, forward mode, micro-batch runner, request graphs.
 
-The CUDA-graph and attention-metadata helpers live in `atom_plugin.tbo.graphs`
-and `atom_plugin.tbo.ubatch_metadata`; the DP agreement in `atom_plugin.tbo.dp`.
+The request graphs live in `atom_plugin.tbo.graphs`; the DP agreement in
+`atom_plugin.tbo.dp`.
 """
 
 from atom_plugin.tbo.mode import (

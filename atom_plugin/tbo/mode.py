@@ -144,7 +144,7 @@ class ForwardMode:
     - `bucket`: requests the batch is padded to on a replay.
     - `ubatch_split_bs`: where decode micro-batches are cut - the bucket on a
       replay, this rank's scheduled requests on an eager split. The slices and
-      every backend's `prepare_ubatch_decode` take this same number.
+      so every backend's micro-batch metadata are cut at this same number.
     - `ubatch_num_tokens`: the agreed (padded) tokens of each micro-batch.
     - `num_padded_tokens`: tokens this rank runs (sum of the micro-batches when split).
     """
@@ -218,7 +218,7 @@ def _agreed_counts(token_ranges: Iterable[tuple[Range, Range]]) -> tuple[int, in
 
 
 def _decode_may_split(query_len: int, config: TboConfig) -> bool:
-    # Per-micro-batch decode metadata holds one token per request (prepare_ubatch_decode).
+    # Per-micro-batch decode metadata is cut by request at one token each.
     return config.decode and query_len == 1
 
 

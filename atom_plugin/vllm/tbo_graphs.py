@@ -25,19 +25,15 @@ with any other backend in the model, split decode steps run eagerly.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from atom_plugin.tbo.graphs import BucketGraphs, RequestGraphs, RerunGraphs
+from atom_plugin.tbo.graphs import BucketGraphs, RequestGraphs
 from atom_plugin.tbo.mode import TboConfig, plan_request_graphs
 
 GRAPH_BACKENDS = ("ATOM_AITER", "ATOM_AITER_MLA")
-# Test-only: on the CPU build, record split decode buckets (comma-separated request
-# counts) on `RerunGraphs`, the stand-in whose replay re-runs the recorded step.
-TEST_GRAPHS_ENV = "ATOM_PLUGIN_TBO_TEST_GRAPHS"
 
 
 def split_decode_graphs(
@@ -55,18 +51,29 @@ def split_decode_graphs(
     its uniform-decode sizes (tokens = requests at one token each); `graph_pool`
     gives the memory pool to share with vLLM's graphs.
     """
-    test_buckets = os.environ.get(TEST_GRAPHS_ENV)
     if not config.decode:
         return None, "decode steps do not split"
-    if device_type == "cpu" and test_buckets:
-        buckets = _parse_buckets(test_buckets)
-        graphs: RequestGraphs | RerunGraphs = RerunGraphs()
-    elif device_type != "cuda":
+    if device_type != "cuda":
         return None, f"no CUDA graphs on {device_type}"
-    elif not graphs_on:
+    if not graphs_on:
         return None, "vLLM records no CUDA graphs here (--enforce-eager or cudagraph_mode NONE)"
-    else:
-        buckets, graphs = list(capture_sizes), None
+    return plan_bucket_graphs(
+        config,
+        capture_sizes,
+        max_num_reqs,
+        backends,
+        lambda: RequestGraphs("cuda", pool=graph_pool()),
+    )
+
+
+def plan_bucket_graphs(
+    config: TboConfig,
+    buckets: Sequence[int],
+    max_num_reqs: int,
+    backends: Sequence[str],
+    new_graphs: Callable[[], RequestGraphs],
+) -> tuple[BucketGraphs | None, str]:
+    """`buckets`' graphs on `new_graphs()` (made only when one splits), or None and why."""
     others = sorted(set(backends) - set(GRAPH_BACKENDS))
     if others:
         return None, (
@@ -80,19 +87,7 @@ def split_decode_graphs(
             f"no capture size of {buckets} reaches tbo_decode_min_requests="
             f"{config.decode_min_requests}"
         )
-    if graphs is None:
-        graphs = RequestGraphs("cuda", pool=graph_pool())
-    return BucketGraphs(graphs, planned), ""
-
-
-def _parse_buckets(text: str) -> list[int]:
-    try:
-        buckets = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise ValueError(f"{TEST_GRAPHS_ENV}={text!r} is not comma-separated integers") from None
-    if not buckets or min(buckets) < 1:
-        raise ValueError(f"{TEST_GRAPHS_ENV}={text!r}: buckets must be >= 1")
-    return buckets
+    return BucketGraphs(new_graphs(), planned), ""
 
 
 def pad_rows_one_token_each(query_start_loc, num_reqs: int, bucket: int) -> None:
@@ -101,7 +96,7 @@ def pad_rows_one_token_each(query_start_loc, num_reqs: int, bucket: int) -> None
     `query_start_loc` is vLLM's persistent `CpuGpuBuffer` of the step, whose padding
     rows vLLM leaves empty (flat offsets). With one token each, every replay of a
     bucket cuts its micro-batches into the same offsets `[0, 1, ..., half]`, as the
-    harness's padded rows (`atom_plugin.tbo.graphs.pad_decode_rows`).
+    harness's padded rows (`tests/tbo_harness/graph_buffers.py`).
     """
     if query_start_loc.np[num_reqs] != num_reqs:
         raise ValueError(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,7 +41,6 @@ from vllm.platforms import current_platform
 from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
 
 from atom_plugin import manager
-from atom_plugin.backends.metadata import PagedAttentionMetadata
 from atom_plugin.tbo.graphs import BucketGraphs
 from atom_plugin.tbo.hazards import reads_blocks_written_now
 from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
@@ -53,10 +51,6 @@ from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo_graphs import pad_rows_one_token_each, split_decode_graphs
 
 logger = init_logger("vllm.atom_plugin")
-
-# Test-only: micro-batch 1 of the plugin's MHA backend attends with each request's
-# neighbour's context (its metadata cut one request off the slices), ATOM's bug.
-MISCUT_ENV = "ATOM_PLUGIN_TBO_TEST_MISCUT"
 
 
 @dataclass(frozen=True)
@@ -103,7 +97,6 @@ class TboModelRunnerMixin:
         self._tbo_in_step = False
         self._tbo_step: SplitStep | None = None
         self._tbo_graphs: BucketGraphs | None = None  # set with the builders
-        self._tbo_miscut = os.environ.get(MISCUT_ENV) == "1"
 
     def tbo_stats(self) -> dict[str, int]:
         kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
@@ -220,10 +213,7 @@ class TboModelRunnerMixin:
             pad_rows_one_token_each(self.query_start_loc, kwargs["num_reqs"], step.mode.bucket)
             # The step that records the graph plans for any context, as vLLM's capture does.
             kwargs["for_cudagraph_capture"] = not self._tbo_graphs.recorded(step.mode.graph_key)
-        attn_metadata, spec_common = super()._build_attention_metadata(*args, **kwargs)
-        if self._tbo_miscut:
-            attn_metadata[1] = {k: _miscut(v) for k, v in attn_metadata[1].items()}
-        return attn_metadata, spec_common
+        return super()._build_attention_metadata(*args, **kwargs)
 
     def _model_forward(
         self,
@@ -313,13 +303,3 @@ def _rows(t: torch.Tensor | None, ts: slice, pad: int, dim: int = 0) -> torch.Te
         return rows
     last = rows.narrow(dim, rows.shape[dim] - 1, 1)
     return torch.cat([rows, last.repeat_interleave(pad, dim=dim)], dim=dim)
-
-
-def _miscut(meta):
-    """Test-only: each decode of the plugin's MHA metadata takes its neighbour's context
-    (silently, as in ATOM's bug: every shape check still holds)."""
-    if not isinstance(meta, PagedAttentionMetadata) or meta.num_reqs < 2:
-        return meta
-    if meta.num_decodes != meta.num_reqs:
-        return meta
-    return replace(meta, seq_lens=meta.seq_lens.roll(1, 0), block_table=meta.block_table.roll(1, 0))

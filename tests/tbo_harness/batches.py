@@ -9,10 +9,10 @@ import torch
 
 from atom_plugin.backends.metadata import PagedAttentionMetadata
 from atom_plugin.tbo import ForwardMode, MicroBatchRunner, UBatchSlice, maybe_create_ubatch_slices
-from atom_plugin.tbo.graphs import pad_decode_rows
-from atom_plugin.tbo.ubatch_metadata import ubatch_metadata
 
+from .graph_buffers import pad_decode_rows
 from .model import KVCaches, ModelConfig, TboTestModel
+from .ubatch_metadata import ubatch_metadata
 
 
 @dataclass

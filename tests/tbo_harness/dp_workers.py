@@ -197,11 +197,11 @@ def replay_worker(rank, world, port, cases, buckets, out_dir, backend="gloo") ->
     """
     from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig
     from atom_plugin.tbo.dp import decide_across_dp
-    from atom_plugin.tbo.graphs import RerunGraphs
 
     from .batches import random_decode_batch
     from .graphed import GraphedDecoder
     from .model import GroupComm, KVCaches, TboTestModel
+    from .rerun_graphs import RerunGraphs
 
     device, cpu_group, cfg = _setup(rank, world, port, backend)
     max_blocks, num_blocks = 6, 600

@@ -22,9 +22,10 @@ from atom_plugin.tbo import (
     decode_ubatch_ranges,
     plan_request_graphs,
 )
-from atom_plugin.tbo.graphs import BucketGraphs, DecodeGraphBuffers, RequestGraphs
+from atom_plugin.tbo.graphs import BucketGraphs, RequestGraphs
 
 from .batches import Batch
+from .graph_buffers import DecodeGraphBuffers
 from .model import KVCaches, TboTestModel
 
 
