@@ -16,15 +16,12 @@ single call, not the arguments, and every case fails with `get_weather({"Paris":
 from __future__ import annotations
 
 import json
-import os
 
 import jsonschema
 import pytest
-from models.scripted_gpt2 import build_scripted_dir
 
-from tests.engine import engine_env as shared_engine_env
 from tests.test_k3_e2e import streamed_reply
-from tests.test_k3_e2e_calls import CALLS, CASES, MAX_MODEL_LEN, MESSAGES
+from tests.test_k3_e2e_calls import CALLS, CASES, MESSAGES, scripted_server
 
 pytestmark = pytest.mark.vllm
 
@@ -34,20 +31,7 @@ SCRIPT = ["Sure", "<|close|>", "response", "<|sep|>", *OPENS_TOOLS, *CALLS]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from scripts.serve import VllmServer
-
-    path = tmp_path_factory.mktemp("scripted-k3-auto")
-    build_scripted_dir(path, SCRIPT, MESSAGES, tools=CASES["disallowed-key"])
-    args = [
-        *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)),
-        *("--enforce-eager", "--max-num-seqs", "4"),
-        *("--tool-call-parser", "atom_kimi_k3", "--enable-auto-tool-choice"),
-    ]
-    env = shared_engine_env(
-        ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None, VLLM_PLUGINS=None
-    )
-    with VllmServer(path, args, log_path=os.path.join(path, "serve.log"), env=env) as running:
-        yield f"{running.url}/v1", str(path)
+    yield from scripted_server(tmp_path_factory.mktemp("scripted-k3-auto"), SCRIPT)
 
 
 def reply(server, tools, stream):

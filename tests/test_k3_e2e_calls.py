@@ -74,10 +74,15 @@ CHOICES = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    yield from scripted_server(tmp_path_factory.mktemp("scripted-k3-calls"), SCRIPT)
+
+
+def scripted_server(path, script):
+    """`vllm serve` with `atom_kimi_k3` on the scripted K3 model writing `script`: yields
+    the API's base URL and the model's folder."""
     from scripts.serve import VllmServer
 
-    path = tmp_path_factory.mktemp("scripted-k3-calls")
-    build_scripted_dir(path, SCRIPT, MESSAGES, tools=CASES["disallowed-key"])
+    build_scripted_dir(path, script, MESSAGES, tools=CASES["disallowed-key"])
     args = [
         *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)),
         *("--enforce-eager", "--max-num-seqs", "4"),
