@@ -20,8 +20,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.test_k3_e2e import streamed_reply
-from tests.test_k3_e2e_calls import CALLS, CASES, MESSAGES, scripted_server
+from tests.test_k3_e2e_calls import CALLS, CASES, reply, scripted_server
 
 pytestmark = pytest.mark.vllm
 
@@ -34,35 +33,13 @@ def server(tmp_path_factory):
     yield from scripted_server(tmp_path_factory.mktemp("scripted-k3-auto"), SCRIPT)
 
 
-def reply(server, tools, stream):
-    """(content, [(name, arguments JSON)]) of one auto chat request."""
-    from openai import OpenAI
-
-    url, model = server
-    response = OpenAI(base_url=url, api_key="none").chat.completions.create(
-        model=model,
-        messages=MESSAGES,
-        tools=tools,
-        tool_choice="auto",
-        parallel_tool_calls=False,
-        temperature=0.0,
-        max_tokens=80,
-        stream=stream,
-    )
-    if not stream:
-        message = response.choices[0].message
-        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-        return message.content, calls
-    return streamed_reply(response)
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_auto_calls_are_schema_valid_and_single_once_the_model_opens_the_channel(
     server, case, stream
 ):
     tools = CASES[case]
-    content, calls = reply(server, tools, stream)
+    content, calls = reply(server, tools, "auto", stream)
     assert content == "Sure"
     assert [name for name, _ in calls] == ["get_weather"], calls
     arguments = json.loads(calls[0][1])

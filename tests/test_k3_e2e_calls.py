@@ -95,7 +95,7 @@ def scripted_server(path, script):
         yield f"{running.url}/v1", str(path)
 
 
-def reply(server, tools, choice, stream):
+def reply(server, tools, tool_choice, stream):
     """(content, [(name, arguments JSON)]) of one chat request."""
     from openai import OpenAI
 
@@ -104,7 +104,7 @@ def reply(server, tools, choice, stream):
         model=model,
         messages=MESSAGES,
         tools=tools,
-        tool_choice=CHOICES[choice],
+        tool_choice=tool_choice,
         parallel_tool_calls=False,
         temperature=0.0,
         max_tokens=80,
@@ -122,7 +122,7 @@ def reply(server, tools, choice, stream):
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_call_is_schema_valid_and_single(server, case, choice, stream):
     tools = CASES[case]
-    content, calls = reply(server, tools, choice, stream)
+    content, calls = reply(server, tools, CHOICES[choice], stream)
     assert content == "Sure"
     assert [name for name, _ in calls] == ["get_weather"], calls
     arguments = json.loads(calls[0][1])
