@@ -10,7 +10,7 @@ from atom_plugin import __version__
 
 def _info(args: argparse.Namespace) -> int:
     from atom_plugin import manager
-    from atom_plugin.backends.gluon_mla_probe import gluon_mla_problems
+    from atom_plugin.attention.mla.gluon.probe import gluon_mla_problems
     from atom_plugin.platform import aiter_available, detect_platform, triton_available
 
     yes_no = {True: "yes", False: "no"}
@@ -48,7 +48,7 @@ def _info(args: argparse.Namespace) -> int:
 def _print_tbo_judgement(engine_args: str) -> None:
     import shlex
 
-    from atom_plugin.vllm.tbo_setup import judgement_for_engine_args
+    from atom_plugin.vllm.tbo.setup import judgement_for_engine_args
 
     head, *conditions = judgement_for_engine_args(shlex.split(engine_args))
     print(f"two-batch overlap with these engine arguments: {head}")

@@ -19,8 +19,8 @@ from atom_plugin.specs import (
 
 # The project's own hook implementations, one module per capability.
 BUILTIN_PLUGINS: tuple[str, ...] = (
-    "atom_plugin.backends.plugin",
-    "atom_plugin.parsers.plugin",
+    "atom_plugin.attention.plugin",
+    "atom_plugin.k3.plugin",
     "atom_plugin.tbo.plugin",
     "atom_plugin.doctor.plugin",
 )

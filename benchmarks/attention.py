@@ -86,7 +86,7 @@ class KVPool:
 
     def meta(self, reqs, seed=0):
         """Metadata for [(query_len, seq_len)] over shuffled, non-contiguous blocks."""
-        from atom_plugin.backends.metadata import PagedAttentionMetadata
+        from atom_plugin.attention.metadata import PagedAttentionMetadata
 
         device = self.raw.device
         per = [-(-s // self.block_size) for _, s in reqs]
@@ -135,8 +135,8 @@ def _free_bytes() -> int:
 
 
 def bench_decode(pool, batch, context, flush, copy_gbps, config=None, with_sdpa=True) -> dict:
-    from atom_plugin.backends.triton_common import choose_num_splits, device_sm_count
-    from atom_plugin.backends.triton_decode import paged_decode
+    from atom_plugin.attention.mha.triton_decode import paged_decode
+    from atom_plugin.attention.triton_common import choose_num_splits, device_sm_count
 
     meta = pool.meta([(1, context)] * batch, seed=batch * 7 + context)
     q = torch.randn(batch, HQ, D, dtype=DTYPE, device="cuda")
@@ -181,7 +181,7 @@ def _sdpa_decode(pool, meta, q, out, kv_bytes, flush) -> dict:
 
 
 def bench_prefill(pool, name, reqs, flush, mm_tflops, config=None, with_sdpa=True) -> dict:
-    from atom_plugin.backends.triton_prefill import paged_prefill
+    from atom_plugin.attention.mha.triton_prefill import paged_prefill
 
     meta = pool.meta(reqs, seed=len(reqs))
     t = meta.num_actual_tokens

@@ -15,7 +15,7 @@ cache's element size (fp8: 1 byte, one per-tensor scale). Each measurement is th
 of 20 CUDA-graph replays timed with events, L2 flushed before every replay; the per-step
 plan is built outside the timed region, as the metadata builder builds it once per step.
 
-    git show 435a366:atom_plugin/backends/triton_mla.py > /tmp/mla_old.py
+    git show 435a366:atom_plugin/attention/mla/triton.py > /tmp/mla_old.py
     python -m benchmarks.attention_mla --baseline /tmp/mla_old.py [--sweep] \\
         [--json out.json] [--markdown out.md]
 """
@@ -100,7 +100,7 @@ def make_decode_batch(
 ):
     """A uniform decode batch: `batch` requests of `q_len` causal query tokens at
     `context` keys, block tables shuffled. Returns (meta, q, cache, kv_scale)."""
-    from atom_plugin.backends.metadata import PagedAttentionMetadata
+    from atom_plugin.attention.metadata import PagedAttentionMetadata
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     blocks_per = -(-context // block_size)
@@ -161,8 +161,8 @@ class Shape:
         return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
 
     def plan(self, config=None, num_splits=None):
-        from atom_plugin.backends.gluon_mla_probe import MLAStepLayout
-        from atom_plugin.backends.mla_plan import plan_mla_decode
+        from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+        from atom_plugin.attention.mla.plan import plan_mla_decode
 
         return plan_mla_decode(
             self.meta,
@@ -182,7 +182,7 @@ class Shape:
         )
 
     def run_new(self, out, plan):
-        from atom_plugin.backends.triton_mla import mla_decode_triton
+        from atom_plugin.attention.mla.triton import mla_decode_triton
 
         return self.decode(mla_decode_triton, out, plan=plan)
 
@@ -194,7 +194,7 @@ class Shape:
     def time_old(self, old, flush):
         """The baseline module timed on the same inputs: a kernel that takes a per-step
         plan gets one made by its own `plan_launch`; an older one takes the token plan."""
-        from atom_plugin.backends.mla_plan import MLADecodePlan, mla_token_plan
+        from atom_plugin.attention.mla.plan import MLADecodePlan, mla_token_plan
 
         out = self.new_out()
         token_plan = mla_token_plan(self.meta, self.q.shape[0])
@@ -362,7 +362,7 @@ _SEEN_KERNELS: set[int] = set()
 def _new_kernels() -> str:
     """Shared memory, registers and spills of the stage-1 kernels compiled since the
     last call (what bounds how many programs an SM holds)."""
-    from atom_plugin.backends import mla_triton_kernels as kernels
+    from atom_plugin.attention.mla import triton_kernels as kernels
 
     found = []
     for fn in (kernels._mla_decode_stage1, kernels._mla_decode_per_token):

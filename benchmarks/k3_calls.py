@@ -34,13 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from atom_plugin.parsers.call_automaton import CallAutomaton
-from atom_plugin.parsers.channel_for import required_channel_for
-from atom_plugin.parsers.k3_grammar import CLOSE, END_OF_MSG, OPEN, SEP
-from atom_plugin.parsers.k3_schema import call_spec_for
-from atom_plugin.parsers.processor_core import ChannelCore
-from atom_plugin.parsers.required_channel import START, UNCONSTRAINED, RequiredChannel
-from atom_plugin.parsers.token_classes import TokenClasses, classes_for_tokenizer
+from atom_plugin.k3.call_automaton import CallAutomaton
+from atom_plugin.k3.channel_for import required_channel_for
+from atom_plugin.k3.grammar import CLOSE, END_OF_MSG, OPEN, SEP
+from atom_plugin.k3.processor_core import ChannelCore
+from atom_plugin.k3.required_channel import START, UNCONSTRAINED, RequiredChannel
+from atom_plugin.k3.schema import call_spec_for
+from atom_plugin.k3.token_classes import TokenClasses, classes_for_tokenizer
 
 BATCH = 256
 
@@ -319,7 +319,7 @@ class XgrammarFill:
 def class_build_seconds(tokenizer, vocab: int) -> tuple[float, int]:
     """Seconds to build the token classes of `tokenizer` at logits width `vocab` (uncached),
     and how many classes it has."""
-    from atom_plugin.parsers import token_classes
+    from atom_plugin.k3 import token_classes
 
     token_classes._cached.cache_clear()  # an engine builds them once: time that build
     t0 = time.perf_counter()

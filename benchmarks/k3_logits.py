@@ -95,8 +95,8 @@ if ARGS.smoke:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from atom_plugin.parsers import START, UNCONSTRAINED, RequiredChannel, compile_channel  # noqa: E402
-from atom_plugin.parsers.channel_kernel import (  # noqa: E402
+from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel, compile_channel  # noqa: E402
+from atom_plugin.k3.channel_kernel import (  # noqa: E402
     BLOCK,
     PROGRAMS,
     advance_states,
@@ -401,7 +401,7 @@ def mixed_case(vocab, device, channel, end_ids, xgr_case, fill, copy, empty) -> 
     """Batch 256 through the processors' core: 64 named requests (64 different names of
     1-4 ids, each forcing its name's first id), 64 required requests waiting, 128 rows
     without a channel. One launch whatever the mix; xgrammar gets the same masks."""
-    from atom_plugin.parsers.processor_core import ChannelCore
+    from atom_plugin.k3.processor_core import ChannelCore
 
     text = min(2000, vocab // 4) + 16  # ordinary ids for the names, past the tag names
     core = ChannelCore(MIXED_BATCH, device, impl="triton")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from atom_plugin.parsers.k3_grammar import CLOSE, END_OF_MSG, OPEN, SEP
+from atom_plugin.k3.grammar import CLOSE, END_OF_MSG, OPEN, SEP
 
 NUM_SPECIAL = 256
 CONTROL = (OPEN, CLOSE, SEP, END_OF_MSG)

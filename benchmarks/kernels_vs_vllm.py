@@ -279,7 +279,7 @@ def _judge(row: dict, plugin_out, vllm_out, vllm_name: str, ref_fn=None) -> None
 
 
 def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
-    from atom_plugin.backends import mla_ops
+    from atom_plugin.attention.mla import ops as mla_ops
 
     row = {"heads": heads, "q_len": q_len, "batch": batch, "context": context}
     row["flops"] = mla_flops(batch, context, heads, q_len)
@@ -340,7 +340,7 @@ def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
     if batch * context <= REFERENCE_MAX_KEYS:
 
         def ref_fn():
-            from atom_plugin.backends.mla_reference import mla_decode_reference
+            from atom_plugin.attention.mla.reference import mla_decode_reference
 
             ref = torch.zeros(
                 batch * q_len, heads, LORA, dtype=torch.float32, device=shape.q.device
@@ -372,7 +372,7 @@ def _fa3_call(pool, meta, q, num_splits):
 def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) -> dict:
     """One MHA case over `reqs` [(query_len, seq_len)]: the plugin's paged_attention and
     FA3 on the same query and cache."""
-    from atom_plugin.backends import ops
+    from atom_plugin.attention.mha import ops
 
     row = {}
     torch.manual_seed(seed)
@@ -399,7 +399,7 @@ def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) 
     if sum(s for _, s in reqs) <= REFERENCE_MAX_KEYS and biggest <= REFERENCE_MAX_LOGITS:
 
         def ref_fn():
-            from atom_plugin.backends import reference
+            from atom_plugin.attention.mha import reference
 
             ref = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
             reference.paged_attention(

@@ -32,7 +32,7 @@ def compiled_kernels(jit_fn) -> list:
 
 
 def main() -> int:
-    from atom_plugin.backends import mla_triton_kernels
+    from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels
 
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)

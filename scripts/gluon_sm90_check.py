@@ -38,15 +38,13 @@ from triton.runtime import driver
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from atom_plugin.backends import (  # noqa: E402
-    gluon_mla,
-    gluon_mla_alternate,
-    mla_triton_kernels,
-    triton_mla,
-)
-from atom_plugin.backends.metadata import PagedAttentionMetadata  # noqa: E402
-from atom_plugin.backends.mla_launch_plan import TritonMLALaunch  # noqa: E402
-from atom_plugin.backends.mla_plan import plan_mla_decode  # noqa: E402
+from atom_plugin.attention.metadata import PagedAttentionMetadata  # noqa: E402
+from atom_plugin.attention.mla import triton as triton_mla  # noqa: E402
+from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels  # noqa: E402
+from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # noqa: E402
+from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
+from atom_plugin.attention.mla.launch_plan import TritonMLALaunch  # noqa: E402
+from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
 

@@ -58,10 +58,10 @@ def tiny_deepseek(tmp_path_factory):
 def k3_channel_live():
     """The K3 channel live in this process, as the platform records it for an engine with
     the processor installed: for parser tests that start no engine."""
-    from atom_plugin.vllm import k3_enforcement
+    from atom_plugin.vllm.k3 import enforcement as k3_enforcement
 
     live = k3_enforcement.ChannelDecision(
-        off=None, processor="atom_plugin.vllm.k3_logits_v1:AtomK3LogitsProcessorV1", runner="v1"
+        off=None, processor="atom_plugin.vllm.k3.logits_v1:AtomK3LogitsProcessorV1", runner="v1"
     )
     before = k3_enforcement.record(live)
     yield live
@@ -72,7 +72,7 @@ def k3_channel_live():
 def k3_channel_off():
     """The K3 channel off in this process, as the platform records it for the V1 runner
     with speculative decoding."""
-    from atom_plugin.vllm import k3_enforcement
+    from atom_plugin.vllm.k3 import enforcement as k3_enforcement
 
     off = k3_enforcement.ChannelDecision(
         off="its logits processor is off: the V1 model runner refuses custom logits "

@@ -7,7 +7,7 @@ texts encode the way a BPE with these merges would, and `decode` concatenates.
 
 from __future__ import annotations
 
-from atom_plugin.parsers.k3_grammar import CLOSE, END_OF_MSG, OPEN, SEP
+from atom_plugin.k3.grammar import CLOSE, END_OF_MSG, OPEN, SEP
 
 CONTROL = [OPEN, CLOSE, SEP, END_OF_MSG]
 TEXT = [

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from attention_cases import paged_layout
 
-from atom_plugin.backends.checks import FP8_DTYPES as FP8
-from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.attention.dtypes import FP8_DTYPES as FP8
+from atom_plugin.attention.metadata import PagedAttentionMetadata
 
 
 @dataclass

@@ -12,8 +12,9 @@ import pytest
 import torch
 from attention_cases import make_batch, tolerance
 
-from atom_plugin.backends import aiter_mha, ops, reference
-from atom_plugin.backends.aiter_mha import context_slots
+from atom_plugin.attention.mha import aiter as aiter_mha
+from atom_plugin.attention.mha import ops, reference
+from atom_plugin.attention.mha.aiter import context_slots
 
 FAKE = Path(__file__).parent / "fake_aiter"
 FP8 = torch.float8_e4m3fn

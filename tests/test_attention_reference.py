@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from attention_cases import make_batch
 from tbo_harness.ubatch_metadata import prepare_ubatch_decode
 
-from atom_plugin.backends import ops, reference
-from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha import ops, reference
 
 
 @pytest.fixture(autouse=True)

@@ -17,11 +17,14 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from tbo_harness.ubatch_metadata import prepare_ubatch_decode  # noqa: E402
 
-from atom_plugin.backends import ops, reference  # noqa: E402
-from atom_plugin.backends.triton_common import choose_num_splits  # noqa: E402
-from atom_plugin.backends.triton_decode import paged_decode  # noqa: E402
-from atom_plugin.backends.triton_mha import paged_attention, write_kv  # noqa: E402
-from atom_plugin.backends.triton_prefill import paged_prefill  # noqa: E402
+from atom_plugin.attention.mha import (
+    ops,  # noqa: E402
+    reference,  # noqa: E402
+)
+from atom_plugin.attention.mha.triton import paged_attention, write_kv  # noqa: E402
+from atom_plugin.attention.mha.triton_decode import paged_decode  # noqa: E402
+from atom_plugin.attention.mha.triton_prefill import paged_prefill  # noqa: E402
+from atom_plugin.attention.triton_common import choose_num_splits  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
@@ -331,7 +334,7 @@ def test_host_int_helpers_match_triton():
     """The launch code's cdiv / next_power_of_2 give triton's values at plain-int cost."""
     import triton
 
-    from atom_plugin.backends.triton_common import cdiv, next_power_of_2
+    from atom_plugin.attention.triton_common import cdiv, next_power_of_2
 
     for n in range(0, 2100):
         assert next_power_of_2(n) == triton.next_power_of_2(n), n

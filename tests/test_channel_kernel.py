@@ -17,15 +17,15 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from atom_plugin.parsers import START, UNCONSTRAINED, RequiredChannel  # noqa: E402
-from atom_plugin.parsers.channel_kernel import (  # noqa: E402
+from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel  # noqa: E402
+from atom_plugin.k3.channel_kernel import (  # noqa: E402
     advance_states,
     apply_channel_torch,
     apply_channel_triton,
     apply_required_channel,
     tiles_per_row,
 )
-from atom_plugin.parsers.channel_tables import compile_channel, next_states  # noqa: E402
+from atom_plugin.k3.channel_tables import compile_channel, next_states  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OPEN, CLOSE, SEP, EOM, RESPONSE, TOOLS, CALL, TOOL_ATTR, QUOTE, WORD, EOS = range(1, 12)
@@ -256,7 +256,7 @@ MIXED = (
 
 
 def mixed_tables():
-    from atom_plugin.parsers.channel_tables import compile_channels
+    from atom_plugin.k3.channel_tables import compile_channels
 
     return compile_channels(MIXED, DEVICE)
 
@@ -316,7 +316,7 @@ def test_mixed_channels_one_launch_match_reference_and_machine(rows, vocab, bloc
 )
 def test_mixed_channels_advance_and_spec_rows_follow_each_machine(requests, data):
     """Committed ids and then drafts: every row's state is its own channel's walk."""
-    from atom_plugin.parsers.spec_rows import spec_row_states_torch, spec_row_states_triton
+    from atom_plugin.k3.spec_rows import spec_row_states_torch, spec_row_states_triton
 
     tables = mixed_tables()
     history = torch.zeros(len(requests), 13, dtype=torch.int32)

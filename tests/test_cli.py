@@ -28,9 +28,9 @@ def test_info_lists_version_platform_and_every_hook():
     if not torch.cuda.is_available():
         assert "hopper MLA decode (Gluon): no (no CUDA GPU)" in out
     for line in (
-        "atom_plugin.backends.plugin: atom_attention_backends",
-        "ATOM_AITER (mha) -> atom_plugin.vllm.attention_mha:AtomAiterBackend",
-        "ATOM_AITER_MLA (mla) -> atom_plugin.vllm.attention_mla:AtomAiterMLABackend",
+        "atom_plugin.attention.plugin: atom_attention_backends",
+        "ATOM_AITER (mha) -> atom_plugin.vllm.attention.mha:AtomAiterBackend",
+        "ATOM_AITER_MLA (mla) -> atom_plugin.vllm.attention.mla:AtomAiterMLABackend",
         "atom_kimi_k3 -> ",
         "micro-batch runner: ",
         "two-batch overlap: --additional-config "

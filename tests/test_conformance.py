@@ -56,7 +56,7 @@ def test_the_reference_comparison_can_fail(monkeypatch):
     """An impl whose output is off by a little fails the comparison, naming the case."""
     from atom_plugin.conformance.attention import check_backend
     from atom_plugin.specs import AttentionBackendSpec
-    from atom_plugin.vllm.attention_mha import AtomAiterImpl
+    from atom_plugin.vllm.attention.mha import AtomAiterImpl
 
     forward = AtomAiterImpl.forward
 
@@ -67,7 +67,7 @@ def test_the_reference_comparison_can_fail(monkeypatch):
         return out
 
     monkeypatch.setattr(AtomAiterImpl, "forward", off_by_a_little)
-    path = "atom_plugin.vllm.attention_mha:AtomAiterBackend"
+    path = "atom_plugin.vllm.attention.mha:AtomAiterBackend"
     spec = AttentionBackendSpec("ATOM_AITER", path, "mha")
     failed = {(f.item, f.case) for f in check_backend(spec, "x") if not f.ok}
     assert failed == {("output equals the torch reference", c.name) for c in ATTENTION_CASES}
@@ -90,7 +90,7 @@ def test_an_unknown_plugin_is_refused_listing_the_names():
     )
     assert proc.returncode == 2
     assert "--plugin 'nope' is not one of" in proc.stderr
-    assert "atom_plugin.backends.plugin" in proc.stderr
+    assert "atom_plugin.attention.plugin" in proc.stderr
 
 
 # A third-party package, installed for real -------------------------------------------
@@ -120,7 +120,7 @@ BACKENDS = '''
 """A good backend (vLLM's contract, the project's kernels) and one whose KV write ignores
 padding rows: slot -1 is indexed like any other and lands on the last block's last row."""
 
-from atom_plugin.vllm.attention_mha import AtomAiterBackend, AtomAiterImpl
+from atom_plugin.vllm.attention.mha import AtomAiterBackend, AtomAiterImpl
 
 
 class GoodBackend(AtomAiterBackend):

@@ -243,7 +243,7 @@ def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
     facts = result["facts"]
     assert facts["attention_backends"] == [config.backend], facts
     tbo = "additional_config" in config.extra  # TBO runs vLLM's V1 runner under the plugin's
-    expected = "atom_plugin.vllm.tbo_worker_gpu" if tbo else EXPECTED_RUNNER[config.runner]
+    expected = "atom_plugin.vllm.tbo.worker_gpu" if tbo else EXPECTED_RUNNER[config.runner]
     assert facts["runner"].startswith(expected), facts
     assert facts["torch_cuda_event"] == "torch.cuda.streams.Event", facts
     assert ("NONE" in facts["cudagraph_mode"]) == config.eager, facts
@@ -270,7 +270,7 @@ def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
 
 def test_k3_required_and_named_are_forced_under_model_runner_v2(tmp_path):
     """The channel's logits processor runs under Model Runner V2 on the GPU."""
-    from atom_plugin.parsers.k3_tool_parser import parse_k3
+    from atom_plugin.k3.tool_parser import parse_k3
     from tests.models.scripted_gpt2 import build_scripted_dir
     from tests.test_k3_e2e import CALLED, MESSAGES, NAMED, OFFLINE, SCRIPT, TOOLS, expect_call
 
@@ -284,7 +284,7 @@ def test_k3_required_and_named_are_forced_under_model_runner_v2(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
     result = json.loads(lines[0][len("RESULT ") :])
-    assert "atom_plugin.vllm.k3_logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
+    assert "atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
     required, _auto, named = (parse_k3(text) for text in result["texts"])
     for parsed, choice in ((required, "required"), (named, "named")):
         calls = [{"name": c.name, "arguments": c.arguments_json} for c in parsed.tool_calls]

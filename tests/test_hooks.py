@@ -176,5 +176,5 @@ def test_registration_is_idempotent():
     register_attention_backends()
     register_attention_backends()
     assert AttentionBackendEnum["ATOM_AITER"].value == (
-        "atom_plugin.vllm.attention_mha.AtomAiterBackend"
+        "atom_plugin.vllm.attention.mha.AtomAiterBackend"
     )

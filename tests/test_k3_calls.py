@@ -25,27 +25,27 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from k3_words import PIECES, Words, ids  # noqa: E402
 
-from atom_plugin.parsers.call_automaton import (  # noqa: E402
+from atom_plugin.k3.call_automaton import (  # noqa: E402
     CallAutomaton,
     CallSpec,
     CallSpecError,
     JsonSpec,
 )
-from atom_plugin.parsers.channel_for import (  # noqa: E402
+from atom_plugin.k3.channel_for import (  # noqa: E402
     channel_extra_args,
     channel_from_extra_args,
     required_channel_for,
 )
-from atom_plugin.parsers.channel_kernel import (  # noqa: E402
+from atom_plugin.k3.channel_kernel import (  # noqa: E402
     advance_states,
     apply_channel_torch,
     apply_channel_triton,
 )
-from atom_plugin.parsers.channel_tables import compile_channels, next_states  # noqa: E402
-from atom_plugin.parsers.k3_schema import UnsupportedSchema, call_spec_for  # noqa: E402
-from atom_plugin.parsers.k3_tool_parser import parse_k3  # noqa: E402
-from atom_plugin.parsers.required_channel import START, UNCONSTRAINED  # noqa: E402
-from atom_plugin.parsers.token_classes import classes_for_tokenizer  # noqa: E402
+from atom_plugin.k3.channel_tables import compile_channels, next_states  # noqa: E402
+from atom_plugin.k3.required_channel import START, UNCONSTRAINED  # noqa: E402
+from atom_plugin.k3.schema import UnsupportedSchema, call_spec_for  # noqa: E402
+from atom_plugin.k3.token_classes import classes_for_tokenizer  # noqa: E402
+from atom_plugin.k3.tool_parser import parse_k3  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WORDS = Words()

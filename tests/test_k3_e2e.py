@@ -26,7 +26,7 @@ import textwrap
 import pytest
 from models.scripted_gpt2 import build_scripted_dir
 
-from atom_plugin.parsers.k3_tool_parser import K3StreamParser, parse_k3
+from atom_plugin.k3.tool_parser import K3StreamParser, parse_k3
 from tests.engine import IN_PROCESS_ENGINE
 from tests.engine import engine_env as shared_engine_env
 
@@ -90,7 +90,7 @@ OFFLINE = textwrap.dedent(
     import json, sys
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import RequestOutputKind
-    from atom_plugin.parsers.channel_for import (
+    from atom_plugin.k3.channel_for import (
         channel_extra_args, channel_for_choice, required_channel_for)
 
     if __name__ == "__main__":
@@ -158,7 +158,7 @@ def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir, tbo
     result = json.loads(lines[0][len("RESULT ") :])
     assert result["engine_core"] == "InprocClient"
     assert result["prompt_lens"] == [prompt_len] * 3
-    assert "atom_plugin.vllm.k3_logits_v1:AtomK3LogitsProcessorV1" in result["processors"]
+    assert "atom_plugin.vllm.k3.logits_v1:AtomK3LogitsProcessorV1" in result["processors"]
     required, auto, named = (parse_k3(text) for text in result["texts"])
     for parsed, choice in ((required, "required"), (named, "named")):
         expect_call(
@@ -287,7 +287,7 @@ def test_serve_says_the_channel_enforces_required(server):
     # The API server (where the parser reads the decision) and the engine core agree.
     assert set(lines) == {"APIServer", "EngineCore"}, lines
     for line in lines.values():
-        assert "are enforced by the plugin's channel (atom_plugin.vllm.k3_logits_v1" in line
+        assert "are enforced by the plugin's channel (atom_plugin.vllm.k3.logits_v1" in line
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

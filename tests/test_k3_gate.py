@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models.scripted_gpt2 import build_tokenizer, ids
 
-from atom_plugin.parsers.call_automaton import CallAutomaton
-from atom_plugin.parsers.channel_for import (
+from atom_plugin.k3.call_automaton import CallAutomaton
+from atom_plugin.k3.channel_for import (
     EXTRA_ARGS_KEY,
     K3_FORMATS,
     ToolChoiceError,
@@ -27,9 +27,9 @@ from atom_plugin.parsers.channel_for import (
     tool_names,
     wants_channel,
 )
-from atom_plugin.parsers.k3_schema import call_spec_for
-from atom_plugin.parsers.required_channel import START, UNCONSTRAINED
-from atom_plugin.parsers.token_classes import classes_for_tokenizer
+from atom_plugin.k3.required_channel import START, UNCONSTRAINED
+from atom_plugin.k3.schema import call_spec_for
+from atom_plugin.k3.token_classes import classes_for_tokenizer
 
 vllm = pytest.importorskip("vllm")
 
@@ -45,7 +45,7 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.tool_parsers import ToolParserManager  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
-from atom_plugin.vllm.k3_logits_v1 import AtomK3LogitsProcessorV1  # noqa: E402
+from atom_plugin.vllm.k3.logits_v1 import AtomK3LogitsProcessorV1  # noqa: E402
 from atom_plugin.vllm.registration import register_tool_parsers  # noqa: E402
 
 # The parser serves the channel only where the platform recorded it live for the engine.
@@ -123,7 +123,7 @@ BASE = [
 
 def test_control_token_split_warns_once_and_disables(caplog):
     split = PieceTokenizer([p for p in BASE if p != "<|sep|>"] + ["<|", "sep", "|>"])
-    with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.k3"):
         assert required_channel_for(split) is None
         assert required_channel_for(split) is None
     warnings = [r for r in caplog.records if "'<|sep|>' encodes to 3 ids" in r.getMessage()]
@@ -132,7 +132,7 @@ def test_control_token_split_warns_once_and_disables(caplog):
 
 def test_head_that_encodes_differently_in_context_disables(caplog):
     merged = PieceTokenizer(BASE + ["<|open|>tools"])
-    with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.k3"):
         assert required_channel_for(merged) is None
     assert any("opening's head" in r.getMessage() for r in caplog.records)
     assert required_channel_for(PieceTokenizer(BASE, eos=3)) is not None
@@ -356,7 +356,7 @@ def test_channel_off_and_no_tag_is_a_400_naming_reason_and_fix(
 
 
 def test_no_engine_config_in_the_process_means_the_channel_is_off(tokenizer, formats):
-    from atom_plugin.vllm import k3_enforcement
+    from atom_plugin.vllm.k3 import enforcement as k3_enforcement
 
     before = k3_enforcement.record(k3_enforcement.NO_ENGINE)
     try:
@@ -587,10 +587,10 @@ def test_parallel_tool_calls_false_sends_one_call(tokenizer, formats, choice):
 def test_unsupported_schema_keeps_vllms_tag_and_logs_the_reason_once(
     tokenizer, formats, caplog, monkeypatch, choice
 ):
-    from atom_plugin.vllm import kimi_k3_parser
+    from atom_plugin.vllm.k3 import tool_parser as kimi_k3_parser
 
     monkeypatch.setattr(kimi_k3_parser, "_logged", set())  # as in a fresh server
-    with caplog.at_level(logging.WARNING, logger="atom_plugin.parsers"):
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.k3"):
         for _ in range(2):
             params = through(tokenizer, UNSUPPORTED, choice)
             assert EXTRA_ARGS_KEY not in (params.extra_args or {})
@@ -611,7 +611,7 @@ def test_unsupported_schema_without_vllms_tag_is_a_400(tokenizer, formats, monke
 
 
 def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
-    from atom_plugin.parsers.channel_for import request_channel
+    from atom_plugin.k3.channel_for import request_channel
 
     channel = required_channel_for(tokenizer)
     spec = call_spec_for(tokenizer, TOOLS)

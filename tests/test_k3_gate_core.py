@@ -16,8 +16,8 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from atom_plugin.parsers.processor_core import MAX_IDLE_CHANNELS, ChannelCore  # noqa: E402
-from atom_plugin.parsers.required_channel import (  # noqa: E402
+from atom_plugin.k3.processor_core import MAX_IDLE_CHANNELS, ChannelCore  # noqa: E402
+from atom_plugin.k3.required_channel import (  # noqa: E402
     START,
     UNCONSTRAINED,
     RequiredChannel,

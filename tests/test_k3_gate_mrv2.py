@@ -21,8 +21,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from models.scripted_gpt2 import build_tokenizer, ids  # noqa: E402
 
-from atom_plugin.parsers.channel_for import channel_extra_args, required_channel_for  # noqa: E402
-from atom_plugin.parsers.required_channel import UNCONSTRAINED  # noqa: E402
+from atom_plugin.k3.channel_for import channel_extra_args, required_channel_for  # noqa: E402
+from atom_plugin.k3.required_channel import UNCONSTRAINED  # noqa: E402
 
 pytest.importorskip("vllm")
 
@@ -35,7 +35,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (  # noqa: E402
 )
 from vllm.v1.worker.gpu.states import RequestState  # noqa: E402
 
-from atom_plugin.vllm.k3_logits_mrv2 import AtomK3LogitsProcessorMRV2  # noqa: E402
+from atom_plugin.vllm.k3.logits_mrv2 import AtomK3LogitsProcessorMRV2  # noqa: E402
 
 DRAFTS = 3
 
@@ -235,7 +235,7 @@ def named_channel_of(tokenizer, *name_pieces):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_named_required_and_plain_rows_share_one_launch(tokenizer, impl, monkeypatch):
-    import atom_plugin.parsers.processor_core as core_module
+    import atom_plugin.k3.processor_core as core_module
 
     launched = []
 
@@ -311,9 +311,9 @@ A_CALL = [
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_channel_with_calls_masks_every_call_row(tokenizer, impl):
-    from atom_plugin.parsers.call_automaton import CallAutomaton
-    from atom_plugin.parsers.k3_schema import call_spec_for
-    from atom_plugin.parsers.token_classes import classes_for_tokenizer
+    from atom_plugin.k3.call_automaton import CallAutomaton
+    from atom_plugin.k3.schema import call_spec_for
+    from atom_plugin.k3.token_classes import classes_for_tokenizer
 
     classes = classes_for_tokenizer(tokenizer)
     spec = call_spec_for(tokenizer, WEATHER, parallel=False)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atom_plugin.parsers.k3_grammar import (
+from atom_plugin.k3.grammar import (
     CLOSE,
     END_OF_MSG,
     OPEN,
@@ -16,7 +16,7 @@ from atom_plugin.parsers.k3_grammar import (
     escape_attr,
     unescape_attr,
 )
-from atom_plugin.parsers.k3_tool_parser import K3StreamParser, K3ToolCall, parse_k3
+from atom_plugin.k3.tool_parser import K3StreamParser, K3ToolCall, parse_k3
 
 
 def arg(key, type_, value):

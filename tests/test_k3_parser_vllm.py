@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models.scripted_gpt2 import build_tokenizer
 
-from atom_plugin.parsers.k3_grammar import CLOSE, OPEN, SEP, escape_attr
+from atom_plugin.k3.grammar import CLOSE, OPEN, SEP, escape_attr
 
 pytest.importorskip("vllm")
 
@@ -19,7 +19,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.parser.parser_manager import ParserManager  # noqa: E402
 from vllm.tool_parsers.kimi_k3_tool_parser import KimiK3ToolParser  # noqa: E402
 
-from atom_plugin.vllm.kimi_k3_parser import AtomKimiK3ToolParser  # noqa: E402
+from atom_plugin.vllm.k3.tool_parser import AtomKimiK3ToolParser  # noqa: E402
 from atom_plugin.vllm.registration import register_tool_parsers  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from atom_plugin.backends import reference
-from atom_plugin.backends.mla_reference import mla_decode_reference
+from atom_plugin.attention.mha import reference
+from atom_plugin.attention.mla.reference import mla_decode_reference
 from benchmarks import attention
 from benchmarks import kernel_problems as kp
 from benchmarks import kernel_tables as kt

@@ -9,8 +9,8 @@ import pytest
 import torch
 from mla_cases import make_mla_batch, tolerance
 
-from atom_plugin.backends import mla_ops
-from atom_plugin.backends.mla_reference import mla_decode_reference, write_mla_kv_reference
+from atom_plugin.attention.mla import ops as mla_ops
+from atom_plugin.attention.mla.reference import mla_decode_reference, write_mla_kv_reference
 
 FAKE = Path(__file__).parent / "fake_aiter"
 
@@ -51,7 +51,7 @@ def test_aiter_decode_matches_reference(fake_aiter, block_size):
 
 
 def test_aiter_plan_page_lists(fake_aiter):
-    from atom_plugin.backends.aiter_mla import build_aiter_mla_plan
+    from atom_plugin.attention.mla.aiter import build_aiter_mla_plan
 
     b = make_mla_batch([(1, 17), (2, 32), (1, 1)], heads=16, block_size=16, pad_rows=1)
     plan = build_aiter_mla_plan(

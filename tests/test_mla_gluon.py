@@ -6,11 +6,11 @@ import pytest
 import torch
 from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance
 
-from atom_plugin.backends import mla_launch_plan
-from atom_plugin.backends.gluon_mla_probe import MLAStepLayout, gluon_mla_problems
-from atom_plugin.backends.mla_plan import plan_mla_decode
-from atom_plugin.backends.mla_reference import mla_decode_reference
-from atom_plugin.backends.triton_mla import mla_decode_triton
+from atom_plugin.attention.mla import launch_plan as mla_launch_plan
+from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
+from atom_plugin.attention.mla.plan import plan_mla_decode
+from atom_plugin.attention.mla.reference import mla_decode_reference
+from atom_plugin.attention.mla.triton import mla_decode_triton
 
 BF16_64 = MLAStepLayout(torch.bfloat16, 64)
 CPU = torch.device("cpu")

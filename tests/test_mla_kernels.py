@@ -13,13 +13,15 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance  # noqa: E402
 
-from atom_plugin.backends import mla_cache_view, mla_launch_plan, mla_ops  # noqa: E402
-from atom_plugin.backends.mla_plan import mla_token_plan, plan_mla_decode  # noqa: E402
-from atom_plugin.backends.mla_reference import (  # noqa: E402
+from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
+from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
+from atom_plugin.attention.mla import ops as mla_ops  # noqa: E402
+from atom_plugin.attention.mla.plan import mla_token_plan, plan_mla_decode  # noqa: E402
+from atom_plugin.attention.mla.reference import (  # noqa: E402
     mla_decode_reference,
     write_mla_kv_reference,
 )
-from atom_plugin.backends.triton_mla import mla_decode_triton, write_mla_kv_triton  # noqa: E402
+from atom_plugin.attention.mla.triton import mla_decode_triton, write_mla_kv_triton  # noqa: E402
 
 SENTINEL = 7.0
 

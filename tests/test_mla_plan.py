@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile
 
-from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.mla_plan import mla_token_plan
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mla.plan import mla_token_plan
 
 
 def _meta(rows: list[tuple[int, int]]) -> PagedAttentionMetadata:

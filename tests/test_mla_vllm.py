@@ -66,8 +66,8 @@ def test_speculative_decoding_multi_token_rows(tiny_deepseek, cpu_mla_tokens):
 
 @pytest.mark.parametrize("world,interleave", [(2, 1), (4, 1), (2, 16), (4, 8)])
 def test_dcp_token_kv_lens_match_brute_force(world, interleave):
-    from atom_plugin.backends.metadata import PagedAttentionMetadata
-    from atom_plugin.vllm.attention_mla import dcp_token_kv_lens
+    from atom_plugin.attention.metadata import PagedAttentionMetadata
+    from atom_plugin.vllm.attention.mla import dcp_token_kv_lens
 
     reqs = [(1, 1), (3, 37), (2, 70), (4, 4)]  # (query_len, global seq_len)
     qsl = [0]
@@ -104,7 +104,7 @@ def test_block_size_preference_feeds_the_hopper_kernel(monkeypatch, default, wan
     a multiple of 64 (its 64-key tiles); elsewhere vLLM's own rule stands."""
     from vllm.model_executor.layers.attention.mla_attention import MLACommonBackend
 
-    from atom_plugin.vllm import attention_mla
+    from atom_plugin.vllm.attention import mla as attention_mla
 
     backend = attention_mla.AtomAiterMLABackend
     if not torch.cuda.is_available():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from atom_plugin.parsers import START, UNCONSTRAINED, RequiredChannel
+from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel
 
 # Word-level ids that read like the K3 pieces.
 OPEN, CLOSE, SEP, EOM = 1, 2, 3, 4

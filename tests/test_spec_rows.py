@@ -13,10 +13,10 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from atom_plugin.parsers import START, UNCONSTRAINED, RequiredChannel  # noqa: E402
-from atom_plugin.parsers.channel_kernel import apply_channel_torch, apply_channel_triton  # noqa: E402
-from atom_plugin.parsers.channel_tables import compile_channel  # noqa: E402
-from atom_plugin.parsers.spec_rows import (  # noqa: E402
+from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel  # noqa: E402
+from atom_plugin.k3.channel_kernel import apply_channel_torch, apply_channel_triton  # noqa: E402
+from atom_plugin.k3.channel_tables import compile_channel  # noqa: E402
+from atom_plugin.k3.spec_rows import (  # noqa: E402
     spec_row_states_torch,
     spec_row_states_triton,
 )

@@ -13,7 +13,7 @@ from vllm import forward_context as vllm_fc  # noqa: E402
 from vllm.v1.worker import ubatching  # noqa: E402
 
 from atom_plugin.tbo.runner import MicroBatchRunner  # noqa: E402
-from atom_plugin.vllm import dbo_bridge  # noqa: E402
+from atom_plugin.vllm.tbo import dbo_bridge  # noqa: E402
 
 
 def test_vllm_yields_alternate_the_micro_batches_with_their_forward_contexts():

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from atom_plugin.vllm.tbo_setup import TBO_WORKERS
+from atom_plugin.vllm.tbo.setup import TBO_WORKERS
 
 pytestmark = pytest.mark.vllm
 

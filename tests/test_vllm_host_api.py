@@ -273,9 +273,9 @@ def test_vllm_033_api_names_both_breaks_of_the_code_before_the_fixes(tmp_path):
     text = "\n".join(map(str, problems))
     kinds = {(p.kind, p.where.split(":")[0]) for p in problems}
     assert kinds == {
-        ("import", "atom_plugin/vllm/attention_mha.py"),
-        ("signature", "atom_plugin/vllm/attention_mla.py"),
-        ("call", "atom_plugin/vllm/attention_mla.py"),
+        ("import", "atom_plugin/vllm/attention/mha.py"),
+        ("signature", "atom_plugin/vllm/attention/mla.py"),
+        ("call", "atom_plugin/vllm/attention/mla.py"),
     }, text
     assert "is_quantized_kv_cache from vllm.utils.torch_utils" in text
     assert "'skip_scale' is missing" in text
@@ -375,7 +375,7 @@ def test_start_up_warns_once_outside_the_range(monkeypatch):
 
 def test_mla_cache_write_honours_skip_scale():
     """skip_scale says the fp8 scale is 1: rows are written unscaled, whatever k_scale holds."""
-    from atom_plugin.vllm.attention_mla import AtomAiterMLAImpl
+    from atom_plugin.vllm.attention.mla import AtomAiterMLAImpl
 
     impl = AtomAiterMLAImpl.__new__(AtomAiterMLAImpl)  # the write uses no impl state
     gen = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata, MultipleOf
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from atom_plugin.vllm.attention_mha import AtomAiterBackend
+from atom_plugin.vllm.attention.mha import AtomAiterBackend
 from atom_plugin.vllm.registration import register_attention_backends
 
 BLOCK, HQ, HKV, D = 16, 4, 2, 64

@@ -25,7 +25,7 @@ class MissingDependency(RuntimeError):
 
 @dataclass(frozen=True)
 class Finding:
-    implementation: str  # e.g. "attention backend ATOM_AITER (atom_plugin.backends.plugin)"
+    implementation: str  # e.g. "attention backend ATOM_AITER (atom_plugin.attention.plugin)"
     item: str  # the contract item
     case: str  # the case it was checked on ("-" when it has none)
     ok: bool

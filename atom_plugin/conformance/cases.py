@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from atom_plugin.backends.checks import is_fp8
-from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.attention.dtypes import is_fp8
+from atom_plugin.attention.metadata import PagedAttentionMetadata
 
 
 def paged_layout(reqs, block_size, gen, *, extra_blocks=3, pad_rows=0):

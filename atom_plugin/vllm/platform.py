@@ -7,7 +7,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from atom_plugin import manager
-from atom_plugin.vllm.k3_enforcement import (
+from atom_plugin.vllm.k3.enforcement import (
     CHANNEL_PROCESSOR,
     decide,
     enforcement_line,
@@ -16,7 +16,7 @@ from atom_plugin.vllm.k3_enforcement import (
 )
 from atom_plugin.vllm.registration import backend_for, dotted
 from atom_plugin.vllm.settings import PluginSettings
-from atom_plugin.vllm.tbo_setup import install_tbo
+from atom_plugin.vllm.tbo.setup import install_tbo
 
 logger = init_logger("vllm.atom_plugin")
 

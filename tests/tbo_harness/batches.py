@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.tbo import ForwardMode, MicroBatchRunner, UBatchSlice, maybe_create_ubatch_slices
 
 from .graph_buffers import pad_decode_rows

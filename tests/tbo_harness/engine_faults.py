@@ -11,9 +11,9 @@ import json
 from dataclasses import replace
 from importlib.metadata import distribution
 
-from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.vllm import tbo_model_runner
-from atom_plugin.vllm.tbo_model_runner import TboModelRunnerMixin
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.vllm.tbo import model_runner as tbo_model_runner
+from atom_plugin.vllm.tbo.model_runner import TboModelRunnerMixin
 
 from .fault_plugin import DIST, FAULTS
 from .rerun_graphs import split_decode_rerun_graphs

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.tbo.mode import GraphKey
 
 from .ubatch_metadata import prepare_ubatch_decode

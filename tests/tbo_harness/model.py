@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from atom_plugin.backends.metadata import PagedAttentionMetadata
-from atom_plugin.backends.ops import paged_attention, write_kv
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.ops import paged_attention, write_kv
 from atom_plugin.tbo import (
     current_ubatch,
     record_stream_use,

@@ -7,7 +7,7 @@ from typing import Any
 
 from atom_plugin.tbo.graphs import BucketGraphs
 from atom_plugin.tbo.mode import GraphKey, TboConfig
-from atom_plugin.vllm.tbo_graphs import plan_bucket_graphs
+from atom_plugin.vllm.tbo.graphs import plan_bucket_graphs
 
 
 class RerunGraphs:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from atom_plugin.backends.metadata import PagedAttentionMetadata
+from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.tbo.mode import DECODE, PREFILL, ForwardMode
 from atom_plugin.tbo.split import decode_ubatch_request_ranges, prefill_ubatch_ranges
 

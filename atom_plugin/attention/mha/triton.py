@@ -1,0 +1,38 @@
+"""The Triton path of the MHA ops: decode rows through split-KV, the rest through prefill."""
+
+from __future__ import annotations
+
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.triton_decode import paged_decode
+from atom_plugin.attention.mha.triton_kv import write_kv
+from atom_plugin.attention.mha.triton_prefill import paged_prefill
+
+__all__ = ["paged_attention", "write_kv"]
+
+
+def paged_attention(
+    query,
+    key_cache,
+    value_cache,
+    meta: PagedAttentionMetadata,
+    *,
+    scale: float,
+    output,
+    sliding_window=None,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
+):
+    kw = dict(
+        scale=scale,
+        output=output,
+        sliding_window=sliding_window,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    if meta.num_decodes:
+        paged_decode(query, key_cache, value_cache, meta, **kw)
+    if meta.num_prefills:
+        paged_prefill(query, key_cache, value_cache, meta, **kw)
+    return output

@@ -1,0 +1,313 @@
+"""Triton paged decode: split-KV partial attention, then a reduction over the splits.
+
+One program of the split kernel handles (request, kv head, split): all query
+heads of the kv head's group share each K/V tile, so KV is read once. The
+context is cut into `num_splits` chunks; the split count is chosen so that
+small batches still put at least two waves of programs on the GPU. Chunk
+bounds are computed on the device from each request's seq_len, so any split
+count is correct for any context (a CUDA graph may bake the count in).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_plugin.attention.dtypes import is_fp8
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.triton_common import (
+    LOG2E,
+    MAX_SPLITS,
+    choose_num_splits,
+    device_sm_count,
+    dot_flags,
+    fold_sinks,
+    mm,
+    next_power_of_2,
+)
+
+
+# Values that change from step to step are not specialized on: each new specialization
+# is a JIT compile inside a serving step (vLLM's warm-up and graph capture compile the
+# kernels once per constexpr set).
+@triton.jit(do_not_specialize=["window", "num_splits"])
+def _decode_split_kernel(
+    Q,
+    K,
+    V,
+    block_table,
+    seq_lens,
+    query_start_loc,
+    k_scale,
+    v_scale,
+    O_part,
+    L_part,
+    sinks,
+    Out,
+    qk_scale,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    num_q_heads,
+    num_splits,
+    head_size,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    DIRECT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    t = tl.load(query_start_loc + req)
+    q_len = tl.load(query_start_loc + req + 1) - t
+    if q_len == 0:
+        return
+    seq_len = tl.load(seq_lens + req)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    gmask = g < GROUP
+    dmask = d < head_size
+    q = tl.load(
+        Q + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=gmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    scale = qk_scale
+    if IS_FP8:
+        scale = scale * tl.load(k_scale)
+
+    start = 0
+    if HAS_WINDOW:
+        start = tl.maximum(seq_len - window, 0)
+    span = seq_len - start
+    chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    s0 = start + split * chunk
+    s1 = tl.minimum(s0 + chunk, seq_len)
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = block_table + req.to(tl.int64) * stride_bt
+    for n in range(s0, s1, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        pmask = pos < s1
+        blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
+        off = pos % KV_BLOCK
+        kv_mask = pmask[:, None] & dmask[None, :]
+        k = tl.load(
+            K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION) * scale
+        qk = tl.where(pmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), UPCAST, PRECISION)
+        m = m_new
+
+    if IS_FP8:
+        acc = acc * tl.load(v_scale)
+    if DIRECT:  # one split: finish here, no partials and no reduction launch
+        if HAS_SINKS:
+            l_sum, acc = fold_sinks(sinks + heads, gmask, m, l_sum, acc)
+        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+        tl.store(
+            Out + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=gmask[:, None] & dmask[None, :],
+        )
+    else:
+        has = l_sum > 0
+        out = tl.where(has[:, None], acc / tl.where(has, l_sum, 1.0)[:, None], 0.0)
+        lse = tl.where(has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
+        row = (req.to(tl.int64) * num_q_heads + heads) * num_splits + split
+        tl.store(
+            O_part + row[:, None] * BLOCK_D + d[None, :],
+            out,
+            mask=gmask[:, None] & dmask[None, :],
+        )
+        tl.store(L_part + row, lse, mask=gmask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(
+    O_part,
+    L_part,
+    query_start_loc,
+    sinks,
+    Out,
+    stride_ot,
+    stride_oh,
+    num_q_heads,
+    num_splits,
+    head_size,
+    HAS_SINKS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    req = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.load(query_start_loc + req)
+    if tl.load(query_start_loc + req + 1) == t:
+        return
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < num_splits
+    row = (req.to(tl.int64) * num_q_heads + h) * num_splits + s
+    lse = tl.load(L_part + row, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks + h).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    parts = tl.load(
+        O_part + row[:, None] * BLOCK_D + d[None, :],
+        mask=smask[:, None] & (d[None, :] < head_size),
+        other=0.0,
+    )
+    num = tl.sum(parts * w[:, None], 0)
+    out = tl.where(denom > 0, num / tl.where(denom > 0, denom, 1.0), 0.0)
+    tl.store(
+        Out + t.to(tl.int64) * stride_ot + h * stride_oh + d,
+        out.to(Out.dtype.element_ty),
+        mask=d < head_size,
+    )
+
+
+def _config(head_size: int) -> dict:
+    return dict(BLOCK_N=64 if head_size <= 128 else 32, num_warps=4, num_stages=2)
+
+
+def paged_decode(
+    query,
+    key_cache,
+    value_cache,
+    meta: PagedAttentionMetadata,
+    *,
+    scale: float,
+    output,
+    sliding_window=None,
+    sinks=None,
+    k_scale=None,
+    v_scale=None,
+    num_splits: int | None = None,
+    num_sms: int | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Attention for the decode rows [0, meta.num_decodes) (one query token each).
+
+    `num_splits` overrides the choice (tests use it); otherwise `num_sms` (the
+    device's multiprocessor count, read from the device when not given) drives it.
+    """
+    n = meta.num_decodes
+    if n == 0:
+        return output
+    hq, d = query.shape[1], query.shape[2]
+    _, kv_block, hkv, _ = key_cache.shape
+    group = hq // hkv
+    if num_splits is None:
+        if num_sms is None:
+            num_sms = device_sm_count(query.device)
+        num_splits = choose_num_splits(n, hkv, meta.max_seq_len, num_sms)
+    elif not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits} is outside 1..{MAX_SPLITS}")
+    cfg = dict(_config(d), **(config or {}))
+    block_d = next_power_of_2(d)
+    direct = num_splits == 1
+    parts = 0 if direct else n * hq * num_splits
+    o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
+    l_part = torch.empty(parts, dtype=torch.float32, device=query.device)
+    fp8 = is_fp8(key_cache.dtype)
+    _decode_split_kernel[(n, hkv, num_splits)](
+        query,
+        key_cache,
+        value_cache,
+        meta.block_table,
+        meta.seq_lens,
+        meta.query_start_loc,
+        k_scale if fp8 else meta.seq_lens,
+        v_scale if fp8 else meta.seq_lens,
+        o_part,
+        l_part,
+        sinks if sinks is not None else meta.seq_lens,
+        output,
+        scale * LOG2E,
+        sliding_window or 0,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        meta.block_table.stride(0),
+        hq,
+        num_splits,
+        d,
+        GROUP=group,
+        BLOCK_G=max(16, next_power_of_2(group)),
+        BLOCK_D=block_d,
+        KV_BLOCK=kv_block,
+        BLOCK_N=cfg["BLOCK_N"],
+        IS_FP8=fp8,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None,
+        DIRECT=direct,
+        **dot_flags(query),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    if direct:
+        return output
+    _decode_reduce_kernel[(n, hq)](
+        o_part,
+        l_part,
+        meta.query_start_loc,
+        sinks if sinks is not None else l_part,
+        output,
+        output.stride(0),
+        output.stride(1),
+        hq,
+        num_splits,
+        d,
+        HAS_SINKS=sinks is not None,
+        BLOCK_S=MAX_SPLITS,  # one compile for every split count
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return output

@@ -1,0 +1,242 @@
+"""The Triton MLA path's launcher: the latent cache write, and the split-KV decode, which
+runs the stage-1 kernel its plan names (`mla_launch_plan.TritonMLALaunch`: the packed or
+per-token Triton kernel of `mla_triton_kernels`, or the Gluon kernel of `gluon_mla`) and
+then merges the splits by their log-sum-exps (no merge at one split: stage 1 writes the
+output itself).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_plugin.attention.dtypes import is_fp8
+from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, use_tma
+from atom_plugin.attention.mla.gluon import lockstep as gluon_mla
+from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
+from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S, TritonMLALaunch
+from atom_plugin.attention.mla.plan import check_mla_shapes, plan_mla_decode
+from atom_plugin.attention.mla.triton_kernels import (
+    _mla_decode_per_token,
+    _mla_decode_stage1,
+    _mla_decode_stage2,
+    _mla_write_kernel,
+)
+from atom_plugin.attention.triton_common import next_power_of_2
+
+
+def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
+    """The cache write on the Triton kernel; `mla_ops.write_mla_kv` states its semantics."""
+    n = slot_mapping.shape[0]
+    if n == 0:
+        return
+    lora, rope = kv_c.shape[-1], k_pe.shape[-1]
+    if kv_cache.shape[-1] != lora + rope or kv_cache.stride(-1) != 1:
+        raise ValueError(
+            f"cache {tuple(kv_cache.shape)} (last stride {kv_cache.stride(-1)}) does not hold "
+            f"kv_c {lora} + k_pe {rope} contiguous columns"
+        )
+    quant = is_fp8(kv_cache.dtype)
+    if quant and scale is None:
+        raise ValueError("an fp8 MLA cache needs a scale")
+    kv_c = kv_c if kv_c.stride(-1) == 1 else kv_c.contiguous()
+    k_pe = k_pe if k_pe.stride(-1) == 1 else k_pe.contiguous()
+    _mla_write_kernel[(n,)](
+        kv_c,
+        k_pe,
+        kv_cache,
+        slot_mapping,
+        scale if quant else kv_c,
+        kv_c.stride(0),
+        k_pe.stride(0),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        BLOCK_SIZE=kv_cache.shape[1],
+        LORA=lora,
+        ROPE=rope,
+        BLOCK_DV=next_power_of_2(lora),
+        BLOCK_DPE=next_power_of_2(rope),
+        QUANT=quant,
+    )
+
+
+def _gluon_input_problems(q, kv_cache, lora: int, fp8: bool) -> list[str]:
+    """Why this layer's query and cache do not fit the Gluon kernel its plan chose: the
+    probe's answer for the layout they have, the cache's TMA view, the cache's dtype."""
+    rope = kv_cache.shape[2] - lora
+    layout = MLAStepLayout(q.dtype, kv_cache.shape[1], lora, rope)
+    problems = gluon_mla_problems(q.device, layout)
+    problems += tma_problems(kv_cache, lora, rope, gluon_mla.BLOCK_N)
+    if not fp8 and kv_cache.dtype != q.dtype:
+        problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
+    return problems
+
+
+def _run_triton_stage1(
+    q, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
+):
+    """Stage 1 on the Triton kernel `launch` names ('packed' or 'per_token') for the
+    step's first T query tokens."""
+    H = q.shape[1]
+    fp8 = launch.fp8_cache
+    splits = launch.num_splits
+    rope = kv_cache.shape[2] - kv_lora_rank
+    block_table = meta.block_table
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
+    tma = use_tma(launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n)
+    descs = (kv_cache, kv_cache)  # unused without tma
+    if tma:
+        descs = tma_descriptors(kv_cache, kv_lora_rank, launch.block_n)
+    # The two stage-1 kernels take the same arguments around their token indexing.
+    head = (q, kv_cache, *descs, block_table)
+    tail = (mid_o, mid_lse, kv_scale if fp8 else q, float(scale), H, splits)
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+    )
+    constants = dict(
+        PAGE=kv_cache.shape[1],
+        LORA=kv_lora_rank,
+        ROPE=rope,
+        BLOCK_DV=next_power_of_2(kv_lora_rank),
+        BLOCK_DPE=max(16, next_power_of_2(rope)),
+        BLOCK_H=launch.block_h,
+        BLOCK_N=launch.block_n,
+        IS_FP8=fp8,
+        PRECISION=precision,
+        TMA=tma,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
+    )
+    if launch.kernel == "per_token":
+        _mla_decode_per_token[(launch.head_groups, splits, T)](
+            *head, req, kv_len, *tail, *strides, **constants
+        )
+    else:
+        _mla_decode_stage1[(launch.head_groups, splits, meta.num_reqs * launch.token_chunks)](
+            *head,
+            meta.query_start_loc,
+            kv_len,
+            *tail,
+            launch.token_chunks,
+            *strides,
+            TOKENS=launch.tokens,
+            FP16_MATH=launch.fp16_math,
+            **constants,
+        )
+
+
+def mla_decode_triton(
+    q,
+    kv_cache,
+    meta,
+    *,
+    scale,
+    output,
+    kv_lora_rank=512,
+    kv_scale=None,
+    token_kv_lens=None,
+    num_splits: int | None = None,
+    config: dict | None = None,
+    plan=None,
+) -> torch.Tensor:
+    """Split-KV MLA decode; see `mla_reference.mla_decode_reference` for the semantics.
+    `plan` is `mla_plan.plan_mla_decode`'s result when the caller (the metadata builder)
+    built it once per step; without it the plan is built here from `token_kv_lens`,
+    `num_splits` and `config`, which a plan already fixes."""
+    check_mla_shapes(q, kv_cache, output, kv_lora_rank)
+    T, H, _ = q.shape
+    lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
+    if T == 0:
+        return lse
+    fp8 = is_fp8(kv_cache.dtype)
+    if fp8 and kv_scale is None:
+        raise ValueError("an fp8 MLA cache needs kv_scale")
+    if plan is None:
+        plan = plan_mla_decode(
+            meta,
+            T,
+            H,
+            kernel_impl="triton",
+            token_kv_lens=token_kv_lens,
+            kv_dtype=kv_cache.dtype,
+            config=config,
+            num_splits=num_splits,
+        )
+    elif config is not None or num_splits is not None or token_kv_lens is not None:
+        raise ValueError(
+            "config, num_splits and token_kv_lens go to plan_mla_decode; a plan already fixes them"
+        )
+    launch = plan.launch
+    if not isinstance(launch, TritonMLALaunch):
+        raise ValueError(f"the plan carries no Triton launch (kernel path {plan.kernel_impl!r})")
+    if launch.fp8_cache != fp8:
+        raise ValueError(
+            f"the plan was made for an {'fp8' if launch.fp8_cache else '16/32-bit'} cache, "
+            f"the cache is {kv_cache.dtype}"
+        )
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    req, kv_len = plan.token_req, plan.token_kv_len
+    T = min(T, req.shape[0])  # tokens past the plan stay untouched
+    splits = launch.num_splits
+    if splits == 1:  # stage 1 writes the result itself: no partials, no merge
+        mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
+    else:
+        mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q.device)
+    if launch.kernel == "gluon":
+        problems = _gluon_input_problems(q, kv_cache, kv_lora_rank, fp8)
+        if problems:
+            raise ValueError("the plan chose the gluon kernel, but: " + "; ".join(problems))
+        gluon_mla.run_stage1(
+            q,
+            kv_cache,
+            meta.block_table,
+            meta.query_start_loc,
+            meta.num_reqs,
+            kv_len,
+            mid_o,
+            mid_lse,
+            kv_scale,
+            scale,
+            launch,
+            kv_lora_rank,
+        )
+    else:
+        _run_triton_stage1(
+            q, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
+        )
+    if splits == 1:
+        return lse
+    dv = next_power_of_2(kv_lora_rank)
+    one_chunk = splits <= MERGE_BLOCK_S  # all splits in one pass
+    block_dv = min(dv, launch.merge_block_dv)
+    _mla_decode_stage2[(H, T, dv // block_dv)](
+        mid_o,
+        mid_lse,
+        req,
+        output,
+        lse,
+        splits,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        output.stride(0),
+        output.stride(1),
+        lse.stride(0),
+        LORA=kv_lora_rank,
+        BLOCK_DV=block_dv,
+        BLOCK_S=MERGE_BLOCK_S,  # one compile for every split count
+        ONE_CHUNK=one_chunk,
+    )
+    return lse

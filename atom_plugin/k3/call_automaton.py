@@ -1,0 +1,515 @@
+"""The calls of a Kimi-K3 tools channel as a token automaton, built from the tools' schemas.
+
+It starts right after the channel's forced opening `<|open|>tools<|sep|><|open|>call
+tool="` and ends on `<|end_of_msg|>`:
+
+    NAME" index="DIGITS"<|sep|> ARGUMENT* <|close|>call<|sep|>
+    ( <|open|>call tool="NAME" ... )*          (only with parallel calls)
+    <|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>
+    ARGUMENT = <|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|>
+
+`CallSpec` is what a request sends (ids only, made by k3_schema.py from its tools
+and tokenizer); `CallAutomaton(spec, classes)` compiles it for a vocabulary's
+token classes (token_classes.py). Each state has explicit edges (id -> state) and
+class edges (class -> state): a token takes its explicit edge if it has one, else
+its class's. Its allowed ids are those with an edge; a state with one explicit
+edge and no class edge forces that id. `FINAL` (-1) follows `<|end_of_msg|>`.
+
+Arguments follow the schema's property order: at property i the next argument is
+any property from i up to the first required one (each written at most once), and
+the call may close only once no required property is left. Values:
+- "text": any TEXT or number-class token, up to `<|close|>` (a string);
+- "integer" / "number" / the call index: the character DFA of token_classes.py,
+  `<|close|>` (or the index's closing quote) allowed in accepting states;
+- "options": one of a fixed set of id sequences (enums, booleans, null);
+- "json": a JSON value (`JsonSpec`: objects, arrays, JSON strings, numbers,
+  options) written compactly in fixed pieces (`{`, `"K": `, `, "K": `, `}`, `[`,
+  `, `, `]`, `"`), then `<|close|>`. An object's keys follow its properties'
+  order as the arguments do; a JSON string is TEXT and number-class tokens (no
+  QUOTED one, so no quote, backslash or control character) up to its closing
+  quote; a value's end takes the edges of the state after it (merged once the
+  states are built, so numbers and options end on whatever may follow them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from atom_plugin.k3.token_classes import (
+    ACCEPTING,
+    DEAD,
+    QUOTED,
+    SPECIAL,
+    STARTS,
+    TokenClasses,
+)
+
+FINAL = -1
+VALUE_KINDS = ("text", "integer", "number", "options", "json")
+JSON_KINDS = ("object", "array", "string", "integer", "number", "options")
+# The fixed pieces each JSON kind has (ids of `{` `}`, `[` `]` `, `, the quote twice).
+_JSON_PIECES = {
+    "object": ("open", "close"),
+    "array": ("open", "close", "sep"),
+    "string": ("open", "close"),
+}
+MAX_JSON_DEPTH = 16  # objects and arrays nested in one argument value
+_JSON_FIELDS = {"object": {"props"}, "array": {"items"}, "options": {"options"}}
+_PIECES = ("open", "close", "sep", "end")
+_SEQUENCES = ("call", "index", "index_end", "argument", "call_end", "tools_end", "message_end")
+
+
+class CallSpecError(ValueError):
+    """A call spec (or a schema turned into one) that the automaton cannot hold."""
+
+
+def _ids(what: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise CallSpecError(f"{what} must be a non-empty list of token ids, got {value!r}")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad:
+        raise CallSpecError(f"{what} must hold non-negative int token ids; bad values: {bad}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class JsonProp:
+    first: tuple[int, ...]  # ids of `"K": ` (the object's first key written)
+    more: tuple[int, ...]  # ids of `, "K": ` (a later key)
+    required: bool
+    value: JsonSpec
+
+
+@dataclass(frozen=True)
+class JsonSpec:
+    """A JSON value in ids. `kind` is one of JSON_KINDS; `open`/`close`/`sep` are the
+    kind's fixed pieces (see _JSON_PIECES), `props` an object's properties in order,
+    `items` an array's item, `options` the values of kind "options"."""
+
+    kind: str
+    open: tuple[int, ...] = ()
+    close: tuple[int, ...] = ()
+    sep: tuple[int, ...] = ()
+    props: tuple[JsonProp, ...] = ()
+    items: JsonSpec | None = None
+    options: tuple[tuple[int, ...], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for piece in _JSON_PIECES.get(self.kind, ()):
+            out[piece] = list(getattr(self, piece))
+        if self.kind == "object":
+            out["props"] = [
+                {
+                    "first": list(p.first),
+                    "more": list(p.more),
+                    "required": p.required,
+                    "value": p.value.to_json(),
+                }
+                for p in self.props
+            ]
+        if self.items is not None:
+            out["items"] = self.items.to_json()
+        if self.options:
+            out["options"] = [list(o) for o in self.options]
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any, depth: int = 0) -> JsonSpec:
+        if depth > MAX_JSON_DEPTH:
+            raise CallSpecError(f"a JSON value spec nests deeper than {MAX_JSON_DEPTH} levels")
+        if not isinstance(value, Mapping) or value.get("kind") not in JSON_KINDS:
+            raise CallSpecError(
+                f"a JSON value spec has a kind, one of {', '.join(JSON_KINDS)}; got {value!r}"
+            )
+        kind = value["kind"]
+        pieces = _JSON_PIECES.get(kind, ())
+        expected = {"kind", *pieces}
+        expected |= _JSON_FIELDS.get(kind, set())
+        if set(value) != expected:
+            raise CallSpecError(
+                f"a JSON {kind} spec has exactly the keys {', '.join(sorted(expected))}; "
+                f"got {', '.join(sorted(value))}"
+            )
+        fields: dict[str, Any] = {p: _ids(f"{kind} {p}", value[p]) for p in pieces}
+        if kind == "object":
+            if not isinstance(value["props"], list):
+                raise CallSpecError(f"an object's props must be a list, got {value['props']!r}")
+            fields["props"] = tuple(_json_prop(p, depth + 1) for p in value["props"])
+        elif kind == "array":
+            fields["items"] = cls.from_json(value["items"], depth + 1)
+        elif kind == "options":
+            if not isinstance(value["options"], list) or not value["options"]:
+                raise CallSpecError(f"options must be a non-empty list, got {value['options']!r}")
+            fields["options"] = tuple(_ids("option", o) for o in value["options"])
+        return cls(kind, **fields)
+
+
+def _json_prop(value: Any, depth: int) -> JsonProp:
+    keys = {"first", "more", "required", "value"}
+    if not isinstance(value, Mapping) or set(value) != keys:
+        raise CallSpecError(f"a property has exactly the keys {sorted(keys)}; got {value!r}")
+    if not isinstance(value["required"], bool):
+        raise CallSpecError(f"required must be true or false, got {value['required']!r}")
+    return JsonProp(
+        _ids("key", value["first"]),
+        _ids("key", value["more"]),
+        value["required"],
+        JsonSpec.from_json(value["value"], depth),
+    )
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    head: tuple[int, ...]  # ids of `argument key="K" type="T"` (between <|open|> and <|sep|>)
+    required: bool
+    kind: str
+    options: tuple[tuple[int, ...], ...] = ()
+    json: JsonSpec | None = None  # kind "json" only
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: tuple[int, ...]  # ids of the escaped name
+    args: tuple[ArgSpec, ...]
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """The ids of a request's calls: control ids, fixed sequences, tools, and `parallel`."""
+
+    pieces: tuple[tuple[str, int], ...]  # (name, id) for open, close, sep, end
+    sequences: tuple[tuple[str, tuple[int, ...]], ...]
+    tools: tuple[ToolSpec, ...]
+    parallel: bool
+
+    def piece(self, name: str) -> int:
+        return dict(self.pieces)[name]
+
+    def sequence(self, name: str) -> tuple[int, ...]:
+        return dict(self.sequences)[name]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dict(self.pieces),
+            **{k: list(v) for k, v in self.sequences},
+            "parallel": self.parallel,
+            "tools": [
+                {
+                    "name": list(t.name),
+                    "args": [
+                        {
+                            "head": list(a.head),
+                            "required": a.required,
+                            "kind": a.kind,
+                            **({"options": [list(o) for o in a.options]} if a.options else {}),
+                            **({"json": a.json.to_json()} if a.json is not None else {}),
+                        }
+                        for a in t.args
+                    ],
+                }
+                for t in self.tools
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> CallSpec:
+        if isinstance(value, str):
+            value = json.loads(value)
+        if not isinstance(value, Mapping):
+            raise CallSpecError(f"a call spec must be an object, got {value!r}")
+        expected = {*_PIECES, *_SEQUENCES, "parallel", "tools"}
+        if set(value) != expected:
+            raise CallSpecError(
+                f"a call spec has exactly the keys {', '.join(sorted(expected))}; "
+                f"got {', '.join(sorted(value))}"
+            )
+        pieces = tuple((p, _ids(p, [value[p]])[0]) for p in _PIECES)
+        sequences = tuple((s, _ids(s, value[s])) for s in _SEQUENCES)
+        if not isinstance(value["parallel"], bool):
+            raise CallSpecError(f"parallel must be true or false, got {value['parallel']!r}")
+        tools = value["tools"]
+        if not isinstance(tools, list) or not tools:
+            raise CallSpecError(f"tools must be a non-empty list, got {tools!r}")
+        return cls(pieces, sequences, tuple(_tool(t) for t in tools), value["parallel"])
+
+
+def _tool(value: Any) -> ToolSpec:
+    if not isinstance(value, Mapping) or set(value) != {"name", "args"}:
+        raise CallSpecError(f"a tool has exactly the keys args, name; got {value!r}")
+    if not isinstance(value["args"], list):
+        raise CallSpecError(f"a tool's args must be a list, got {value['args']!r}")
+    return ToolSpec(_ids("name", value["name"]), tuple(_arg(a) for a in value["args"]))
+
+
+def _arg(value: Any) -> ArgSpec:
+    if not isinstance(value, Mapping) or not {"head", "required", "kind"} <= set(value):
+        raise CallSpecError(f"an argument has the keys head, required, kind; got {value!r}")
+    kind = value["kind"]
+    if kind not in VALUE_KINDS:
+        raise CallSpecError(f"argument kind {kind!r} is not one of {', '.join(VALUE_KINDS)}")
+    options = tuple(_ids("option", o) for o in value.get("options", ()))
+    if (kind == "options") != bool(options):
+        raise CallSpecError(f"only kind 'options' has options (and needs them), got {value!r}")
+    if (kind == "json") != ("json" in value):
+        raise CallSpecError(f"only kind 'json' has a json value spec (and needs it), got {value!r}")
+    json_spec = JsonSpec.from_json(value["json"]) if kind == "json" else None
+    return ArgSpec(_ids("head", value["head"]), bool(value["required"]), kind, options, json_spec)
+
+
+@dataclass
+class _State:
+    edges: dict[int, int] = field(default_factory=dict)
+    classes: dict[int, int] = field(default_factory=dict)
+
+
+class CallAutomaton:
+    """A compiled call spec: `states[i]` has `edges` and `classes`; starts at state 0."""
+
+    def __init__(self, spec: CallSpec, classes: TokenClasses) -> None:
+        self.spec = spec
+        self.token_classes = classes
+        self._states: list[_State] = []
+        self._build()
+        self.states: tuple[_State, ...] = tuple(self._states)
+        del self._states
+
+    # ---- queries ------------------------------------------------------------
+    @property
+    def num_states(self) -> int:
+        return len(self.states)
+
+    def explicit_ids(self) -> frozenset[int]:
+        return frozenset(t for s in self.states for t in s.edges)
+
+    def step(self, state: int, token: int) -> int | None:
+        """The next state (FINAL after the end), or None if `token` is not allowed."""
+        node = self.states[state]
+        if token in node.edges:
+            return node.edges[token]
+        return node.classes.get(self.token_classes.class_of(token))
+
+    def step_class(self, state: int, cls: int) -> int | None:
+        return self.states[state].classes.get(cls)
+
+    def forced_token(self, state: int) -> int | None:
+        node = self.states[state]
+        if len(node.edges) == 1 and not node.classes:
+            return next(iter(node.edges))
+        return None
+
+    def allowed_ids(self, state: int, vocab: int) -> list[int]:
+        """Every allowed id below `vocab` (for tests and references)."""
+        node = self.states[state]
+        of = self.token_classes.of
+        by_class = [t for t in range(min(vocab, len(of))) if int(of[t]) in node.classes]
+        return sorted(set(by_class) | {t for t in node.edges if t < vocab})
+
+    # ---- construction ---------------------------------------------------------
+    def _new(self) -> int:
+        self._states.append(_State())
+        return len(self._states) - 1
+
+    def _chain(self, ids: Sequence[int], target: int) -> int:
+        """States forcing `ids` then going to `target`; returns the first."""
+        if not ids:
+            return target
+        first = current = self._new()
+        for token in ids[:-1]:
+            nxt = self._new()
+            self._states[current].edges[token] = nxt
+            current = nxt
+        self._states[current].edges[ids[-1]] = target
+        return first
+
+    def _trie(self, root: int, branches: Sequence[tuple[Sequence[int], int]]) -> None:
+        """Edges from `root` spelling each sequence, its last id going to its target."""
+        for ids, target in branches:
+            node = root
+            for i, token in enumerate(ids):
+                edges = self._states[node].edges
+                last = i == len(ids) - 1
+                if token in edges:
+                    nxt = edges[token]
+                    if last or nxt in self._ends:
+                        raise CallSpecError(
+                            f"id sequence {list(ids)} and another one of the same choice "
+                            "are prefixes of each other: the automaton cannot tell them apart"
+                        )
+                    node = nxt
+                elif last:
+                    edges[token] = target
+                    self._ends.add(target)
+                else:
+                    edges[token] = node = self._new()
+
+    def _build(self) -> None:
+        spec, seq = self.spec, self.spec.sequence
+        open_, close, sep, end = (spec.piece(p) for p in _PIECES)
+        self._ends: set[int] = set()
+        self._merges: list[tuple[int, int]] = []
+        name_root = self._new()  # state 0: right after `call tool="`
+        tools_close = self._chain(
+            (*seq("tools_end"), sep, close, *seq("message_end"), sep, end), FINAL
+        )
+        after_call = self._new()
+        if spec.parallel:
+            self._states[after_call].edges[open_] = self._chain(seq("call"), name_root)
+        self._states[after_call].edges[close] = tools_close
+        call_close = self._chain((*seq("call_end"), sep), after_call)
+        branches = []
+        for tool in spec.tools:
+            first_arg = self._arguments(tool.args, close, open_, sep, call_close)
+            # The index's first closing id is the edge out of its digits.
+            index_end = self._chain((*seq("index_end")[1:], sep), first_arg)
+            digits = self._number("index", index_end, explicit_end=seq("index_end")[0])
+            branches.append(((*tool.name, *seq("index")), digits))
+        self._trie(name_root, branches)
+        self._merge()
+
+    def _merge(self) -> None:
+        """Give each merge's target state the edges and classes of its source, to a fixpoint
+        (a source may take edges of its own); a clash of targets is a CallSpecError."""
+        changed = True
+        while changed:
+            changed = False
+            for dst, src in self._merges:
+                into, source = self._states[dst], self._states[src]
+                for mine, theirs in ((into.edges, source.edges), (into.classes, source.classes)):
+                    for key, target in theirs.items():
+                        if key not in mine:
+                            mine[key] = target
+                            changed = True
+                        elif mine[key] != target:
+                            raise CallSpecError(
+                                f"id or class {key} both ends a JSON value and continues it: "
+                                "the automaton cannot tell them apart"
+                            )
+
+    def _arguments(
+        self, args: Sequence[ArgSpec], close: int, open_: int, sep: int, call_close: int
+    ) -> int:
+        """State "before property i" for i = 0..n, wired; returns the one for i = 0."""
+        n = len(args)
+        before = [self._new() for _ in range(n + 1)]
+        arg_close_of = []
+        for i in range(n):
+            after_value = self._chain((*self.spec.sequence("argument"), sep), before[i + 1])
+            arg_close_of.append(after_value)
+        for i in range(n + 1):
+            node = self._states[before[i]]
+            required_left = [j for j in range(i, n) if args[j].required]
+            last = required_left[0] if required_left else n - 1
+            choices = range(i, last + 1)
+            if not required_left:
+                node.edges[close] = call_close
+            if choices:
+                keys = self._new()
+                node.edges[open_] = keys
+                branches = []
+                for j in choices:
+                    value = self._value(args[j], close, arg_close_of[j])
+                    branches.append(((*args[j].head, sep), value))
+                self._trie(keys, branches)
+        return before[0]
+
+    def _value(self, arg: ArgSpec, close: int, arg_close: int) -> int:
+        if arg.kind == "text":
+            state = self._new()
+            node = self._states[state]
+            node.edges[close] = arg_close
+            for cls in range(self.token_classes.num_classes):
+                if cls != SPECIAL:
+                    node.classes[cls] = state
+            return state
+        if arg.kind == "options":
+            root = self._new()
+            self._trie(root, [((*o, close), arg_close) for o in arg.options])
+            return root
+        if arg.kind == "json":
+            end = self._new()
+            self._states[end].edges[close] = arg_close
+            return self._json(arg.json, end)
+        return self._number(arg.kind, arg_close, explicit_end=close)
+
+    def _json(self, node: JsonSpec, after: int) -> int:
+        """States of a JSON value that goes on to `after`; returns the first."""
+        if node.kind == "string":
+            body = self._new()
+            state = self._states[body]
+            for cls in range(self.token_classes.num_classes):
+                if cls not in (SPECIAL, QUOTED):
+                    state.classes[cls] = body
+            state.edges[node.close[0]] = self._chain(node.close[1:], after)
+            return self._chain(node.open, body)
+        if node.kind in ("integer", "number"):
+            return self._number(node.kind, after)
+        if node.kind == "options":
+            root = self._new()
+            for option in node.options:
+                state = root
+                for token in option:
+                    edges = self._states[state].edges
+                    state = edges[token] if token in edges else edges.setdefault(token, self._new())
+                self._merges.append((state, after))
+            return root
+        if node.kind == "array":
+            after_item = self._new()
+            item = self._json(node.items, after_item)
+            self._trie(after_item, [(node.sep, item), (node.close, after)])
+            first = self._new()
+            self._trie(first, [(node.close, after)])
+            self._merges.append((first, item))  # `]` or the first item
+            return self._chain(node.open, first)
+        props = node.props
+        n = len(props)
+        # before[i][w]: before property i, w = whether a key was written (`, "K": ` then).
+        before = [[self._new(), self._new()] for _ in range(n + 1)]
+        values = [self._json(p.value, before[j + 1][1]) for j, p in enumerate(props)]
+        for i in range(n + 1):
+            required_left = [j for j in range(i, n) if props[j].required]
+            last = required_left[0] if required_left else n - 1
+            for written in (0, 1):
+                branches = [
+                    (props[j].more if written else props[j].first, values[j])
+                    for j in range(i, last + 1)
+                ]
+                if not required_left:
+                    branches.append((node.close, after))
+                self._trie(before[i][written], branches)
+        return self._chain(node.open, before[0][0])
+
+    def _number(self, language: str, after: int, explicit_end: int | None = None) -> int:
+        """States of a character DFA language. An accepting state leaves on `explicit_end`
+        to `after`, or without one takes `after`'s edges (merged once built)."""
+        classes = self.token_classes
+        numbers = list(classes.number_classes)
+        reach, todo = {STARTS[language]}, [STARTS[language]]
+        while todo:
+            q = todo.pop()
+            for c in numbers:
+                nxt = classes.number_step(c, q)
+                if nxt != DEAD and nxt not in reach:
+                    reach.add(nxt)
+                    todo.append(nxt)
+        state_of = {q: self._new() for q in sorted(reach)}
+        for q, state in state_of.items():
+            node = self._states[state]
+            for c in numbers:
+                nxt = classes.number_step(c, q)
+                if nxt != DEAD:
+                    node.classes[c] = state_of[nxt]
+            if q in ACCEPTING:
+                if explicit_end is None:
+                    self._merges.append((state, after))
+                else:
+                    node.edges[explicit_end] = after
+        if not any(q in ACCEPTING for q in reach):
+            raise CallSpecError(
+                f"the vocabulary has no tokens that write a {language} value "
+                f"(its number classes: {len(numbers)})"
+            )
+        return state_of[STARTS[language]]

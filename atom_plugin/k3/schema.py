@@ -1,0 +1,267 @@
+"""A request's tools and their JSON schemas as a `CallSpec` (ids) for the call automaton.
+
+`call_spec_for(tokenizer, tools, name=None, parallel=True)` encodes every fixed
+piece on its own, control tokens as specials and the text between them as plain
+text, as the model's encoder does: `argument key="K" type="T"` is one text piece
+per property. It raises `UnsupportedSchema` (a `CallSpecError`) naming the tool,
+the property and the construct when a schema holds something the automaton
+cannot enforce; the caller then keeps vLLM's structural tag for the request.
+
+Enforced (see docs/kimi-k3.md): an object's `properties` (keys only from them, in
+their order, each at most once), `required`, `additionalProperties` (keys outside
+`properties` are never written, so `false` holds and anything else is honoured
+too), values of type string (raw text), integer, number, boolean, null, and
+`enum`/`const` of one of those types; properties of type object and array, whose
+value is JSON (K3 writes it so), as a `JsonSpec`: nested objects under the same
+rules, arrays with an `items` schema of any of these types, JSON strings, numbers,
+booleans, null and enums. Everything else (type unions, `anyOf`/`oneOf`/`allOf`/
+`$ref`, string length and pattern, numeric bounds, array length, `prefixItems`,
+`patternProperties`, an array without `items`, ...) is unsupported.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from atom_plugin.k3.call_automaton import (
+    MAX_JSON_DEPTH,
+    ArgSpec,
+    CallSpec,
+    CallSpecError,
+    JsonProp,
+    JsonSpec,
+    ToolSpec,
+)
+from atom_plugin.k3.grammar import CLOSE, CONTROL_TOKENS, END_OF_MSG, OPEN, SEP, escape_attr
+
+# JSON type -> K3 `type=` attribute (integer is written as number, as K3's encoder does).
+K3_TYPES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean"}
+K3_TYPES.update(null="null", object="object", array="array")
+# Keywords that describe but do not constrain.
+_NOTES = frozenset({"description", "title", "default", "examples", "$comment", "deprecated"})
+_OBJECT_KEYS = _NOTES | {"type", "properties", "required", "additionalProperties", "$schema"}
+_VALUE_KEYS = _NOTES | {"type", "enum", "const", "format"}
+_ARRAY_KEYS = _NOTES | {"type", "items"}
+_KEYWORDS = {"object": _OBJECT_KEYS, "array": _ARRAY_KEYS}
+_ANY_KEYS = _OBJECT_KEYS | _ARRAY_KEYS | _VALUE_KEYS
+_SEQUENCES = {
+    "call": 'call tool="',
+    "index": '" index="',
+    "index_end": '"',
+    "argument": "argument",
+    "call_end": "call",
+    "tools_end": "tools",
+    "message_end": "message",
+}
+
+
+class UnsupportedSchema(CallSpecError):
+    """A tool schema construct the call automaton does not enforce."""
+
+
+def _field(value: Any, key: str) -> Any:
+    return value.get(key) if isinstance(value, Mapping) else getattr(value, key, None)
+
+
+def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise UnsupportedSchema(f"{text!r} encodes to no ids")
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is not None and unknown in ids:
+        raise UnsupportedSchema(f"{text!r} encodes to the tokenizer's unknown token {unknown}")
+    return ids
+
+
+def _no_control(what: str, text: str) -> None:
+    inside = [t for t in CONTROL_TOKENS if t in text]
+    if inside or "<|" in text:
+        raise UnsupportedSchema(f"{what} {text!r} holds a K3 marker ({', '.join(inside) or '<|'})")
+
+
+def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
+    """(name, parameters) of a request's function tools (Chat Completions or Responses shape)."""
+    out = []
+    for tool in tools or ():
+        if _field(tool, "type") not in (None, "function"):
+            raise UnsupportedSchema(f"tool of type {_field(tool, 'type')!r} is not a function")
+        function = _field(tool, "function")
+        source = function if function is not None else tool
+        name = _field(source, "name")
+        if not isinstance(name, str) or not name:
+            raise UnsupportedSchema(f"a function tool without a name: {tool!r}")
+        out.append((name, _field(source, "parameters")))
+    return out
+
+
+def _json_type(where: str, schema: Any) -> str:
+    """The JSON type of a property's schema, once its keywords are all supported."""
+    if not isinstance(schema, Mapping):
+        raise UnsupportedSchema(f"{where}: schema {schema!r} is not an object")
+    json_type = schema.get("type")
+    choices = _choices(where, schema)
+    if json_type is None and choices:
+        json_type = _type_of(choices[0])
+    known = json_type in K3_TYPES if isinstance(json_type, str) else False
+    extra = sorted(
+        set(schema) - _KEYWORDS.get(json_type, _VALUE_KEYS) if known else set(schema) - _ANY_KEYS
+    )
+    if extra:
+        raise UnsupportedSchema(f"{where}: unsupported keywords {', '.join(extra)}")
+    if not known:
+        raise UnsupportedSchema(f"{where}: type {json_type!r} is not one of {', '.join(K3_TYPES)}")
+    if extra:
+        raise UnsupportedSchema(f"{where}: unsupported keywords {', '.join(extra)}")
+    return json_type
+
+
+def _choices(where: str, schema: Mapping) -> list | None:
+    """The values `enum` and `const` allow together, None when neither is given."""
+    choices = schema.get("enum")
+    if "const" in schema:
+        choices = (
+            [schema["const"]] if choices is None else [v for v in choices if v == schema["const"]]
+        )
+    if choices is not None and (not isinstance(choices, list) or not choices):
+        raise UnsupportedSchema(f"{where}: enum {choices!r} is not a non-empty list")
+    return choices
+
+
+def _scalar_choices(where: str, schema: Mapping, json_type: str) -> list | None:
+    """The values a scalar allows (booleans and null are finite), None for any."""
+    choices = _choices(where, schema)
+    if json_type == "boolean" and choices is None:
+        choices = [True, False]
+    if json_type == "null":
+        choices = [None]
+    for value in choices or ():
+        if _type_of(value) != json_type and not (
+            json_type == "number" and _type_of(value) == "integer"
+        ):
+            raise UnsupportedSchema(f"{where}: enum value {value!r} is not of type {json_type}")
+    return choices
+
+
+def _options(where: str, texts: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    for text in texts:
+        _no_control(f"{where}: enum value", text)
+    return tuple(dict.fromkeys(_encode(tokenizer, t) for t in texts))
+
+
+def _value(tool: str, key: str, schema: Any, tokenizer: Any) -> tuple[str, str, tuple, Any]:
+    """(K3 type, kind, options, JSON spec or None) of one property."""
+    where = f"tool {tool!r} property {key!r}"
+    json_type = _json_type(where, schema)
+    if json_type in ("object", "array"):
+        return K3_TYPES[json_type], "json", (), _json(where, schema, tokenizer)
+    choices = _scalar_choices(where, schema, json_type)
+    if choices is None:
+        return K3_TYPES[json_type], "text" if json_type == "string" else json_type, (), None
+    texts = [v if json_type == "string" else json.dumps(v) for v in choices]
+    return K3_TYPES[json_type], "options", _options(where, texts, tokenizer), None
+
+
+def _json(where: str, schema: Any, tokenizer: Any, depth: int = 0) -> JsonSpec:
+    """A value written as JSON (a property of type object or array, and what is inside)."""
+    if depth > MAX_JSON_DEPTH:
+        raise UnsupportedSchema(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+    json_type = _json_type(where, schema)
+    enc = functools.partial(_encode, tokenizer)
+    if json_type == "object":
+        props = []
+        for key, prop, required in _properties(where, schema):
+            name = json.dumps(key, ensure_ascii=False)
+            _no_control(f"{where} key", name)
+            value = _json(f"{where} key {key!r}", prop, tokenizer, depth + 1)
+            props.append(JsonProp(enc(f"{name}: "), enc(f", {name}: "), required, value))
+        return JsonSpec("object", open=enc("{"), close=enc("}"), props=tuple(props))
+    if json_type == "array":
+        items = schema.get("items")
+        if not isinstance(items, Mapping):
+            raise UnsupportedSchema(f"{where}: an array without an items schema ({items!r})")
+        return JsonSpec(
+            "array",
+            open=enc("["),
+            close=enc("]"),
+            sep=enc(", "),
+            items=_json(f"{where} items", items, tokenizer, depth + 1),
+        )
+    choices = _scalar_choices(where, schema, json_type)
+    if choices is not None:
+        texts = [json.dumps(v, ensure_ascii=False) for v in choices]
+        return JsonSpec("options", options=_options(where, texts, tokenizer))
+    if json_type == "string":
+        return JsonSpec("string", open=enc('"'), close=enc('"'))
+    return JsonSpec(json_type)
+
+
+def _properties(where: str, schema: Mapping) -> list[tuple[str, Any, bool]]:
+    """(key, schema, required) of an object schema's properties, in order."""
+    properties = schema.get("properties") or {}
+    required = schema.get("required") or []
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        raise UnsupportedSchema(f"{where}: properties or required malformed")
+    unknown = [k for k in required if k not in properties]
+    if unknown:
+        raise UnsupportedSchema(f"{where}: required keys {unknown} are not properties")
+    for key in properties:
+        _no_control(f"{where} key", key)
+    return [(key, prop, key in required) for key, prop in properties.items()]
+
+
+def _type_of(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "null" if value is None else None
+
+
+def _tool_spec(name: str, parameters: Any, tokenizer: Any) -> ToolSpec:
+    _no_control("tool name", name)
+    schema = {} if parameters is None else parameters
+    if not isinstance(schema, Mapping):
+        raise UnsupportedSchema(f"tool {name!r}: parameters {schema!r} are not an object")
+    extra = sorted(set(schema) - _OBJECT_KEYS)
+    if extra:
+        raise UnsupportedSchema(f"tool {name!r}: unsupported keywords {', '.join(extra)}")
+    if schema.get("type", "object") != "object":
+        raise UnsupportedSchema(f"tool {name!r}: parameters of type {schema['type']!r}")
+    args = []
+    for key, prop, required in _properties(f"tool {name!r}", schema):
+        k3_type, kind, options, json_spec = _value(name, key, prop, tokenizer)
+        head = _encode(tokenizer, f'argument key="{escape_attr(key)}" type="{k3_type}"')
+        args.append(ArgSpec(head, required, kind, options, json_spec))
+    return ToolSpec(_encode(tokenizer, escape_attr(name)), tuple(args))
+
+
+def _control_id(tokenizer: Any, token: str) -> int:
+    ids = _encode(tokenizer, token)
+    if len(ids) != 1:
+        raise UnsupportedSchema(f"control token {token!r} encodes to {list(ids)}, not one id")
+    return ids[0]
+
+
+def call_spec_for(
+    tokenizer: Any, tools: Sequence[Any] | None, name: str | None = None, parallel: bool = True
+) -> CallSpec:
+    """The call spec of a request: its function tools (only `name` for a named choice)."""
+    named = function_tools(tools)
+    if name is not None:
+        named = [(n, p) for n, p in named if n == name]
+    if not named:
+        raise UnsupportedSchema(f"no function tool to call (named {name!r})")
+    pieces = (("open", OPEN), ("close", CLOSE), ("sep", SEP), ("end", END_OF_MSG))
+    return CallSpec(
+        pieces=tuple((k, _control_id(tokenizer, t)) for k, t in pieces),
+        sequences=tuple((k, _encode(tokenizer, t)) for k, t in _SEQUENCES.items()),
+        tools=tuple(_tool_spec(n, p, tokenizer) for n, p in named),
+        parallel=bool(parallel),
+    )

@@ -1,0 +1,311 @@
+"""ATOM_AITER_MLA: vLLM's MLA machinery with the plugin's decode and cache-write ops.
+
+vLLM's `MLAAttention` layer drives everything: it writes the latent cache through
+`do_kv_cache_update`, runs prefill itself (the common impl's `forward_mha` with the
+platform's MLA prefill backend: flash-attn on CUDA, AITER on ROCm, dense SDPA on CPU)
+and hands decode tokens, already absorbed to `[B, H, 576]`, to `forward_mqa`. This
+backend supplies the decode (`mla_ops.mla_decode`: AITER, Triton or the torch
+reference, chosen by `select_kernel_impl`) and the cache write (`mla_ops.write_mla_kv`).
+
+Decode rows may carry several query tokens (speculative verification, any mix of
+lengths: `QueryLenSupport.VARLEN`); they are causal. Under decode context parallelism
+the cache holds this rank's share of each context; single-token rows see all of it
+(`dcp_local_seq_lens`), multi-token rows see the local rows whose global position is
+at most their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import torch
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonDecodeMetadata,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    QueryLenSupport,
+)
+from vllm.platforms import current_platform
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType
+from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.aiter import unit_scale
+from atom_plugin.attention.mla import ops as mla_ops
+from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
+from atom_plugin.attention.mla.plan import MLADecodePlan, mla_token_plan, plan_mla_decode
+from atom_plugin.attention.select import select_kernel_impl
+from atom_plugin.vllm.attention.mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
+
+
+@dataclass
+class AtomMLADecodeMetadata(MLACommonDecodeMetadata):
+    paged: PagedAttentionMetadata | None = None  # the decode rows in the plugin's form
+    token_kv_lens: torch.Tensor | None = None  # per-token visible local rows (DCP, multi-token)
+    # plan_mla_decode's, once a step; None when the AITER kernels run (they take aiter_plan)
+    plan: MLADecodePlan | None = None
+    aiter_plan: object | None = None  # AiterMLAPlan when the AITER kernels run
+
+
+def dcp_token_kv_lens(
+    paged: PagedAttentionMetadata,
+    global_seq_lens: torch.Tensor,
+    num_tokens: int,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+) -> torch.Tensor:
+    """How many of this rank's cached rows each query token sees: the local rows whose
+    global position is at most the token's (causal over the global context)."""
+    global_meta = replace(paged, seq_lens=global_seq_lens.to(torch.int32))
+    _, visible = mla_token_plan(global_meta, num_tokens)
+    return get_dcp_local_seq_lens(visible, dcp_size, dcp_rank, interleave).to(torch.int32)
+
+
+class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.VARLEN
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(
+            kv_cache_spec, layer_names, vllm_config, device, supports_dcp_with_varlen=True
+        )
+        self.kernel_impl = select_kernel_impl(torch.device(device))
+        self.dcp_rank = 0
+        if self.dcp_world_size > 1:
+            from vllm.distributed.parallel_state import get_dcp_group
+
+            self.dcp_rank = get_dcp_group().rank_in_group
+        cache_dtype = vllm_config.cache_config.cache_dtype
+        self._kv_dtype = (
+            current_platform.fp8_dtype() if cache_dtype.startswith("fp8") else kv_cache_spec.dtype
+        )
+        # what the decode plan's kernel choice needs beyond the step's sizes
+        self._step_layout = MLAStepLayout(
+            self.model_config.dtype,
+            self.page_size,
+            self.mla_dims.kv_lora_rank,
+            self.mla_dims.qk_rope_head_dim,
+        )
+        self._slot_mapping: torch.Tensor | None = None
+        # The decode plan's token tensors live in persistent buffers, so a captured CUDA
+        # graph reads each step's plan at the addresses it was captured with (under TBO
+        # each micro-batch has a builder, and buffers, of its own).
+        n = vllm_config.scheduler_config.max_num_batched_tokens
+        self._plan_buffers = tuple(
+            torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2)
+        )
+        # The key count the split rule plans for while a CUDA graph is captured (its
+        # dummy batch has context 1, but the graph replays any context).
+        self._capture_context: int | None = None
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        self._capture_context = self.model_config.max_model_len
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capture_context = None
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        self._slot_mapping = common_attn_metadata.slot_mapping
+        return super().build(common_prefix_len, common_attn_metadata, fast_build)
+
+    def _build_decode(
+        self,
+        block_table_tensor,
+        seq_lens_device,
+        max_seq_len,
+        query_start_loc_cpu,
+        query_start_loc_device,
+        num_decode_tokens,
+        max_query_len,
+        dcp_tot_seq_lens_device,
+    ) -> AtomMLADecodeMetadata:
+        num_rows = seq_lens_device.shape[0]
+        single = max_query_len <= 1
+        paged = PagedAttentionMetadata(
+            num_reqs=num_rows,
+            num_actual_tokens=num_decode_tokens,
+            max_query_len=max_query_len,
+            max_seq_len=int(max_seq_len),
+            num_decodes=num_rows if single else 0,
+            num_decode_tokens=num_decode_tokens if single else 0,
+            query_start_loc=query_start_loc_device.to(torch.int32),
+            seq_lens=seq_lens_device.to(torch.int32),
+            block_table=block_table_tensor.to(torch.int32),
+            slot_mapping=self._slot_mapping[:num_decode_tokens].to(torch.int64),
+        )
+        return self._decode_metadata(paged, dcp_tot_seq_lens_device)
+
+    def _decode_metadata(self, paged, dcp_tot_seq_lens) -> AtomMLADecodeMetadata:
+        token_kv_lens = None
+        if dcp_tot_seq_lens is not None and paged.max_query_len > 1:
+            token_kv_lens = dcp_token_kv_lens(
+                paged,
+                dcp_tot_seq_lens,
+                paged.num_actual_tokens,
+                self.dcp_world_size,
+                self.dcp_rank,
+                self.cp_kv_cache_interleave_size,
+            )
+        aiter_plan = plan = None
+        if self.kernel_impl == "aiter" and token_kv_lens is None:
+            from atom_plugin.attention.mla.aiter import build_aiter_mla_plan
+
+            aiter_plan = build_aiter_mla_plan(
+                paged,
+                num_heads=self.num_heads * self.dcp_world_size,
+                q_dtype=self.model_config.dtype,
+                kv_dtype=self._kv_dtype,
+                page_size=self.page_size,
+            )
+        else:
+            plan = plan_mla_decode(
+                paged,
+                paged.num_actual_tokens,
+                self.num_heads * self.dcp_world_size,  # the query heads the kernel sees
+                kernel_impl=self.kernel_impl,
+                token_kv_lens=token_kv_lens,
+                context=self._capture_context,
+                kv_dtype=self._kv_dtype,
+                out=self._plan_buffers,
+                layout=self._step_layout,
+            )
+        return AtomMLADecodeMetadata(
+            block_table=paged.block_table,
+            seq_lens=paged.seq_lens,
+            dcp_tot_seq_lens=dcp_tot_seq_lens,
+            paged=paged,
+            token_kv_lens=token_kv_lens,
+            plan=plan,
+            aiter_plan=aiter_plan,
+        )
+
+
+class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
+    can_return_lse_for_decode: bool = True
+    supports_dcp: bool = True
+
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype,
+        logits_soft_cap,
+        attn_type,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        unsupported = {
+            "alibi_slopes": alibi_slopes,
+            "sliding_window": sliding_window,
+            "logits_soft_cap": logits_soft_cap,
+        }
+        given = [name for name, value in unsupported.items() if value]
+        if given:
+            raise NotImplementedError(f"ATOM_AITER_MLA does not support {', '.join(given)}")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"ATOM_AITER_MLA supports decoder self-attention only, got attn_type={attn_type!r}"
+            )
+        # An fp8 cache is dequantized inside the decode kernels; queries stay in the
+        # model dtype.
+        self.supports_quant_query_input = False
+        self._fp8_cache = kv_cache_dtype.startswith("fp8")
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        decode = attn_metadata.decode
+        assert isinstance(decode, AtomMLADecodeMetadata), "built by AtomAiterMLAMetadataBuilder"
+        if isinstance(q, tuple):
+            q = torch.cat(q, dim=-1)
+        out = torch.zeros(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
+        lse = mla_ops.mla_decode(
+            q,
+            kv_c_and_k_pe_cache,
+            decode.paged,
+            scale=self.scale,
+            output=out,
+            kv_lora_rank=self.kv_lora_rank,
+            kv_scale=layer._k_scale if self._fp8_cache else None,
+            token_kv_lens=decode.token_kv_lens,
+            aiter_plan=decode.aiter_plan,
+            plan=decode.plan,
+        )
+        return out, lse
+
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+        skip_scale: bool = False,
+    ) -> None:
+        """`skip_scale` (vLLM 0.33+): true when an fp8 cache's scale is exactly 1 (vLLM
+        passes it so its cache kernel can skip the scaling); the rows are then written
+        with a unit scale."""
+        if kv_cache.numel() == 0:
+            return
+        scale = None
+        if kv_cache_dtype.startswith("fp8"):
+            kv_cache = kv_cache.view(current_platform.fp8_dtype())
+            scale = unit_scale(kv_cache.device) if skip_scale else k_scale
+        mla_ops.write_mla_kv(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), scale=scale)
+
+
+class AtomAiterMLABackend(MLACommonBackend):
+    supported_dtypes: ClassVar[list[torch.dtype]] = SUPPORTED_DTYPES
+    supported_kv_cache_dtypes: ClassVar[list[str]] = SUPPORTED_KV_CACHE_DTYPES
+
+    @staticmethod
+    def get_name() -> str:
+        return "ATOM_AITER_MLA"
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [576]  # DeepSeek latent rows: kv_lora_rank 512 + rope 64
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        """The block size vLLM takes when none is given: at least 64 where the Hopper
+        warpgroup-MMA decode can run (it reads 64-key tiles; smaller pages keep the
+        Triton kernels), vLLM's default elsewhere."""
+        if not gluon_mla_problems():
+            return -(-default_block_size // 64) * 64  # the default rounded up to 64s
+        return super().get_preferred_block_size(default_block_size)
+
+    @staticmethod
+    def get_impl_cls() -> type[AtomAiterMLAImpl]:
+        return AtomAiterMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[AtomAiterMLAMetadataBuilder]:
+        return AtomAiterMLAMetadataBuilder

@@ -1,0 +1,305 @@
+"""Two-batch overlap inside vLLM's (V1) model runner.
+
+`GPUModelRunner.execute_model` is one long method; `TboModelRunnerMixin`
+changes three of the methods it calls and nothing else:
+
+- `_determine_batch_execution_and_padding`: this step's `ForwardMode` by the
+  plugin's rule (`atom_plugin.tbo.mode`), agreed over the DP group in one CPU
+  collective (`atom_plugin.tbo.dp`, none with DP = 1), and the two micro-batch
+  slices (`atom_plugin.tbo.slices`), the only definition of the micro-batches;
+- `_build_attention_metadata`: when the step splits, every KV-cache group's
+  builder (the plugin's and vLLM's own) builds one metadata per micro-batch,
+  from vLLM's `CommonAttentionMetadata` cut at those same slices;
+- `_model_forward`: the micro-batches run the model on the plugin's
+  `MicroBatchRunner`, each with its own vLLM `ForwardContext`; vLLM's `dbo_*`
+  yield points hand over through the runner (`atom_plugin.vllm.tbo.dbo_bridge`); the
+  hidden states are joined in token order, so sampling, logits processors,
+  logprobs and KV-cache writes see what an unsplit step gives them.
+
+On a GPU a split decode step whose bucket has a graph replays the plugin's
+split request graph (`atom_plugin.vllm.tbo.graphs`); other split steps run
+eagerly. The step's plan lives on the runner from the first of those calls to
+the last, because `execute_model` hands nothing else from one to the next.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from dataclasses import dataclass, replace
+
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import (
+    DPMetadata,
+    create_forward_context,
+    get_forward_context,
+    override_forward_context,
+)
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
+
+from atom_plugin import manager
+from atom_plugin.tbo.graphs import BucketGraphs
+from atom_plugin.tbo.hazards import reads_blocks_written_now
+from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
+from atom_plugin.tbo.runner import NUM_UBATCHES
+from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
+from atom_plugin.vllm.settings import PluginSettings
+from atom_plugin.vllm.tbo import dbo_bridge
+from atom_plugin.vllm.tbo.graphs import pad_rows_one_token_each, split_decode_graphs
+
+logger = init_logger("vllm.atom_plugin")
+
+
+@dataclass(frozen=True)
+class SplitStep:
+    """A split step's plan: the mode and the micro-batches' slices of this rank."""
+
+    mode: ForwardMode
+    slices: tuple[UBatchSlice, UBatchSlice]
+
+    def vllm_slices(self) -> list[VllmUBatchSlice]:
+        """The same slices in vLLM's type (what `split_attn_metadata` cuts at)."""
+        return [VllmUBatchSlice(s.request_slice, s.token_slice) for s in self.slices]
+
+    def input_slices(self, num_input_tokens: int) -> list[slice]:
+        """Model-input token ranges: the last micro-batch also runs the step's padding."""
+        first, last = (s.token_slice for s in self.slices)
+        return [first, slice(last.start, num_input_tokens)]
+
+
+class TboModelRunnerMixin:
+    """Put first in the bases of vLLM's `GPUModelRunner` or `CPUModelRunner`."""
+
+    def __init__(self, vllm_config, device) -> None:
+        super().__init__(vllm_config, device)
+        settings = PluginSettings.from_vllm_config(vllm_config)
+        config = settings.tbo_config()
+        if config is None:
+            raise ValueError("the TBO model runner was built with atom_plugin tbo off")
+        self.tbo_config: TboConfig = config
+        spec = manager.microbatch_runner()
+        if spec is None:
+            raise ValueError("no micro-batch runner is registered (atom_microbatch_runner hook)")
+        self.tbo_runner = spec.factory(device=self.device)
+        self.tbo_runner_name = spec.name
+        # Without an all-to-all that yields, the micro-batches run one after the other
+        # and vLLM's dbo_* functions must not see them (its MoE asserts as much).
+        self._tbo_vllm_yields = dbo_bridge.model_yields(self.parallel_config)
+        # Steps run, by kind: "decode" and "prefill" split, "unsplit" otherwise;
+        # "straddled": split prefill steps with a request on both sides of the cut;
+        # "vetoed": steps this rank kept whole for a request reading blocks written now;
+        # "replayed": split decode steps replayed from a split graph, "captured": the
+        # split graphs recorded.
+        self.tbo_steps: collections.Counter[str] = collections.Counter()
+        self._tbo_in_step = False
+        self._tbo_step: SplitStep | None = None
+        self._tbo_graphs: BucketGraphs | None = None  # set with the builders
+
+    def tbo_stats(self) -> dict[str, int]:
+        kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
+        return {k: self.tbo_steps[k] for k in kinds}
+
+    # -- builders: one per micro-batch ---------------------------------------------
+    def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
+        super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes)
+        for gid in range(len(kv_cache_config.kv_cache_groups)):
+            for attn_group in self.attn_groups[gid]:
+                attn_group.create_metadata_builders(
+                    self.vllm_config,
+                    self.device,
+                    kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None,
+                    num_metadata_builders=NUM_UBATCHES,
+                )
+        backends = [g.backend.get_name() for groups in self.attn_groups for g in groups]
+        self._tbo_graphs, why_not = split_decode_graphs(
+            self.tbo_config,
+            self.device.type,
+            graphs_on=self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE,
+            capture_sizes=self.cudagraph_batch_sizes,
+            max_num_reqs=self.max_num_reqs,
+            backends=backends,
+            graph_pool=current_platform.get_global_graph_pool,
+        )
+        if self._tbo_graphs is not None:
+            logger.info(
+                "atom-plugin: split decode buckets %s replay split request graphs "
+                "(each recorded on its first step)",
+                self._tbo_graphs.split_buckets,
+            )
+        elif self.tbo_config.decode:
+            log = logger.warning if self.device.type != "cpu" else logger.info
+            log("atom-plugin: split decode steps run eagerly: %s", why_not)
+
+    # -- the step ----------------------------------------------------------------------
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        self._tbo_in_step, self._tbo_step = True, None
+        try:
+            return super().execute_model(scheduler_output, intermediate_tensors)
+        finally:
+            self._tbo_in_step, self._tbo_step = False, None
+
+    def _determine_batch_execution_and_padding(
+        self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, **kwargs
+    ):
+        result = super()._determine_batch_execution_and_padding(
+            num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, **kwargs
+        )
+        if not self._tbo_in_step:
+            # Dummy runs (profiling, idle DP ranks) join the DP agreement as idle ranks
+            # that keep the step whole: vLLM runs a dummy batch outside the plugin's
+            # runner, so it cannot take part in a split replay.
+            if self.parallel_config.data_parallel_size > 1:
+                self._tbo_decide(BatchShape(0, 0, splittable=False))
+            return result
+        query_lens = num_scheduled_tokens_np[:num_reqs].tolist()
+        mode = self._tbo_decide(self._tbo_batch_shape(query_lens))
+        if not mode.split:
+            self.tbo_steps["unsplit"] += 1
+            return result
+        slices = maybe_create_ubatch_slices(mode, query_lens)
+        self._tbo_step = SplitStep(mode, slices)
+        self.tbo_steps[mode.kind] += 1
+        if slices[0].request_slice.stop > slices[1].request_slice.start:
+            self.tbo_steps["straddled"] += 1
+        _cudagraph_mode, batch_desc, _should_ubatch, num_tokens_across_dp, stats = result
+        if mode.replay:
+            # vLLM pads the step and its metadata to the bucket as for its FULL graphs;
+            # the forward itself is the plugin's split graph (`_model_forward`).
+            padded = replace(
+                batch_desc, num_tokens=mode.num_padded_tokens, num_reqs=mode.bucket, uniform=True
+            )
+            return CUDAGraphMode.FULL, padded, False, num_tokens_across_dp, stats
+        return CUDAGraphMode.NONE, batch_desc, False, num_tokens_across_dp, stats
+
+    def _tbo_batch_shape(self, query_lens: list[int]) -> BatchShape:
+        shape = BatchShape.from_query_lens(query_lens)
+        config = self.tbo_config
+        # Only a step that could split is searched for readers of blocks written now.
+        could_split = config.prefill and shape.num_tokens >= config.prefill_min_tokens
+        if shape.kind == "prefill" and could_split and self._tbo_prefix_hazard(query_lens):
+            self.tbo_steps["vetoed"] += 1
+            shape = replace(shape, splittable=False)
+        return shape
+
+    def _tbo_prefix_hazard(self, query_lens: list[int]) -> bool:
+        n = len(query_lens)
+        tables = [
+            (bt.get_numpy_array()[:n], bt.block_size)
+            for bt in self.input_batch.block_table.block_tables
+        ]
+        return reads_blocks_written_now(
+            self.input_batch.num_computed_tokens_cpu[:n], query_lens, tables
+        )
+
+    def _tbo_decide(self, shape: BatchShape) -> ForwardMode:
+        keys = self._tbo_graphs.keys if self._tbo_graphs is not None else ()
+        if self.parallel_config.data_parallel_size == 1:
+            return ForwardMode.decide([shape], 0, self.tbo_config, keys)
+        from vllm.distributed.parallel_state import get_dp_group
+
+        from atom_plugin.tbo.dp import decide_across_dp
+
+        return decide_across_dp(shape, self.tbo_config, keys, group=get_dp_group().cpu_group)
+
+    def _build_attention_metadata(self, *args, **kwargs):
+        step = self._tbo_step
+        if step is None:
+            return super()._build_attention_metadata(*args, **kwargs)
+        kwargs["ubatch_slices"] = step.vllm_slices()
+        if step.mode.replay:
+            pad_rows_one_token_each(self.query_start_loc, kwargs["num_reqs"], step.mode.bucket)
+            # The step that records the graph plans for any context, as vLLM's capture does.
+            kwargs["for_cudagraph_capture"] = not self._tbo_graphs.recorded(step.mode.graph_key)
+        return super()._build_attention_metadata(*args, **kwargs)
+
+    def _model_forward(
+        self,
+        input_ids=None,
+        positions=None,
+        intermediate_tensors=None,
+        inputs_embeds=None,
+        **model_kwargs,
+    ):
+        step = self._tbo_step
+        if step is None:
+            return super()._model_forward(
+                input_ids, positions, intermediate_tensors, inputs_embeds, **model_kwargs
+            )
+        if intermediate_tensors is not None or model_kwargs:
+            raise NotImplementedError(
+                "TBO splits steps without pipeline-parallel intermediate tensors or extra "
+                f"model arguments (got {sorted(model_kwargs)})"
+            )
+        step_context = get_forward_context()
+        num_input = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+        token_slices = step.input_slices(num_input)
+        contexts = [
+            self._tbo_forward_context(step_context, i, ts, step)
+            for i, ts in enumerate(token_slices)
+        ]
+
+        def run_ubatch(ctx):
+            ts, padded = token_slices[ctx.id], step.mode.ubatch_num_tokens[ctx.id]
+            pad = max(0, padded - (ts.stop - ts.start))
+            registration = (
+                dbo_bridge.registered(ctx) if self._tbo_vllm_yields else contextlib.nullcontext()
+            )
+            with registration:
+                out = self.model(
+                    input_ids=_rows(input_ids, ts, pad),
+                    # M-RoPE positions are [3, tokens]
+                    positions=_rows(positions, ts, pad, dim=positions.ndim - 1),
+                    intermediate_tensors=None,
+                    inputs_embeds=_rows(inputs_embeds, ts, pad),
+                )
+            return out[: ts.stop - ts.start] if pad else out
+
+        def run_split():
+            with override_forward_context(step_context):
+                outputs = self.tbo_runner.run(
+                    run_ubatch, contexts, on_resume=dbo_bridge.install_forward_context
+                )
+            if isinstance(outputs[0], tuple):  # EAGLE-3 auxiliary hidden states
+                return tuple(torch.cat(parts, dim=0) for parts in zip(*outputs, strict=True))
+            return torch.cat(outputs, dim=0)
+
+        if step.mode.replay:
+            return self._tbo_graphs.run(step.mode.graph_key, run_split, self.tbo_steps)
+        return run_split()
+
+    def _tbo_forward_context(self, step_context, i: int, ts: slice, step: SplitStep):
+        dp_metadata = None
+        if step_context.dp_metadata is not None:
+            agreed = step.mode.ubatch_num_tokens[i]
+            dp_size = self.parallel_config.data_parallel_size
+            dp_metadata = DPMetadata.make(
+                self.parallel_config, agreed, torch.tensor([agreed] * dp_size, dtype=torch.int32)
+            )
+        slot_mapping = step_context.slot_mapping
+        return create_forward_context(
+            step_context.attn_metadata[i],
+            self.vllm_config,
+            dp_metadata=dp_metadata,
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            slot_mapping={name: m[ts] for name, m in slot_mapping.items()}
+            if slot_mapping
+            else None,
+            additional_kwargs=step_context.additional_kwargs,
+            skip_compiled=step_context.skip_compiled,
+            is_padding=None if step_context.is_padding is None else step_context.is_padding[ts],
+        )
+
+
+def _rows(t: torch.Tensor | None, ts: slice, pad: int, dim: int = 0) -> torch.Tensor | None:
+    """Tokens `ts` of `t` (along `dim`), plus `pad` copies of the last one (DP padding
+    to the agreed count)."""
+    if t is None:
+        return None
+    rows = t.narrow(dim, ts.start, ts.stop - ts.start)
+    if not pad:
+        return rows
+    last = rows.narrow(dim, rows.shape[dim] - 1, 1)
+    return torch.cat([rows, last.repeat_interleave(pad, dim=dim)], dim=dim)
