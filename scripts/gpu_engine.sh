@@ -11,6 +11,10 @@
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
+#   same-mha, same-mla
+#               a change that must not move the kernels' speed: the MHA (benchmarks.attention
+#               --no-mla) or MLA (benchmarks.attention_mla) kernel benchmark in the checkout
+#               BEFORE (a folder) and in this one, alternately, then benchmarks.compare_runs
 # Each stage writes its log under $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -68,7 +72,21 @@ for what in "$@"; do
       stage "K3 logits benchmark"
       timeout 300 python3 benchmarks/k3_logits.py --out "$OUT/k3_logits.md" ${K3_ARGS:-} \
         2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors k3" >&2; exit 2 ;;
+    same-mha|same-mla)
+      stage "kernel benchmark before ($BEFORE) and after, ${what#same-}"
+      kind=${what#same-}
+      bench=(-m benchmarks.attention --no-mla)
+      [ "$kind" = mla ] && bench=(-m benchmarks.attention_mla)
+      out=$(realpath "$OUT")
+      for side in before after; do
+        dir=$PWD
+        [ $side = before ] && dir=$BEFORE
+        (cd "$dir" && PYTHONPATH="$dir:/tmp/site" timeout 280 python3 "${bench[@]}" \
+          --json "$out/${kind}_$side.json") 2>&1 | tee "$OUT/${kind}_$side.log" || status=1
+      done
+      python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
+        --out "$OUT/${kind}_same.md" || status=1 ;;
+    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors k3 same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
