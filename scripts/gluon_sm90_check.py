@@ -1,5 +1,5 @@
 """Compile the Gluon MLA kernels for sm_90 on a machine without a GPU, through the real
-launcher (`gluon_mla.run_stage1`), and print each kernel's shared memory, registers and
+launcher (`gluon_launch.run_stage1`), and print each kernel's shared memory, registers and
 spills as ptxas reports them. With `--ptx`, the Triton MLA kernels too.
 
 Gluon kernels do not run in Triton's CPU interpreter, and the H200 is lent by the
@@ -42,6 +42,7 @@ from atom_plugin.attention.metadata import PagedAttentionMetadata  # noqa: E402
 from atom_plugin.attention.mla import triton as triton_mla  # noqa: E402
 from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels  # noqa: E402
 from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # noqa: E402
+from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
@@ -110,7 +111,7 @@ def compile_case(schedule: str, cache_dtype: torch.dtype, block_h: int, tokens: 
     launch = TritonMLALaunch(
         "gluon", block_h, tokens, 1, 2, 2, 64, 8, 2, True, fp8, True, 512, schedule=schedule
     )
-    gluon_mla.run_stage1(
+    gluon_launch.run_stage1(
         q, cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1), 0.1, launch, 512
     )
 
@@ -214,8 +215,8 @@ def main(argv=None) -> int:
             compile_case(schedule, dtype, block_h, tokens)
     failed = False
     for name, fn in (
-        ("lockstep", gluon_mla.kernel()),
-        ("alternate", gluon_mla_alternate.kernel()),
+        ("lockstep", gluon_mla.stage1),
+        ("alternate", gluon_mla_alternate.stage1),
     ):
         for compiled in fn.device_caches[0][0].values():
             smem = compiled.metadata.shared

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_plugin.attention.mla.gluon import lockstep as gluon_mla
+from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.triton_common import cdiv, device_sm_count, next_power_of_2
 
@@ -72,7 +72,7 @@ def default_config(
     warps, one program per SM; above 16 heads, 64 heads x 64 keys per step on 8 warps,
     fp8 through pointer loads widened to bf16. The per-token kernel's fp8 tiles always
     take pointer loads."""
-    if kernel == "gluon":  # tiles, warps and stages are the kernel's own (gluon_mla)
+    if kernel == "gluon":  # tiles, warps and stages are the kernel's own (gluon_shapes)
         return {"BLOCK_H": 64, "per_sm": 1, "merge_dv": None, "schedule": None}
     if kernel == "per_token":
         small = num_heads <= 16
@@ -243,14 +243,14 @@ def plan_launch(
     if kernel == "gluon":
         cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
         cfg.update(
-            BLOCK_N=gluon_mla.BLOCK_N,
-            num_warps=gluon_mla.NUM_WARPS,
-            num_stages=gluon_mla.STAGES,
+            BLOCK_N=gluon_shapes.BLOCK_N,
+            num_warps=gluon_shapes.NUM_WARPS,
+            num_stages=gluon_shapes.STAGES,
             tma=True,
         )
-        block_h, tokens, token_chunks, head_groups = packing(cfg["BLOCK_H"], gluon_mla.BLOCK_M)
+        block_h, tokens, token_chunks, head_groups = packing(cfg["BLOCK_H"], gluon_shapes.BLOCK_M)
         splits = split_count(
-            num_reqs * token_chunks * head_groups, gluon_mla.BLOCK_N, sms * cfg["per_sm"], most
+            num_reqs * token_chunks * head_groups, gluon_shapes.BLOCK_N, sms * cfg["per_sm"], most
         )
         schedule = gluon_schedule(cfg["schedule"], fp8_cache, num_heads, context, splits)
     if kernel == "per_token":

@@ -11,7 +11,7 @@ import torch
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, use_tma
-from atom_plugin.attention.mla.gluon import lockstep as gluon_mla
+from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S, TritonMLALaunch
 from atom_plugin.attention.mla.plan import check_mla_shapes, plan_mla_decode
@@ -65,7 +65,7 @@ def _gluon_input_problems(q, kv_cache, lora: int, fp8: bool) -> list[str]:
     rope = kv_cache.shape[2] - lora
     layout = MLAStepLayout(q.dtype, kv_cache.shape[1], lora, rope)
     problems = gluon_mla_problems(q.device, layout)
-    problems += tma_problems(kv_cache, lora, rope, gluon_mla.BLOCK_N)
+    problems += tma_problems(kv_cache, lora, rope, gluon_shapes.BLOCK_N)
     if not fp8 and kv_cache.dtype != q.dtype:
         problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
     return problems
@@ -196,7 +196,9 @@ def mla_decode_triton(
         problems = _gluon_input_problems(q, kv_cache, kv_lora_rank, fp8)
         if problems:
             raise ValueError("the plan chose the gluon kernel, but: " + "; ".join(problems))
-        gluon_mla.run_stage1(
+        from atom_plugin.attention.mla.gluon import launch as gluon_launch  # imports Gluon
+
+        gluon_launch.run_stage1(
             q,
             kv_cache,
             meta.block_table,

@@ -1,62 +1,86 @@
-"""Gluon pieces both MLA decode kernels use (`gluon_mla`'s lockstep schedule and
-`gluon_mla_alternate`): which request, query rows and keys a program holds,
-and the pass that widens a tile and zeroes its rows past a split's end. Built on first
-use, like the kernels: Gluon's API exists only in newer Tritons."""
+"""Gluon pieces both MLA decode kernels use (`lockstep` and `alternate`): which request,
+query rows and keys a program holds, the pass that widens a tile and zeroes its rows past
+a split's end, the CTA-wide barrier, and the cache's TMA descriptors (host side).
+
+Imports Gluon, which exists only in newer Tritons: only the kernels and their launcher
+(`gluon_launch`) import this module, at the first launch.
+"""
 
 from __future__ import annotations
 
-import functools
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from atom_plugin.attention.mla.cache_view import cache_row_parts
+from atom_plugin.attention.mla.gluon.shapes import BLOCK_N
+
+# The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
+thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
-@functools.cache
-def helpers():
-    """(program_request, query_rows, split_keys, widen), Gluon functions the kernels
-    inline."""
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
+@gluon.jit
+def program_request(QSL, token_chunks, TOKENS: gl.constexpr):
+    """This program's head group, KV split and request (grid: head groups, splits,
+    requests x token chunks), the request's first query token and its query count,
+    and the first of the request's tokens the program holds."""
+    pid_h = gl.program_id(0)
+    split = gl.program_id(1)
+    pid_r = gl.program_id(2)
+    r = pid_r // token_chunks
+    q_start = gl.load(QSL + r)
+    q_len = gl.load(QSL + r + 1) - q_start
+    return pid_h, split, r, q_start, q_len, (pid_r % token_chunks) * TOKENS
 
-    @gluon.jit
-    def program_request(QSL, token_chunks, TOKENS: gl.constexpr):
-        """This program's head group, KV split and request (grid: head groups, splits,
-        requests x token chunks), the request's first query token and its query count,
-        and the first of the request's tokens the program holds."""
-        pid_h = gl.program_id(0)
-        split = gl.program_id(1)
-        pid_r = gl.program_id(2)
-        r = pid_r // token_chunks
-        q_start = gl.load(QSL + r)
-        q_len = gl.load(QSL + r + 1) - q_start
-        return pid_h, split, r, q_start, q_len, (pid_r % token_chunks) * TOKENS
 
-    @gluon.jit
-    def query_rows(
-        first, pid_h, q_len, num_heads, BLOCK_H: gl.constexpr, TOKENS: gl.constexpr, layout
-    ):
-        """A program's 64 query rows (TOKENS tokens of a request from `first` times
-        BLOCK_H heads of head group `pid_h`) in `layout`: each row's token, head and
-        whether it is a real one."""
-        offs = gl.arange(0, 64, layout=layout)
-        tok = first + offs // BLOCK_H
-        head = pid_h * BLOCK_H + offs % BLOCK_H
-        return tok, head, (tok < q_len) & (head < num_heads) & (offs < TOKENS * BLOCK_H)
+@gluon.jit
+def query_rows(first, pid_h, q_len, num_heads, BLOCK_H: gl.constexpr, TOKENS: gl.constexpr, layout):
+    """A program's 64 query rows (TOKENS tokens of a request from `first` times
+    BLOCK_H heads of head group `pid_h`) in `layout`: each row's token, head and
+    whether it is a real one."""
+    offs = gl.arange(0, 64, layout=layout)
+    tok = first + offs // BLOCK_H
+    head = pid_h * BLOCK_H + offs % BLOCK_H
+    return tok, head, (tok < q_len) & (head < num_heads) & (offs < TOKENS * BLOCK_H)
 
-    @gluon.jit
-    def split_keys(row_len, num_splits, split, BN: gl.constexpr):
-        """Split `split`'s keys [start, end) of the rows' longest visible count, cut in
-        splits of whole BN-key tiles, and its tile count."""
-        kv_len = gl.max(row_len, 0)
-        per_split = gl.cdiv(gl.cdiv(kv_len, num_splits), BN) * BN
-        start = split * per_split
-        end = gl.minimum(start + per_split, kv_len)
-        return start, end, gl.cdiv(gl.maximum(end - start, 0), BN)
 
-    @gluon.jit
-    def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
-        """dst = src widened to dst's dtype (src itself may be dst), rows at or past
-        `keep` zeroed."""
-        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        x = src.load(layout)
-        x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
-        dst.store(x)
+@gluon.jit
+def split_keys(row_len, num_splits, split, BN: gl.constexpr):
+    """Split `split`'s keys [start, end) of the rows' longest visible count, cut in
+    splits of whole BN-key tiles, and its tile count."""
+    kv_len = gl.max(row_len, 0)
+    per_split = gl.cdiv(gl.cdiv(kv_len, num_splits), BN) * BN
+    start = split * per_split
+    end = gl.minimum(start + per_split, kv_len)
+    return start, end, gl.cdiv(gl.maximum(end - start, 0), BN)
 
-    return program_request, query_rows, split_keys, widen
+
+@gluon.jit
+def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
+    """dst = src widened to dst's dtype (src itself may be dst), rows at or past
+    `keep` zeroed."""
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    x = src.load(layout)
+    x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
+    dst.store(x)
+
+
+_GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float8_e4m3fn: "float8e4nv",
+}
+
+
+def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
+    """Gluon TMA descriptors of the cache's latent and rope columns
+    (`mla_cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
+    the part's width)."""
+    gdt = getattr(gl, _GLUON_DTYPES[kv_cache.dtype])
+    descs = []
+    for part, shape, strides in cache_row_parts(kv_cache, lora):
+        box = [BLOCK_N, box_cols or shape[1]]
+        layout = gl.NVMMASharedLayout.get_default_for(box, gdt)
+        descs.append(TensorDescriptor(part, shape, strides, box, layout))
+    return descs

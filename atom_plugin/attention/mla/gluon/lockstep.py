@@ -22,319 +22,226 @@ lives in shared memory and each warpgroup owns half of the accumulator's columns
 The kernel needs a CUDA GPU of compute capability 9.x and a cache TMA can read in
 64-row tiles (`gluon_mla_probe` and `mla_cache_view.tma_problems` say where it can run);
 Gluon kernels do not run in Triton's CPU interpreter, so this path is tested on the GPU
-only.
+only. This module imports Gluon: only the launcher (`gluon_launch`) imports it, at the
+first launch; its tiles, warps and stages are in `gluon_shapes`, which the plan reads.
 """
 
 from __future__ import annotations
 
-import functools
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
-import torch
-
-BLOCK_M = 64  # query rows per program: one warpgroup MMA's M
-BLOCK_N = 64  # keys per tile
-NUM_WARPS = 8  # two warpgroups
-STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared memory
-
-
-@functools.cache
-def kernel():
-    """Build the kernel on first use: Gluon's Hopper API exists only in newer Tritons."""
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    from atom_plugin.attention.mla.gluon.common import helpers
-
-    program_request, query_rows, split_keys, widen = helpers()
-    # The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
-    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-    @gluon.jit
-    def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
-        """The tile at key n0 into stage `st` of `ring` (buffers, barriers), through TMA."""
-        kc_desc, kpe_desc = descs
-        kc_ring, kpe_ring, bars = ring
-        bar = bars.index(st)
-        page = gl.load(bt_row + n0 // PAGE)
-        row0 = page * PAGE + n0 % PAGE
-        mbarrier.expect(bar, kc_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_ring.index(st))
-        tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(st))
-
-    @gluon.jit
-    def stage1(
-        Q,
-        KC_DESC,
-        KPE_DESC,
-        BLOCK_TABLE,
-        QSL,
-        TOK_KV_LEN,
-        MID_O,
-        MID_LSE,
-        KV_SCALE,
-        sm_scale,
-        num_heads,
-        num_splits,
-        token_chunks,
-        stride_qt,
-        stride_qh,
-        stride_bt,
-        stride_mt,
-        stride_mh,
-        stride_ms,
-        stride_lt,
-        stride_lh,
-        PAGE: gl.constexpr,
-        LORA: gl.constexpr,
-        ROPE: gl.constexpr,
-        BLOCK_H: gl.constexpr,
-        TOKENS: gl.constexpr,
-        STAGES: gl.constexpr,
-        IS_FP8: gl.constexpr,
-    ):
-        BM: gl.constexpr = 64
-        BN: gl.constexpr = 64
-        # S [64, BN]: the keys split between the two warpgroups; O [64, LORA]: the columns
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, LORA // 2, 16]
-        )
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        mma_dtype: gl.constexpr = gl.float16 if IS_FP8 else Q.dtype.element_ty
-
-        pid_h, split, r, q_start, q_len, first = program_request(QSL, token_chunks, TOKENS)
-        if first >= q_len:
-            return
-
-        # the query rows once into shared memory (masked rows zero)
-        tok_l, head_l, mask_ml = query_rows(
-            first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, load_layout)
-        )
-        q_row = (
-            Q + (q_start + tok_l).to(gl.int64)[:, None] * stride_qt + head_l[:, None] * stride_qh
-        )
-        offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, load_layout))
-        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, load_layout))
-        q_c = gl.load(q_row + offs_c[None, :], mask=mask_ml[:, None], other=0.0)
-        q_pe = gl.load(q_row + LORA + offs_p[None, :], mask=mask_ml[:, None], other=0.0)
-        if IS_FP8:
-            q_c = gl.minimum(gl.maximum(q_c.to(gl.float32), -65504.0), 65504.0)
-            q_pe = gl.minimum(gl.maximum(q_pe.to(gl.float32), -65504.0), 65504.0)
-        qc_smem = gl.allocate_shared_memory(
-            mma_dtype, [BM, LORA], gl.NVMMASharedLayout.get_default_for([BM, LORA], mma_dtype)
-        )
-        qpe_smem = gl.allocate_shared_memory(
-            mma_dtype, [BM, ROPE], gl.NVMMASharedLayout.get_default_for([BM, ROPE], mma_dtype)
-        )
-        qc_smem.store(q_c.to(mma_dtype))
-        qpe_smem.store(q_pe.to(mma_dtype))
-
-        # this program's keys: the rows' longest visible count, cut into splits of whole tiles
-        tok, head, mask_m = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_s)
-        t = (q_start + tok).to(gl.int64)
-        row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
-        start, end, num_tiles = split_keys(row_len, num_splits, split, BN)
-
-        kc_ring = gl.allocate_shared_memory(KC_DESC.dtype, [STAGES, BN, LORA], KC_DESC.layout)
-        kpe_ring = gl.allocate_shared_memory(KPE_DESC.dtype, [STAGES, BN, ROPE], KPE_DESC.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        if IS_FP8:
-            kc_wide = gl.allocate_shared_memory(
-                mma_dtype, [BN, LORA], gl.NVMMASharedLayout.get_default_for([BN, LORA], mma_dtype)
-            )
-            kpe_wide = gl.allocate_shared_memory(
-                mma_dtype, [BN, ROPE], gl.NVMMASharedLayout.get_default_for([BN, ROPE], mma_dtype)
-            )
-        fence_async_shared()
-        thread_barrier()
-
-        bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
-        descs = (KC_DESC, KPE_DESC)
-        ring = (kc_ring, kpe_ring, bars)
-        for s in gl.static_range(STAGES):
-            if s < num_tiles:
-                issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
-
-        qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
-        if IS_FP8:
-            kv_scale = gl.load(KV_SCALE)
-            qk_scale = qk_scale * kv_scale
-        # a finite start for the running max: a row that sees no key of a tile keeps
-        # alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN
-        m_i = gl.full([BM], -1.0e30, gl.float32, layout=row_s)
-        l_i = gl.zeros([BM], gl.float32, layout=row_s)
-        acc = gl.zeros([BM, LORA], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-        for i in range(num_tiles):
-            st = i % STAGES
-            n0 = start + i * BN
-            mbarrier.wait(bars.index(st), (i // STAGES) & 1)
-            kc = kc_ring.index(st)
-            kpe = kpe_ring.index(st)
-            keep = end - n0  # rows of this tile inside the split
-            if IS_FP8:
-                for c in gl.static_range(LORA // 128):
-                    widen(
-                        kc.slice(c * 128, 128, dim=1),
-                        kc_wide.slice(c * 128, 128, dim=1),
-                        keep,
-                        BN,
-                        load_layout,
-                    )
-                widen(kpe, kpe_wide, keep, BN, load_layout)
-                fence_async_shared()
-                thread_barrier()
-                # the fp8 buffer is free again: fetch the tile STAGES ahead into it
-                if i + STAGES < num_tiles:
-                    issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
-                kc = kc_wide
-                kpe = kpe_wide
-            elif keep < BN:
-                for c in gl.static_range(LORA // 64):
-                    widen(
-                        kc.slice(c * 64, 64, dim=1),
-                        kc.slice(c * 64, 64, dim=1),
-                        keep,
-                        BN,
-                        load_layout,
-                    )
-                widen(kpe, kpe, keep, BN, load_layout)
-                fence_async_shared()
-                thread_barrier()
-
-            s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
-            s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-
-            valid = (n0 + offs_n)[None, :] < row_len[:, None]
-            sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, 1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(sc - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p.to(mma_dtype), p_layout)
-            acc = warpgroup_mma(p_op, kc, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            if not IS_FP8:
-                # both warpgroups are done with this stage: fetch the tile STAGES ahead
-                thread_barrier()
-                if i + STAGES < num_tiles:
-                    issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
-            else:
-                thread_barrier()  # the wide buffer is rewritten by the next tile
-
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
-
-        has = l_i > 0
-        lse = gl.where(
-            has, m_i * 0.6931471805599453 + gl.log(gl.where(has, l_i, 1.0)), float("-inf")
-        )
-        l_o = gl.convert_layout(gl.where(has, l_i, 1.0), row_o)
-        out = acc / l_o[:, None]
-        if IS_FP8:
-            out = out * kv_scale
-        tok_o, head_o, mask_mo = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_o)
-        t_o = (q_start + tok_o).to(gl.int64)
-        offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_layout))
-        mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
-        gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
-        gl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
-
-    return stage1
+from atom_plugin.attention.mla.gluon.common import (
+    program_request,
+    query_rows,
+    split_keys,
+    thread_barrier,
+    widen,
+)
 
 
-_GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float8_e4m3fn: "float8e4nv",
-}
+@gluon.jit
+def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
+    """The tile at key n0 into stage `st` of `ring` (buffers, barriers), through TMA."""
+    kc_desc, kpe_desc = descs
+    kc_ring, kpe_ring, bars = ring
+    bar = bars.index(st)
+    page = gl.load(bt_row + n0 // PAGE)
+    row0 = page * PAGE + n0 % PAGE
+    mbarrier.expect(bar, kc_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_ring.index(st))
+    tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(st))
 
 
-def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
-    """Gluon TMA descriptors of the cache's latent and rope columns
-    (`mla_cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
-    the part's width)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from atom_plugin.attention.mla.cache_view import cache_row_parts
-
-    gdt = getattr(gl, _GLUON_DTYPES[kv_cache.dtype])
-    descs = []
-    for part, shape, strides in cache_row_parts(kv_cache, lora):
-        box = [BLOCK_N, box_cols or shape[1]]
-        layout = gl.NVMMASharedLayout.get_default_for(box, gdt)
-        descs.append(TensorDescriptor(part, shape, strides, box, layout))
-    return descs
-
-
-def run_stage1(
-    q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale, launch, lora
+@gluon.jit
+def stage1(
+    Q,
+    KC_DESC,
+    KPE_DESC,
+    BLOCK_TABLE,
+    QSL,
+    TOK_KV_LEN,
+    MID_O,
+    MID_LSE,
+    KV_SCALE,
+    sm_scale,
+    num_heads,
+    num_splits,
+    token_chunks,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    PAGE: gl.constexpr,
+    LORA: gl.constexpr,
+    ROPE: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    TOKENS: gl.constexpr,
+    STAGES: gl.constexpr,
+    IS_FP8: gl.constexpr,
 ):
-    """Launch stage 1 on the grid of `launch` (`mla_launch_plan.TritonMLALaunch`, kernel
-    'gluon') in its schedule; `mid_o` / `mid_lse` are the merge's partials (or the
-    output and lse themselves at one split). Both kernels take the same arguments but
-    for the lockstep one's kv scale and stage count."""
-    page, width = kv_cache.shape[1], kv_cache.shape[2]
-    grid = (launch.head_groups, launch.num_splits, num_reqs * launch.token_chunks)
-    plan = (block_table, qsl, kv_len, mid_o, mid_lse)
-    sizes = (float(scale), q.shape[1], launch.num_splits, launch.token_chunks)
-    strides = (
-        q.stride(0),
-        q.stride(1),
-        block_table.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
+    BM: gl.constexpr = 64
+    BN: gl.constexpr = 64
+    # S [64, BN]: the keys split between the two warpgroups; O [64, LORA]: the columns
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
     )
-    shape = dict(
-        PAGE=page, LORA=lora, ROPE=width - lora, BLOCK_H=launch.block_h, TOKENS=launch.tokens
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, LORA // 2, 16]
     )
-    if launch.schedule == "alternate":
-        from atom_plugin.attention.mla.gluon import alternate
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    mma_dtype: gl.constexpr = gl.float16 if IS_FP8 else Q.dtype.element_ty
 
-        descs = cache_descriptors(kv_cache, lora, alternate.CHUNK_COLS)
-        alternate.kernel()[grid](
-            q,
-            *descs,
-            *plan,
-            *sizes,
-            *strides,
-            **shape,
-            num_warps=alternate.NUM_WARPS,
-            maxnreg=alternate.MAXNREG,
-        )
+    pid_h, split, r, q_start, q_len, first = program_request(QSL, token_chunks, TOKENS)
+    if first >= q_len:
         return
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    kernel()[grid](
-        q,
-        *cache_descriptors(kv_cache, lora),
-        *plan,
-        kv_scale if fp8 else q,
-        *sizes,
-        *strides,
-        **shape,
-        STAGES=launch.num_stages,
-        IS_FP8=fp8,
-        num_warps=NUM_WARPS,
+
+    # the query rows once into shared memory (masked rows zero)
+    tok_l, head_l, mask_ml = query_rows(
+        first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, load_layout)
     )
+    q_row = Q + (q_start + tok_l).to(gl.int64)[:, None] * stride_qt + head_l[:, None] * stride_qh
+    offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, load_layout))
+    offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, load_layout))
+    q_c = gl.load(q_row + offs_c[None, :], mask=mask_ml[:, None], other=0.0)
+    q_pe = gl.load(q_row + LORA + offs_p[None, :], mask=mask_ml[:, None], other=0.0)
+    if IS_FP8:
+        q_c = gl.minimum(gl.maximum(q_c.to(gl.float32), -65504.0), 65504.0)
+        q_pe = gl.minimum(gl.maximum(q_pe.to(gl.float32), -65504.0), 65504.0)
+    qc_smem = gl.allocate_shared_memory(
+        mma_dtype, [BM, LORA], gl.NVMMASharedLayout.get_default_for([BM, LORA], mma_dtype)
+    )
+    qpe_smem = gl.allocate_shared_memory(
+        mma_dtype, [BM, ROPE], gl.NVMMASharedLayout.get_default_for([BM, ROPE], mma_dtype)
+    )
+    qc_smem.store(q_c.to(mma_dtype))
+    qpe_smem.store(q_pe.to(mma_dtype))
+
+    # this program's keys: the rows' longest visible count, cut into splits of whole tiles
+    tok, head, mask_m = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_s)
+    t = (q_start + tok).to(gl.int64)
+    row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
+    start, end, num_tiles = split_keys(row_len, num_splits, split, BN)
+
+    kc_ring = gl.allocate_shared_memory(KC_DESC.dtype, [STAGES, BN, LORA], KC_DESC.layout)
+    kpe_ring = gl.allocate_shared_memory(KPE_DESC.dtype, [STAGES, BN, ROPE], KPE_DESC.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    if IS_FP8:
+        kc_wide = gl.allocate_shared_memory(
+            mma_dtype, [BN, LORA], gl.NVMMASharedLayout.get_default_for([BN, LORA], mma_dtype)
+        )
+        kpe_wide = gl.allocate_shared_memory(
+            mma_dtype, [BN, ROPE], gl.NVMMASharedLayout.get_default_for([BN, ROPE], mma_dtype)
+        )
+    fence_async_shared()
+    thread_barrier()
+
+    bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
+    descs = (KC_DESC, KPE_DESC)
+    ring = (kc_ring, kpe_ring, bars)
+    for s in gl.static_range(STAGES):
+        if s < num_tiles:
+            issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
+
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
+    if IS_FP8:
+        kv_scale = gl.load(KV_SCALE)
+        qk_scale = qk_scale * kv_scale
+    # a finite start for the running max: a row that sees no key of a tile keeps
+    # alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN
+    m_i = gl.full([BM], -1.0e30, gl.float32, layout=row_s)
+    l_i = gl.zeros([BM], gl.float32, layout=row_s)
+    acc = gl.zeros([BM, LORA], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+    for i in range(num_tiles):
+        st = i % STAGES
+        n0 = start + i * BN
+        mbarrier.wait(bars.index(st), (i // STAGES) & 1)
+        kc = kc_ring.index(st)
+        kpe = kpe_ring.index(st)
+        keep = end - n0  # rows of this tile inside the split
+        if IS_FP8:
+            for c in gl.static_range(LORA // 128):
+                widen(
+                    kc.slice(c * 128, 128, dim=1),
+                    kc_wide.slice(c * 128, 128, dim=1),
+                    keep,
+                    BN,
+                    load_layout,
+                )
+            widen(kpe, kpe_wide, keep, BN, load_layout)
+            fence_async_shared()
+            thread_barrier()
+            # the fp8 buffer is free again: fetch the tile STAGES ahead into it
+            if i + STAGES < num_tiles:
+                issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
+            kc = kc_wide
+            kpe = kpe_wide
+        elif keep < BN:
+            for c in gl.static_range(LORA // 64):
+                widen(
+                    kc.slice(c * 64, 64, dim=1),
+                    kc.slice(c * 64, 64, dim=1),
+                    keep,
+                    BN,
+                    load_layout,
+                )
+            widen(kpe, kpe, keep, BN, load_layout)
+            fence_async_shared()
+            thread_barrier()
+
+        s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+
+        valid = (n0 + offs_n)[None, :] < row_len[:, None]
+        sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(mma_dtype), p_layout)
+        acc = warpgroup_mma(p_op, kc, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if not IS_FP8:
+            # both warpgroups are done with this stage: fetch the tile STAGES ahead
+            thread_barrier()
+            if i + STAGES < num_tiles:
+                issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
+        else:
+            thread_barrier()  # the wide buffer is rewritten by the next tile
+
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+    has = l_i > 0
+    lse = gl.where(has, m_i * 0.6931471805599453 + gl.log(gl.where(has, l_i, 1.0)), float("-inf"))
+    l_o = gl.convert_layout(gl.where(has, l_i, 1.0), row_o)
+    out = acc / l_o[:, None]
+    if IS_FP8:
+        out = out * kv_scale
+    tok_o, head_o, mask_mo = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_o)
+    t_o = (q_start + tok_o).to(gl.int64)
+    offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_layout))
+    mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
+    gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
+    gl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)

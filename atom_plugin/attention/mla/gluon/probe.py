@@ -1,17 +1,19 @@
 """Can the Gluon MLA decode (`gluon_mla`) run here, and why not: the one answer that
 `atom-plugin info`, the vLLM backend's block-size preference, the decode plan and the
-decode's check of a layer's tensors ask for. Host-only; nothing here imports Triton until
-a CUDA GPU is asked about.
+decode's check of a layer's tensors ask for. Host-only: nothing here imports Triton until
+a Hopper GPU is asked about, and Gluon only then (the kernels' launch module, to learn
+whether this Triton's Gluon builds them).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import dataclass
 
 import torch
 
-from atom_plugin.attention.mla.gluon import lockstep as gluon_mla
+from atom_plugin.attention.mla.gluon.shapes import BLOCK_N
 
 GLUON_Q_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -63,7 +65,7 @@ def _device_problem(device_index: int) -> str | None:
     if major != 9:
         return f"compute capability {major}.x (the warpgroup-MMA kernel is for Hopper, 9.x)"
     try:
-        gluon_mla.kernel()
+        importlib.import_module("atom_plugin.attention.mla.gluon.launch")
     except Exception as exc:  # an older Triton without Gluon's Hopper API
         return f"Triton's Gluon Hopper API is not importable ({type(exc).__name__}: {exc})"
     return None
@@ -75,10 +77,8 @@ def _layout_problems(layout: MLAStepLayout) -> list[str]:
     q_dtype, block_size = layout.q_dtype, layout.block_size
     if q_dtype not in GLUON_Q_DTYPES:
         problems.append(f"query dtype {q_dtype} (the kernel takes {GLUON_Q_DTYPES})")
-    if block_size is None or block_size % gluon_mla.BLOCK_N:
-        problems.append(
-            f"block size {block_size} (64-key TMA tiles need a multiple of {gluon_mla.BLOCK_N})"
-        )
+    if block_size is None or block_size % BLOCK_N:
+        problems.append(f"block size {block_size} (64-key TMA tiles need a multiple of {BLOCK_N})")
     if layout.kv_lora_rank not in (128, 256, 512):
         problems.append(f"kv_lora_rank {layout.kv_lora_rank} (the kernel takes 128, 256 or 512)")
     if layout.rope not in (16, 32, 64):

@@ -1,0 +1,65 @@
+"""The Gluon MLA decode's stage-1 launch (`run_stage1`): the cache's TMA descriptors and
+the kernel of the launch's schedule (`gluon_mla`'s lockstep one or `gluon_mla_alternate`).
+
+Imports Gluon, through the kernels: the Triton launcher (`triton_mla`) imports this module
+at the first Gluon launch, so the plan, the probe and `atom-plugin info` never do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_plugin.attention.mla.gluon import alternate, lockstep, shapes
+from atom_plugin.attention.mla.gluon.common import cache_descriptors
+
+
+def run_stage1(
+    q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale, launch, lora
+):
+    """Launch stage 1 on the grid of `launch` (`mla_launch_plan.TritonMLALaunch`, kernel
+    'gluon') in its schedule; `mid_o` / `mid_lse` are the merge's partials (or the
+    output and lse themselves at one split). Both kernels take the same arguments but
+    for the lockstep one's kv scale and stage count."""
+    page, width = kv_cache.shape[1], kv_cache.shape[2]
+    grid = (launch.head_groups, launch.num_splits, num_reqs * launch.token_chunks)
+    plan = (block_table, qsl, kv_len, mid_o, mid_lse)
+    sizes = (float(scale), q.shape[1], launch.num_splits, launch.token_chunks)
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        block_table.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+    )
+    shape = dict(
+        PAGE=page, LORA=lora, ROPE=width - lora, BLOCK_H=launch.block_h, TOKENS=launch.tokens
+    )
+    if launch.schedule == "alternate":
+        descs = cache_descriptors(kv_cache, lora, shapes.CHUNK_COLS)
+        alternate.stage1[grid](
+            q,
+            *descs,
+            *plan,
+            *sizes,
+            *strides,
+            **shape,
+            num_warps=shapes.ALTERNATE_NUM_WARPS,
+            maxnreg=shapes.ALTERNATE_MAXNREG,
+        )
+        return
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    lockstep.stage1[grid](
+        q,
+        *cache_descriptors(kv_cache, lora),
+        *plan,
+        kv_scale if fp8 else q,
+        *sizes,
+        *strides,
+        **shape,
+        STAGES=launch.num_stages,
+        IS_FP8=fp8,
+        num_warps=shapes.NUM_WARPS,
+    )

@@ -1,0 +1,22 @@
+"""The Gluon MLA decode kernels' tiles, warps and stages, which the launch plan and the
+probe read on the host. Gluon-free: importing this (or the plan, or the probe) never
+imports `triton.experimental.gluon`; only the launcher (`gluon_launch.run_stage1`) imports
+the kernels (`lockstep`, `alternate`), at their first launch.
+"""
+
+from __future__ import annotations
+
+BLOCK_M = 64  # query rows per program: one warpgroup MMA's M
+BLOCK_N = 64  # keys per tile
+
+# The lockstep schedule (`lockstep`)
+NUM_WARPS = 8  # two warpgroups
+STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared memory
+
+# The alternate schedule (`alternate`)
+CHUNK_COLS = 64  # columns of one TMA box: a 512 + 64 row arrives in nine
+ALTERNATE_NUM_WARPS = 4  # the kernel's own warps: consumer warpgroup 0 (the default partition)
+# With consumer warpgroup 1 and the loader warp the kernel runs 12 warps (warps are
+# granted by warpgroups): 168 registers a thread at launch fill the SM's 64K, and the
+# partitions then take 240 (each consumer) and 24 (the loader).
+ALTERNATE_MAXNREG = 168
