@@ -15,7 +15,7 @@ from atom_plugin.attention.mha import aiter as aiter_mha
 from atom_plugin.attention.mha import ops, reference
 from atom_plugin.attention.mha.aiter import context_slots
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.mha.plan import AiterPlan, plan_for_caches
+from atom_plugin.attention.mha.plan import AiterPlan, plan_for_caches, plan_mha
 
 FAKE = Path(__file__).parent / "fake_aiter"
 FP8 = torch.float8_e4m3fn
@@ -80,6 +80,13 @@ def test_prefill_context_planned_once_per_step(fake_aiter, monkeypatch):
         got = through_ops(b, scale=0.25)
         torch.testing.assert_close(got[:t], want[:t], **tolerance(torch.float32))
     assert len(builds) == 1
+
+
+def test_prefill_refuses_a_plan_of_other_blocks(fake_aiter):
+    b = make_batch(MIXED, hq=4, hkv=2, d=16, block_size=16, seed=6)
+    b.meta.plan = plan_mha(b.meta, device=torch.device("cpu"), num_kv_heads=2, block_size=32)
+    with pytest.raises(ValueError, match="32-token blocks"):
+        through_ops(b, scale=0.25)
 
 
 @pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])

@@ -163,11 +163,15 @@ def gather_context(cache, slots, dtype, scale=None):
 def _prefill(query, key_cache, value_cache, meta, params: AttentionParams, output, plan):
     first, last = meta.num_decodes, meta.num_reqs
     t0, t1 = meta.num_decode_tokens, meta.num_actual_tokens
-    if plan.prefill is None:
-        raise ValueError("the AITER plan has no prefill contexts; plan the batch it runs")
+    context = plan.prefill
+    if context is None or context.block_size != key_cache.shape[1]:
+        raise ValueError(
+            f"the AITER plan's prefill contexts ({context and context.block_size}-token "
+            f"blocks) do not fit this batch's {key_cache.shape[1]}-token cache blocks"
+        )
     # one index computation (the plan's) serves K and V of every layer
-    k = gather_context(key_cache, plan.prefill.slots, query.dtype, params.k_scale)
-    v = gather_context(value_cache, plan.prefill.slots, query.dtype, params.v_scale)
+    k = gather_context(key_cache, context.slots, query.dtype, params.k_scale)
+    v = gather_context(value_cache, context.slots, query.dtype, params.v_scale)
     cu_q = meta.query_start_loc[first : last + 1] - meta.query_start_loc[first]
     window, sinks = params.sliding_window, params.sinks
     _aiter().flash_attn_varlen_func(
@@ -175,7 +179,7 @@ def _prefill(query, key_cache, value_cache, meta, params: AttentionParams, outpu
         k=k,
         v=v,
         cu_seqlens_q=cu_q,
-        cu_seqlens_k=plan.prefill.cu_seqlens_k,
+        cu_seqlens_k=context.cu_seqlens_k,
         max_seqlen_q=meta.max_query_len,
         max_seqlen_k=meta.max_seq_len,
         min_seqlen_q=1,

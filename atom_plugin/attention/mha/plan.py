@@ -35,10 +35,12 @@ class TritonPlan:
 @dataclass(frozen=True, eq=False)
 class AiterPrefill:
     """The prefill rows' contexts: cumulated seq_lens [n + 1] and each context token's
-    (block, offset), packed row after row (what `flash_attn_varlen_func` reads gathered)."""
+    (block, offset) in caches of `block_size`, packed row after row (what
+    `flash_attn_varlen_func` reads gathered)."""
 
     cu_seqlens_k: torch.Tensor
     slots: tuple[torch.Tensor, torch.Tensor]
+    block_size: int
 
 
 @dataclass(frozen=True)
@@ -114,4 +116,4 @@ def _aiter_prefill(meta: PagedAttentionMetadata, block_size: int) -> AiterPrefil
     torch.cumsum(seq_lens, 0, out=cu_k[1:])
     total = int(cu_k[-1])  # host read: sizes the gathered context (prefills are not graphed)
     slots = aiter.context_slots(meta.block_table[first:last], seq_lens, total, block_size)
-    return AiterPrefill(cu_seqlens_k=cu_k, slots=slots)
+    return AiterPrefill(cu_seqlens_k=cu_k, slots=slots, block_size=block_size)
