@@ -135,24 +135,26 @@ def _free_bytes() -> int:
 
 
 def bench_decode(pool, batch, context, flush, copy_gbps, config=None, with_sdpa=True) -> dict:
+    from atom_plugin.attention.mha.params import AttentionParams
+    from atom_plugin.attention.mha.plan import plan_for_caches
     from atom_plugin.attention.mha.triton_decode import paged_decode
-    from atom_plugin.attention.triton_common import choose_num_splits, device_sm_count
 
     meta = pool.meta([(1, context)] * batch, seed=batch * 7 + context)
+    splits = plan_for_caches(meta, pool.key_cache, "triton").num_splits
+    params = AttentionParams(scale=SCALE)
     q = torch.randn(batch, HQ, D, dtype=DTYPE, device="cuda")
     out = torch.empty_like(q)
+    caches = (pool.key_cache, pool.value_cache)
 
     def run():
-        paged_decode(
-            q, pool.key_cache, pool.value_cache, meta, scale=SCALE, output=out, config=config
-        )
+        paged_decode(q, *caches, meta, params, out, num_splits=splits, config=config)
 
     us = time_us(run, flush=flush)
     kv_bytes = batch * context * HKV * D * 2 * 2
     row = {
         "batch": batch,
         "context": context,
-        "splits": choose_num_splits(batch, HKV, context, device_sm_count(q.device)),
+        "splits": splits,
         "us": us,
         "kv_gbps": kv_bytes / (us * 1e-6) / 1e9,
         "target": _target(batch, context),
@@ -181,17 +183,18 @@ def _sdpa_decode(pool, meta, q, out, kv_bytes, flush) -> dict:
 
 
 def bench_prefill(pool, name, reqs, flush, mm_tflops, config=None, with_sdpa=True) -> dict:
+    from atom_plugin.attention.mha.params import AttentionParams
     from atom_plugin.attention.mha.triton_prefill import paged_prefill
 
     meta = pool.meta(reqs, seed=len(reqs))
     t = meta.num_actual_tokens
+    params = AttentionParams(scale=SCALE)
     q = torch.randn(t, HQ, D, dtype=DTYPE, device="cuda")
     out = torch.empty_like(q)
+    caches = (pool.key_cache, pool.value_cache)
 
     def run():
-        paged_prefill(
-            q, pool.key_cache, pool.value_cache, meta, scale=SCALE, output=out, config=config
-        )
+        paged_prefill(q, *caches, meta, params, out, config=config)
 
     us = time_us(run, flush=flush)
     # causal: query j of a request with context s and q_len new tokens sees s - q_len + j + 1 keys

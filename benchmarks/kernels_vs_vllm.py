@@ -373,15 +373,19 @@ def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) 
     """One MHA case over `reqs` [(query_len, seq_len)]: the plugin's paged_attention and
     FA3 on the same query and cache."""
     from atom_plugin.attention.mha import ops
+    from atom_plugin.attention.mha.params import AttentionParams
+    from atom_plugin.attention.mha.plan import plan_for_caches
 
     row = {}
     torch.manual_seed(seed)
     meta = pool.meta(reqs, seed=seed)
+    meta.plan = plan_for_caches(meta, pool.key_cache)  # as the builder does, once per step
+    params = AttentionParams(scale=MHA_SCALE)
     q = peaked_mha_query(meta.num_actual_tokens)
     out = torch.empty_like(q)
 
     def plugin():
-        ops.paged_attention(q, pool.key_cache, pool.value_cache, meta, scale=MHA_SCALE, output=out)
+        ops.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, out)
         return out
 
     plugin_out = _side(row, "plugin", plugin, flush, iters)
@@ -402,9 +406,7 @@ def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) 
             from atom_plugin.attention.mha import reference
 
             ref = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-            reference.paged_attention(
-                q, pool.key_cache, pool.value_cache, meta, scale=MHA_SCALE, output=ref
-            )
+            reference.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, ref)
             return ref
 
     _judge(row, plugin_out, vllm_out, "FA3", ref_fn)

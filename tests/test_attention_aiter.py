@@ -4,7 +4,6 @@ The fake asserts AITER's documented shapes and layouts and computes in torch;
 results must equal the reference. No ROCm run happens here.
 """
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from attention_cases import make_batch, tolerance
 from atom_plugin.attention.mha import aiter as aiter_mha
 from atom_plugin.attention.mha import ops, reference
 from atom_plugin.attention.mha.aiter import context_slots
+from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mha.plan import AiterPlan, plan_for_caches, plan_mha
 
 FAKE = Path(__file__).parent / "fake_aiter"
 FP8 = torch.float8_e4m3fn
@@ -34,13 +35,14 @@ def fake_aiter(monkeypatch):
 
 def expected(b, **kw):
     out = torch.zeros_like(b.query)
-    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, output=out, **kw)
+    params = AttentionParams(**kw)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, out)
     return out
 
 
 def through_ops(b, **kw):
     out = torch.full_like(b.query, 5.0)
-    ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, output=out, **kw)
+    ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, AttentionParams(**kw), out)
     return out
 
 
@@ -60,7 +62,7 @@ def test_mixed_batch_matches_reference(fake_aiter, group, window):
     assert fake_aiter.CALLS == ["paged_attention_v1", "flash_attn_varlen_func"]
 
 
-def test_prefill_context_built_once_per_step(fake_aiter, monkeypatch):
+def test_prefill_context_planned_once_per_step(fake_aiter, monkeypatch):
     b = make_batch(MIXED, hq=4, hkv=2, d=16, block_size=16, seed=6)
     builds = []
 
@@ -69,14 +71,22 @@ def test_prefill_context_built_once_per_step(fake_aiter, monkeypatch):
         return context_slots(*args)
 
     monkeypatch.setattr(aiter_mha, "context_slots", counted)
+    b.meta.plan = plan_for_caches(b.meta, b.key_cache)
+    assert isinstance(b.meta.plan, AiterPlan) and b.meta.plan.prefill is not None
+    assert b.meta.plan.decode_partitions == 1  # max_seq_len 40 fits one 256-token partition
     want = expected(b, scale=0.25)
     t = b.meta.num_actual_tokens
     for _ in range(2):  # two layers' calls with the step's one metadata
         got = through_ops(b, scale=0.25)
         torch.testing.assert_close(got[:t], want[:t], **tolerance(torch.float32))
     assert len(builds) == 1
-    assert list(b.meta.per_step) == [("aiter_prefill_context", 16)]
-    assert dataclasses.replace(b.meta, max_seq_len=b.meta.max_seq_len + 1).per_step == {}
+
+
+def test_prefill_refuses_a_plan_of_other_blocks(fake_aiter):
+    b = make_batch(MIXED, hq=4, hkv=2, d=16, block_size=16, seed=6)
+    b.meta.plan = plan_mha(b.meta, device=torch.device("cpu"), num_kv_heads=2, block_size=32)
+    with pytest.raises(ValueError, match="32-token blocks"):
+        through_ops(b, scale=0.25)
 
 
 @pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])
@@ -131,9 +141,8 @@ def test_asm_layout_write_and_decode(fake_aiter, cache_dtype):
     aiter_mha.write_kv_asm_layout(keys, vals, kx, vx, slots, ks, vs)
     reference.write_kv(keys, vals, b.key_cache, b.value_cache, slots, ks, vs)
     out = torch.zeros_like(b.query)
-    aiter_mha.paged_decode_asm_layout(
-        b.query, kx, vx, b.meta, scale=128**-0.5, output=out, k_scale=ks, v_scale=vs
-    )
+    params = AttentionParams(scale=128**-0.5, k_scale=ks, v_scale=vs)
+    aiter_mha.paged_decode_asm_layout(b.query, kx, vx, b.meta, params, out)
     want = expected(b, scale=128**-0.5, k_scale=ks, v_scale=vs)
     torch.testing.assert_close(out.float(), want.float(), **tolerance(torch.bfloat16, cache_dtype))
     assert fake_aiter.CALLS == ["reshape_and_cache", "pa_fwd_asm"]
@@ -142,13 +151,13 @@ def test_asm_layout_write_and_decode(fake_aiter, cache_dtype):
 def test_asm_layout_refuses_what_pa_fwd_asm_cannot_do(fake_aiter):
     b = make_batch([(1, 5), (2, 7)], hq=2, hkv=1, d=128, block_size=16, dtype=torch.bfloat16)
     out = torch.zeros_like(b.query)
+    caches = (b.key_cache, b.value_cache)
     with pytest.raises(ValueError, match="pure decode"):
-        aiter_mha.paged_decode_asm_layout(
-            b.query, b.key_cache, b.value_cache, b.meta, scale=128**-0.5, output=out
-        )
+        aiter_mha.paged_decode_asm_layout(b.query, *caches, b.meta, AttentionParams(128**-0.5), out)
     with pytest.raises(ValueError, match="scale=0.5"):
-        aiter_mha.paged_decode_asm_layout(
-            b.query, b.key_cache, b.value_cache, b.meta, scale=0.5, output=out
-        )
+        aiter_mha.paged_decode_asm_layout(b.query, *caches, b.meta, AttentionParams(0.5), out)
+    with pytest.raises(ValueError, match="no sliding window"):
+        params = AttentionParams(128**-0.5, sliding_window=4)
+        aiter_mha.paged_decode_asm_layout(b.query, *caches, b.meta, params, out)
     with pytest.raises(ValueError, match="multiples"):
         aiter_mha.asm_layout_shapes(4, 12, 1, 128, torch.bfloat16)

@@ -8,6 +8,7 @@ from tbo_harness.ubatch_metadata import prepare_ubatch_decode
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha import ops, reference
+from atom_plugin.attention.mha.params import AttentionParams
 
 
 @pytest.fixture(autouse=True)
@@ -27,9 +28,8 @@ def dense_kv(batch, i, s):
 
 def run_ref(batch, **kw):
     out = torch.full_like(batch.query, 7.0)
-    ops.paged_attention(
-        batch.query, batch.key_cache, batch.value_cache, batch.meta, scale=0.3, output=out, **kw
-    )
+    params = AttentionParams(scale=0.3, **kw)
+    ops.paged_attention(batch.query, batch.key_cache, batch.value_cache, batch.meta, params, out)
     return out
 
 
@@ -137,35 +137,19 @@ def test_fp8_read_applies_scale():
 def test_bad_arguments_are_named():
     b = make_batch([(1, 3)], hq=4, hkv=2, d=8, block_size=4, seed=9)
     out = torch.empty_like(b.query)
+    one = AttentionParams(scale=1.0)
     with pytest.raises(ValueError, match="sliding_window"):
-        ops.paged_attention(
-            b.query, b.key_cache, b.value_cache, b.meta, scale=1.0, output=out, sliding_window=0
-        )
+        run_ref(b, sliding_window=0)
     with pytest.raises(ValueError, match="sinks"):
-        ops.paged_attention(
-            b.query,
-            b.key_cache,
-            b.value_cache,
-            b.meta,
-            scale=1.0,
-            output=out,
-            sinks=torch.zeros(3),
-        )
+        run_ref(b, sinks=torch.zeros(3))
     for bad in (torch.float64, torch.int32):
         with pytest.raises(ValueError, match=f"sinks dtype {bad} is not one of"):
-            ops.paged_attention(
-                b.query, b.key_cache, b.value_cache, b.meta, scale=1.0, output=out,
-                sinks=torch.zeros(4, dtype=bad),
-            )  # fmt: skip
+            run_ref(b, sinks=torch.zeros(4, dtype=bad))
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        ops.paged_attention(
-            b.query[:, :3], b.key_cache, b.value_cache, b.meta, scale=1.0, output=out[:, :3]
-        )
+        ops.paged_attention(b.query[:, :3], b.key_cache, b.value_cache, b.meta, one, out[:, :3])
     fp8 = make_batch([(1, 3)], hq=4, hkv=2, d=8, block_size=4, cache_dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale"):
-        ops.paged_attention(
-            fp8.query, fp8.key_cache, fp8.value_cache, fp8.meta, scale=1.0, output=out
-        )
+        ops.paged_attention(fp8.query, fp8.key_cache, fp8.value_cache, fp8.meta, one, out)
     with pytest.raises(ValueError, match="slot_mapping has 1 slots"):
         ops.write_kv(b.key[:0], b.value[:0], b.key_cache, b.value_cache, b.meta.slot_mapping)
 
@@ -174,15 +158,14 @@ def test_unknown_kernel_choice_is_rejected(monkeypatch):
     b = make_batch([(1, 3)], hq=2, hkv=2, d=8, block_size=4)
     monkeypatch.setenv("ATOM_PLUGIN_KERNELS", "cuda")
     with pytest.raises(ValueError, match="aiter, triton, torch"):
-        ops.paged_attention(
-            b.query, b.key_cache, b.value_cache, b.meta, scale=1.0, output=b.query.clone()
-        )
+        run_ref(b)
 
 
 def test_reference_agrees_with_op_front_door():
     b = make_batch([(1, 4), (2, 6)], hq=2, hkv=1, d=8, block_size=4, seed=10)
     out = torch.empty_like(b.query)
-    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, scale=0.3, output=out)
+    params = AttentionParams(scale=0.3)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, out)
     torch.testing.assert_close(run_ref(b), out)
 
 
@@ -222,11 +205,12 @@ def test_ubatch_attention_equals_whole_batch_rows():
     m = decode_meta(real=6, rows=6, seed=3)
     b = make_batch([(1, 3 + i) for i in range(6)], hq=2, hkv=1, d=8, block_size=4, seed=3)
     whole = torch.empty_like(b.query)
-    ops.paged_attention(b.query, b.key_cache, b.value_cache, m, scale=0.5, output=whole)
+    half = AttentionParams(scale=0.5)
+    ops.paged_attention(b.query, b.key_cache, b.value_cache, m, half, whole)
     u0, u1 = prepare_ubatch_decode(m, 6)
     for u, (a, z) in ((u0, (0, 3)), (u1, (3, 6))):
         part = torch.empty_like(b.query[a:z])
-        ops.paged_attention(b.query[a:z], b.key_cache, b.value_cache, u, scale=0.5, output=part)
+        ops.paged_attention(b.query[a:z], b.key_cache, b.value_cache, u, half, part)
         torch.testing.assert_close(part, whole[a:z])
 
 

@@ -21,37 +21,38 @@ from atom_plugin.attention.mha import (
     ops,  # noqa: E402
     reference,  # noqa: E402
 )
+from atom_plugin.attention.mha.params import AttentionParams  # noqa: E402
+from atom_plugin.attention.mha.plan import TritonPlan, plan_for_caches  # noqa: E402
 from atom_plugin.attention.mha.triton import paged_attention, write_kv  # noqa: E402
 from atom_plugin.attention.mha.triton_decode import paged_decode  # noqa: E402
 from atom_plugin.attention.mha.triton_prefill import paged_prefill  # noqa: E402
-from atom_plugin.attention.triton_common import choose_num_splits  # noqa: E402
+from atom_plugin.attention.triton_common import (  # noqa: E402
+    choose_num_splits,
+    device_sm_count,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
 
 
+def params(scale=0.2, **kw) -> AttentionParams:
+    return AttentionParams(scale=scale, **kw)
+
+
 def expected(b, **kw):
     out = torch.zeros_like(b.query)
-    reference.paged_attention(
-        b.query, b.key_cache, b.value_cache, b.meta, output=out, scale=kw.pop("scale", 0.2), **kw
-    )
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params(**kw), out)
     return out
 
 
 def actual(b, num_splits=None, **kw):
+    """The decode then the prefill kernel; `num_splits` None takes the plan's choice."""
     out = torch.full_like(b.query, 3.0)
-    scale = kw.pop("scale", 0.2)
-    paged_decode(
-        b.query,
-        b.key_cache,
-        b.value_cache,
-        b.meta,
-        scale=scale,
-        output=out,
-        num_splits=num_splits,
-        **kw,
-    )
-    paged_prefill(b.query, b.key_cache, b.value_cache, b.meta, scale=scale, output=out, **kw)
+    if num_splits is None:
+        num_splits = plan_for_caches(b.meta, b.key_cache, "triton").num_splits
+    caches = (b.key_cache, b.value_cache)
+    paged_decode(b.query, *caches, b.meta, params(**kw), out, num_splits=num_splits)
+    paged_prefill(b.query, *caches, b.meta, params(**kw), out)
     return out
 
 
@@ -223,7 +224,20 @@ def test_ops_dispatch_to_triton(monkeypatch):
     monkeypatch.setenv("ATOM_PLUGIN_KERNELS", "triton")
     b = make_batch([(1, 9), (3, 12)], hq=4, hkv=2, d=16, block_size=16, device=DEV, seed=2)
     out = torch.zeros_like(b.query)
-    ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, scale=0.2, output=out)
+    ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params(), out)
+    torch.testing.assert_close(out, expected(b), **tolerance(torch.float32))
+
+
+def test_plan_picks_the_decode_splits_and_ops_run_it():
+    b = make_batch([(1, 900), (1, 9), (3, 12)], hq=4, hkv=2, d=16, block_size=16, device=DEV)
+    plan = plan_for_caches(b.meta, b.key_cache, "triton")
+    sms = device_sm_count(b.key_cache.device)
+    assert plan == TritonPlan(num_splits=choose_num_splits(2, 2, 900, sms))
+    prefill_only = make_batch([(3, 12)], hq=4, hkv=2, d=16, block_size=16, device=DEV)
+    assert plan_for_caches(prefill_only.meta, prefill_only.key_cache, "triton").num_splits == 1
+    b.meta.plan = TritonPlan(num_splits=3)  # any count is correct: the ops run the plan's
+    out = torch.zeros_like(b.query)
+    ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params(), out)
     torch.testing.assert_close(out, expected(b), **tolerance(torch.float32))
 
 
@@ -233,7 +247,8 @@ def test_ubatch_halves_through_triton():
     u0, u1 = prepare_ubatch_decode(b.meta, 5)
     for u, (lo, hi) in ((u0, (0, 2)), (u1, (2, 5))):
         part = torch.zeros_like(b.query[lo:hi])
-        paged_attention(b.query[lo:hi], b.key_cache, b.value_cache, u, scale=0.2, output=part)
+        plan = plan_for_caches(u, b.key_cache, "triton")
+        paged_attention(b.query[lo:hi], b.key_cache, b.value_cache, u, params(), part, plan)
         torch.testing.assert_close(part, whole[lo:hi], **tolerance(torch.float32))
 
 
@@ -312,14 +327,12 @@ def test_prefill_tiles_below_the_diagonal(block_size, config, window, d):
     b.meta.num_decodes = 0
     b.meta.num_decode_tokens = 0
     want = torch.zeros_like(b.query)
-    reference.paged_attention(
-        b.query, b.key_cache, b.value_cache, b.meta, output=want, scale=0.2, sliding_window=window
-    )
+    window_params = params(sliding_window=window)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, window_params, want)
     got = torch.zeros_like(b.query)
     paged_prefill(
-        b.query, b.key_cache, b.value_cache, b.meta, scale=0.2, output=got, first_req=0,
-        sliding_window=window, config=config,
-    )  # fmt: skip
+        b.query, b.key_cache, b.value_cache, b.meta, window_params, got, first_req=0, config=config
+    )
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
@@ -327,7 +340,7 @@ def test_prefill_tiles_below_the_diagonal(block_size, config, window, d):
 def test_prefill_rejects_a_scale_not_above_zero(scale):
     b = make_batch([(3, 3)], hq=2, hkv=1, d=16, block_size=16, device=DEV)
     with pytest.raises(ValueError, match=repr(scale)):
-        paged_prefill(b.query, b.key_cache, b.value_cache, b.meta, scale=scale, output=b.query)
+        paged_prefill(b.query, b.key_cache, b.value_cache, b.meta, params(scale), b.query)
 
 
 def test_host_int_helpers_match_triton():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from atom_plugin.attention.mha import reference
+from atom_plugin.attention.mha.params import AttentionParams
 from atom_plugin.attention.mla.reference import mla_decode_reference
 from benchmarks import attention
 from benchmarks import kernel_problems as kp
@@ -255,9 +256,8 @@ def test_fa3_arguments_pose_the_plugins_problem(reqs, splits):
     assert sched["cache_seqlens"] is meta.seq_lens
     assert sched["cu_seqlens_q"] is meta.query_start_loc
     ref = torch.zeros(q.shape)
-    reference.paged_attention(
-        q, pool.key_cache, pool.value_cache, meta, scale=kp.MHA_SCALE, output=ref
-    )
+    params = AttentionParams(scale=kp.MHA_SCALE)
+    reference.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, ref)
     torch.testing.assert_close(fa3_semantics(**args), ref, atol=1e-4, rtol=1e-4)
 
 

@@ -10,6 +10,12 @@ from vllm.v1.attention.backend import CommonAttentionMetadata, MultipleOf
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
+from atom_plugin.attention import select
+from atom_plugin.attention.mha import ops
+from atom_plugin.attention.mha import plan as mha_plan
+from atom_plugin.attention.mha.plan import AiterPlan, TorchPlan, TritonPlan
+from atom_plugin.attention.triton_common import choose_num_splits, device_sm_count
+from atom_plugin.vllm.attention import mha as vllm_mha
 from atom_plugin.vllm.attention.mha import AtomAiterBackend
 from atom_plugin.vllm.registration import register_attention_backends
 
@@ -78,8 +84,22 @@ def dense_reference(q, k, v, scale):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def test_builder_and_impl_on_a_mixed_batch():
-    """A decode (context 20) and a chunked prefill (5 new over 14 cached) in one step."""
+def refuse_selection(monkeypatch):
+    """Make every name of `select_kernel_impl` fail: what runs after this must not choose."""
+
+    def refuse(device):
+        raise AssertionError("select_kernel_impl was called on the per-layer path")
+
+    for module in (select, mha_plan, ops, vllm_mha):
+        monkeypatch.setattr(module, "select_kernel_impl", refuse)
+
+
+@pytest.mark.parametrize("planned_only", [False, True], ids=["plain", "no-reselect"])
+def test_builder_and_impl_on_a_mixed_batch(monkeypatch, planned_only):
+    """A decode (context 20) and a chunked prefill (5 new over 14 cached) in one step.
+
+    no-reselect: once the builder has planned the step, the layer calls (cache write
+    and forward, twice: two layers) run with `select_kernel_impl` refusing."""
     torch.manual_seed(0)
     builder = make_builder()
     ctx = [20, 19]
@@ -116,14 +136,18 @@ def test_builder_and_impl_on_a_mixed_batch():
     )
     meta = builder.build(common_prefix_len=0, common_attn_metadata=cam)
     assert (meta.num_decodes, meta.num_decode_tokens) == (1, 1)
+    assert isinstance(meta.plan, TorchPlan)
+    if planned_only:
+        refuse_selection(monkeypatch)
 
     new_k = torch.cat([full_k[r][n - q_lens[r] :] for r, n in enumerate(ctx)])
     new_v = torch.cat([full_v[r][n - q_lens[r] :] for r, n in enumerate(ctx)])
-    impl.do_kv_cache_update(None, new_k, new_v, kv_cache, cam.slot_mapping)
     query = torch.randn(6, HQ * D)
     output = torch.full((6, HQ * D), 7.0)
-    returned = impl.forward(None, query, new_k, new_v, kv_cache, meta, output)
-    assert returned.data_ptr() == output.data_ptr()
+    for _ in range(2 if planned_only else 1):
+        impl.do_kv_cache_update(None, new_k, new_v, kv_cache, cam.slot_mapping)
+        returned = impl.forward(None, query, new_k, new_v, kv_cache, meta, output)
+        assert returned.data_ptr() == output.data_ptr()
     q = query.view(6, HQ, D)
     expected = torch.cat(
         [dense_reference(q[qsl[r] : qsl[r + 1]], full_k[r], full_v[r], D**-0.5) for r in range(2)]
@@ -169,3 +193,34 @@ def test_built_decode_metadata_cuts_at_the_shared_split():
     assert first.seq_lens.tolist() == [3, 4]
     assert second.seq_lens.tolist() == [5, 6, 7]
     assert second.query_start_loc.tolist()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "impl,plan_type", [("torch", TorchPlan), ("triton", TritonPlan), ("aiter", AiterPlan)]
+)
+def test_builder_plans_the_path_kernels_setting_names(monkeypatch, impl, plan_type):
+    """ATOM_PLUGIN_KERNELS is read where the step is planned; each path gets its plan."""
+    monkeypatch.setenv("ATOM_PLUGIN_KERNELS", impl)
+    qsl = torch.tensor([0, 1, 2, 5], dtype=torch.int32)
+    cam = CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor([700, 9, 20], dtype=torch.int32),
+        num_reqs=3,
+        num_actual_tokens=5,
+        max_query_len=3,
+        max_seq_len=700,
+        block_table_tensor=torch.arange(3 * 44, dtype=torch.int32).view(3, 44),
+        slot_mapping=torch.arange(5, dtype=torch.int64),
+    )
+    meta = make_builder().build(0, cam)
+    assert type(meta.plan) is plan_type
+    splits = choose_num_splits(2, HKV, 700, device_sm_count(torch.device("cpu")))
+    if impl == "triton":
+        assert meta.plan.num_splits == splits
+    if impl == "aiter":
+        assert (meta.plan.decode_partitions, meta.plan.sink_decode_splits) == (3, splits)
+        assert meta.plan.prefill.cu_seqlens_k.tolist() == [0, 20]  # the prefill row's context
+        blocks, offsets = meta.plan.prefill.slots
+        assert blocks.tolist() == [88] * 16 + [89] * 4
+        assert offsets.tolist() == list(range(16)) + list(range(4))

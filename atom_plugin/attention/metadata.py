@@ -9,8 +9,12 @@ host-side integers (`num_reqs`, `max_seq_len`, ...) carry what launches need.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from atom_plugin.attention.mha.plan import MHAPlan
 
 
 @dataclass
@@ -33,11 +37,10 @@ class PagedAttentionMetadata:
     seq_lens: torch.Tensor  # int32 [num_reqs]
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
     slot_mapping: torch.Tensor  # int64 [num_actual_tokens]; negative = skip
-    # Values a kernel path derives from this batch once and shares across layers.
-    # init=False: `dataclasses.replace` gives each copy a fresh, empty one. Only the
-    # AITER prefill fills it; metadata rewritten in place across steps (the TBO graph
-    # buffers) holds decode batches only, so it never goes stale.
-    per_step: dict = field(init=False, default_factory=dict, repr=False, compare=False)
+    # The MHA kernel path's plan of this batch (`mha.plan.plan_mha`), made by the builder
+    # once per step. None: `mha.ops` plans each call itself (callers without a builder).
+    # A copy cut from this batch must carry a plan made for the copy, or None.
+    plan: MHAPlan | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (

@@ -44,6 +44,7 @@ def pad_decode_rows(
         seq_lens=torch.empty(rows, dtype=torch.int32, device=dev),
         block_table=torch.empty((rows, meta.block_table.shape[1]), dtype=torch.int32, device=dev),
         slot_mapping=torch.empty(rows * q, dtype=torch.int64, device=dev),
+        plan=None,  # planned on each call: the rows are rewritten in place every step
     )
     _write_padded_rows(padded, meta)
     return padded

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.ops import paged_attention, write_kv
+from atom_plugin.attention.mha.params import AttentionParams
 from atom_plugin.tbo import (
     current_ubatch,
     record_stream_use,
@@ -243,7 +244,7 @@ class TboTestModel:
             layer["w_down"] = w2.reshape(per_rank * cfg.ffn, h).contiguous()
             layer["experts"] = mine
             self.layers.append(layer)
-        self.scale = d**-0.5
+        self.params = AttentionParams(scale=d**-0.5)
 
     @property
     def overlap(self) -> str:
@@ -310,7 +311,7 @@ class TboTestModel:
             if staged:
                 self._attention_in_two_stages(q, key_cache, value_cache, meta, o)
             else:
-                paged_attention(q, key_cache, value_cache, meta, scale=self.scale, output=o)
+                paged_attention(q, key_cache, value_cache, meta, self.params, o)
             x = x + o.view(p, -1) @ layer["wo"]
 
             h = self._norm(x)
@@ -331,7 +332,7 @@ class TboTestModel:
                 yield_to_other()
             kc, vc = key_cache[:, :, kv_heads], value_cache[:, :, kv_heads]
             with take_turn():
-                paged_attention(q[:, heads], kc, vc, meta, scale=self.scale, output=o[:, heads])
+                paged_attention(q[:, heads], kc, vc, meta, self.params, o[:, heads])
 
     @staticmethod
     def _communicate(op, x: torch.Tensor) -> torch.Tensor:

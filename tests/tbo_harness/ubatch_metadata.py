@@ -4,7 +4,8 @@ Decode steps are cut at `mode.ubatch_split_bs` (`prepare_ubatch_decode`), prefil
 steps at the token midpoint (`prepare_ubatch_prefill`). Both take their ranges from
 `atom_plugin.tbo.split`, like `maybe_create_ubatch_slices`. Inside vLLM the
 backends' builders cut the metadata instead, from vLLM's common metadata split at
-the same slices.
+the same slices, and plan each micro-batch. A cut here drops the whole batch's
+plan (its values describe the whole batch); `ops` plans the cut on each call.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def prepare_ubatch_decode(
             seq_lens=seq_lens[a:b],
             block_table=table[a:b],
             slot_mapping=slots[a:b],
+            plan=None,
         )
 
     return cut(a0, b0), cut(a1, b1)
@@ -120,6 +122,7 @@ def prepare_ubatch_prefill(
                 seq_lens=seq_lens,
                 block_table=meta.block_table[r0:r1],
                 slot_mapping=meta.slot_mapping[t0:t1],
+                plan=None,
             )
         )
     return out[0], out[1]

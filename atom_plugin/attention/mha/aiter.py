@@ -31,6 +31,8 @@ import torch
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mha.plan import AiterPlan
 
 PARTITION_SIZE = 256  # paged_attention_v1's context partition (vLLM uses 256 on ROCm)
 ASM_HEAD_SIZE = 128
@@ -78,30 +80,26 @@ def paged_attention(
     key_cache,
     value_cache,
     meta: PagedAttentionMetadata,
-    *,
-    scale: float,
+    params: AttentionParams,
     output,
-    sliding_window=None,
-    sinks=None,
-    k_scale=None,
-    v_scale=None,
+    plan: AiterPlan,
 ):
-    kw = dict(sliding_window=sliding_window, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     if meta.num_decodes:
-        if sinks is not None:
+        if params.sinks is not None:
             from atom_plugin.attention.mha.triton_decode import paged_decode
 
-            paged_decode(query, key_cache, value_cache, meta, scale=scale, output=output, **kw)
+            paged_decode(
+                query, key_cache, value_cache, meta, params, output,
+                num_splits=plan.sink_decode_splits,
+            )  # fmt: skip
         else:
-            _decode(
-                query, key_cache, value_cache, meta, scale, output, sliding_window, k_scale, v_scale
-            )
+            _decode(query, key_cache, value_cache, meta, params, output, plan.decode_partitions)
     if meta.num_prefills:
-        _prefill(query, key_cache, value_cache, meta, scale, output, **kw)
+        _prefill(query, key_cache, value_cache, meta, params, output, plan)
     return output
 
 
-def _decode(query, key_cache, value_cache, meta, scale, output, window, k_scale, v_scale):
+def _decode(query, key_cache, value_cache, meta, params: AttentionParams, output, partitions):
     n = meta.num_decodes
     if meta.num_decode_tokens != n:
         raise ValueError(
@@ -109,14 +107,13 @@ def _decode(query, key_cache, value_cache, meta, scale, output, window, k_scale,
             f"num_decode_tokens={meta.num_decode_tokens}"
         )
     hq, d = query.shape[1], query.shape[2]
-    partitions = -(-max(meta.max_seq_len, 1) // PARTITION_SIZE)
     elem = query.element_size()
     workspace = torch.empty(
         n * hq * partitions * d * elem + 2 * n * hq * partitions * 4,
         dtype=torch.uint8,
         device=query.device,
     )
-    ks, vs = _scales(key_cache.dtype, k_scale, v_scale, query.device)
+    ks, vs = _scales(key_cache.dtype, params.k_scale, params.v_scale, query.device)
     out = output[:n]
     _aiter().paged_attention_v1(
         out,
@@ -124,7 +121,7 @@ def _decode(query, key_cache, value_cache, meta, scale, output, window, k_scale,
         query[:n],
         key_cache,
         value_cache,
-        scale,
+        params.scale,
         meta.block_table[:n],
         meta.query_start_loc[: n + 1],
         meta.seq_lens[:n],
@@ -138,7 +135,7 @@ def _decode(query, key_cache, value_cache, meta, scale, output, window, k_scale,
         None,  # fp8_out_scale
         PARTITION_SIZE,
         1,  # mtp
-        window or 0,
+        params.sliding_window or 0,
     )
     # inert (padding) rows must read as zeros whatever the kernel leaves there
     out.masked_fill_((meta.seq_lens[:n] == 0).view(n, 1, 1), 0.0)
@@ -163,44 +160,33 @@ def gather_context(cache, slots, dtype, scale=None):
     return out.to(dtype)
 
 
-def prefill_context(meta: PagedAttentionMetadata, block_size: int):
-    """(cu_k, slots) of the prefill rows' contexts: their cumulated seq_lens [n + 1] and
-    `context_slots`. Built on the first layer's call of a step, then read from `meta.per_step`."""
-    key = ("aiter_prefill_context", block_size)
-    if key not in meta.per_step:
-        first, last = meta.num_decodes, meta.num_reqs
-        seq_lens = meta.seq_lens[first:last]
-        cu_k = torch.zeros(last - first + 1, dtype=torch.int32, device=seq_lens.device)
-        torch.cumsum(seq_lens, 0, out=cu_k[1:])
-        total = int(cu_k[-1])  # host read: sizes the gathered context (prefills are not graphed)
-        slots = context_slots(meta.block_table[first:last], seq_lens, total, block_size)
-        meta.per_step[key] = cu_k, slots
-    return meta.per_step[key]
-
-
-def _prefill(
-    query, key_cache, value_cache, meta, scale, output, *, sliding_window, sinks, k_scale, v_scale
-):
+def _prefill(query, key_cache, value_cache, meta, params: AttentionParams, output, plan):
     first, last = meta.num_decodes, meta.num_reqs
     t0, t1 = meta.num_decode_tokens, meta.num_actual_tokens
-    # one index computation serves K and V
-    cu_k, slots = prefill_context(meta, key_cache.shape[1])
-    k = gather_context(key_cache, slots, query.dtype, k_scale)
-    v = gather_context(value_cache, slots, query.dtype, v_scale)
+    context = plan.prefill
+    if context is None or context.block_size != key_cache.shape[1]:
+        raise ValueError(
+            f"the AITER plan's prefill contexts ({context and context.block_size}-token "
+            f"blocks) do not fit this batch's {key_cache.shape[1]}-token cache blocks"
+        )
+    # one index computation (the plan's) serves K and V of every layer
+    k = gather_context(key_cache, context.slots, query.dtype, params.k_scale)
+    v = gather_context(value_cache, context.slots, query.dtype, params.v_scale)
     cu_q = meta.query_start_loc[first : last + 1] - meta.query_start_loc[first]
+    window, sinks = params.sliding_window, params.sinks
     _aiter().flash_attn_varlen_func(
         q=query[t0:t1],
         k=k,
         v=v,
         cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
+        cu_seqlens_k=context.cu_seqlens_k,
         max_seqlen_q=meta.max_query_len,
         max_seqlen_k=meta.max_seq_len,
         min_seqlen_q=1,
         dropout_p=0.0,
-        softmax_scale=scale,
+        softmax_scale=params.scale,
         causal=True,
-        window_size=(-1, -1) if sliding_window is None else (sliding_window - 1, 0),
+        window_size=(-1, -1) if window is None else (window - 1, 0),
         alibi_slopes=None,
         return_lse=False,
         out=output[t0:t1],
@@ -243,17 +229,12 @@ def write_kv_asm_layout(
 
 
 def paged_decode_asm_layout(
-    query,
-    key_cache,
-    value_cache,
-    meta: PagedAttentionMetadata,
-    *,
-    scale,
-    output,
-    k_scale=None,
-    v_scale=None,
+    query, key_cache, value_cache, meta: PagedAttentionMetadata, params: AttentionParams, output
 ):
     """ATOM's decode call. pa_fwd_asm takes no softmax scale, window or sinks: refuse those."""
+    scale = params.scale
+    if params.sliding_window is not None or params.sinks is not None:
+        raise ValueError("pa_fwd_asm takes no sliding window and no sinks")
     d = query.shape[2]
     if d != ASM_HEAD_SIZE:
         raise ValueError(f"pa_fwd_asm supports head_size {ASM_HEAD_SIZE} only, got {d}")
@@ -275,8 +256,8 @@ def paged_decode_asm_layout(
         meta.seq_lens[:n],
         table.stride(0),
         1,  # max_qlen
-        k_scale if fp8 else None,
-        v_scale if fp8 else None,
+        params.k_scale if fp8 else None,
+        params.v_scale if fp8 else None,
         output[:n],
     )
     output[:n].masked_fill_((meta.seq_lens[:n] == 0).view(n, 1, 1), 0.0)

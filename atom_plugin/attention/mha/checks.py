@@ -12,6 +12,7 @@ from atom_plugin.attention.dtypes import (
     is_fp8,
 )
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.params import AttentionParams
 
 
 def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
@@ -74,7 +75,7 @@ def check_write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 
 def check_attention(
-    query, key_cache, value_cache, meta: PagedAttentionMetadata, output, sliding_window, sinks
+    query, key_cache, value_cache, meta: PagedAttentionMetadata, output, params: AttentionParams
 ) -> None:
     check_caches(key_cache, value_cache)
     _, _, hkv, d = key_cache.shape
@@ -101,6 +102,7 @@ def check_attention(
         raise ValueError(
             f"query holds {query.shape[0]} tokens but num_actual_tokens={meta.num_actual_tokens}"
         )
+    sliding_window, sinks = params.sliding_window, params.sinks
     if sliding_window is not None and (
         isinstance(sliding_window, bool)
         or not isinstance(sliding_window, int)

@@ -10,6 +10,7 @@ import torch
 
 from atom_plugin.attention.dtypes import fp8_max, is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.params import AttentionParams
 
 
 def _scale_on(scale: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | float:
@@ -64,14 +65,14 @@ def paged_attention(
     key_cache,
     value_cache,
     meta: PagedAttentionMetadata,
-    *,
-    scale: float,
+    params: AttentionParams,
     output,
-    sliding_window=None,
-    sinks=None,
-    k_scale=None,
-    v_scale=None,
+    plan=None,
 ):
+    """The definition: per request, softmax over its visible keys (and sink) in float32.
+    `plan` is unused (nothing to plan); it keeps the paths' signature."""
+    scale, sliding_window, sinks = params.scale, params.sliding_window, params.sinks
+    k_scale, v_scale = params.k_scale, params.v_scale
     hq = query.shape[1]
     hkv = key_cache.shape[2]
     group = hq // hkv

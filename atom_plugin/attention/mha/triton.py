@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mha.plan import TritonPlan
 from atom_plugin.attention.mha.triton_decode import paged_decode
 from atom_plugin.attention.mha.triton_kv import write_kv
 from atom_plugin.attention.mha.triton_prefill import paged_prefill
@@ -15,24 +17,14 @@ def paged_attention(
     key_cache,
     value_cache,
     meta: PagedAttentionMetadata,
-    *,
-    scale: float,
+    params: AttentionParams,
     output,
-    sliding_window=None,
-    sinks=None,
-    k_scale=None,
-    v_scale=None,
+    plan: TritonPlan,
 ):
-    kw = dict(
-        scale=scale,
-        output=output,
-        sliding_window=sliding_window,
-        sinks=sinks,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
     if meta.num_decodes:
-        paged_decode(query, key_cache, value_cache, meta, **kw)
+        paged_decode(
+            query, key_cache, value_cache, meta, params, output, num_splits=plan.num_splits
+        )
     if meta.num_prefills:
-        paged_prefill(query, key_cache, value_cache, meta, **kw)
+        paged_prefill(query, key_cache, value_cache, meta, params, output)
     return output

@@ -2,8 +2,8 @@
 
 One program of the split kernel handles (request, kv head, split): all query
 heads of the kv head's group share each K/V tile, so KV is read once. The
-context is cut into `num_splits` chunks; the split count is chosen so that
-small batches still put at least two waves of programs on the GPU. Chunk
+context is cut into `num_splits` chunks; the step's plan chooses the count so
+that small batches still put at least two waves of programs on the GPU. Chunk
 bounds are computed on the device from each request's seq_len, so any split
 count is correct for any context (a CUDA graph may bake the count in).
 """
@@ -16,11 +16,10 @@ import triton.language as tl
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.params import AttentionParams
 from atom_plugin.attention.triton_common import (
     LOG2E,
     MAX_SPLITS,
-    choose_num_splits,
-    device_sm_count,
     dot_flags,
     fold_sinks,
     mm,
@@ -215,34 +214,25 @@ def paged_decode(
     key_cache,
     value_cache,
     meta: PagedAttentionMetadata,
-    *,
-    scale: float,
+    params: AttentionParams,
     output,
-    sliding_window=None,
-    sinks=None,
-    k_scale=None,
-    v_scale=None,
-    num_splits: int | None = None,
-    num_sms: int | None = None,
+    *,
+    num_splits: int,
     config: dict | None = None,
 ) -> torch.Tensor:
     """Attention for the decode rows [0, meta.num_decodes) (one query token each).
 
-    `num_splits` overrides the choice (tests use it); otherwise `num_sms` (the
-    device's multiprocessor count, read from the device when not given) drives it.
+    `num_splits` comes from the step's plan (`plan.TritonPlan`); tests pick their own.
     """
     n = meta.num_decodes
     if n == 0:
         return output
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits} is outside 1..{MAX_SPLITS}")
     hq, d = query.shape[1], query.shape[2]
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
-    if num_splits is None:
-        if num_sms is None:
-            num_sms = device_sm_count(query.device)
-        num_splits = choose_num_splits(n, hkv, meta.max_seq_len, num_sms)
-    elif not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits={num_splits} is outside 1..{MAX_SPLITS}")
+    sliding_window, sinks = params.sliding_window, params.sinks
     cfg = dict(_config(d), **(config or {}))
     block_d = next_power_of_2(d)
     direct = num_splits == 1
@@ -257,13 +247,13 @@ def paged_decode(
         meta.block_table,
         meta.seq_lens,
         meta.query_start_loc,
-        k_scale if fp8 else meta.seq_lens,
-        v_scale if fp8 else meta.seq_lens,
+        params.k_scale if fp8 else meta.seq_lens,
+        params.v_scale if fp8 else meta.seq_lens,
         o_part,
         l_part,
         sinks if sinks is not None else meta.seq_lens,
         output,
-        scale * LOG2E,
+        params.scale * LOG2E,
         sliding_window or 0,
         query.stride(0),
         query.stride(1),

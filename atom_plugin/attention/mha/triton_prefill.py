@@ -17,6 +17,7 @@ from triton.runtime.errors import OutOfResources
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mha.params import AttentionParams
 from atom_plugin.attention.triton_common import (
     LOG2E,
     cdiv,
@@ -245,13 +246,9 @@ def paged_prefill(
     key_cache,
     value_cache,
     meta: PagedAttentionMetadata,
-    *,
-    scale: float,
+    params: AttentionParams,
     output,
-    sliding_window=None,
-    sinks=None,
-    k_scale=None,
-    v_scale=None,
+    *,
     first_req: int | None = None,
     config: dict | None = None,
 ) -> torch.Tensor:
@@ -260,8 +257,8 @@ def paged_prefill(
     scale (and an fp8 cache's k_scale) must be > 0: the kernel scales each row's max of
     the raw scores, not every score.
     """
-    if not scale > 0:
-        raise ValueError(f"paged_prefill needs scale > 0, got {scale!r}")
+    if not params.scale > 0:
+        raise ValueError(f"paged_prefill needs scale > 0, got {params.scale!r}")
     first = meta.num_decodes if first_req is None else first_req
     num = meta.num_reqs - first
     if num <= 0 or meta.max_query_len == 0:
@@ -269,15 +266,13 @@ def paged_prefill(
     d = query.shape[2]
     block_g = next_power_of_2(query.shape[1] // key_cache.shape[2])
     if config is not None:
-        _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
-                k_scale, v_scale, first, num, config)  # fmt: skip
+        _launch(query, key_cache, value_cache, meta, params, output, first, num, config)
         return output
     key = (str(query.device), d, block_g)
     candidates = _configs(d, block_g)
     for i in range(_FITTING.get(key, 0), len(candidates)):
         try:
-            _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
-                    k_scale, v_scale, first, num, candidates[i])  # fmt: skip
+            _launch(query, key_cache, value_cache, meta, params, output, first, num, candidates[i])
         except OutOfResources:
             if i + 1 == len(candidates):
                 raise
@@ -287,8 +282,7 @@ def paged_prefill(
     return output
 
 
-def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, sinks,
-            k_scale, v_scale, first, num, cfg) -> None:  # fmt: skip
+def _launch(query, key_cache, value_cache, meta, params, output, first, num, cfg) -> None:
     hq, d = query.shape[1], query.shape[2]
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
@@ -299,6 +293,7 @@ def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, 
     fp8 = is_fp8(key_cache.dtype)
     block_d = next_power_of_2(d)
     grid = (num, cdiv(meta.max_query_len, cfg["BLOCK_Q"]), hkv)
+    sliding_window, sinks = params.sliding_window, params.sinks
     _prefill_kernel[grid](
         query,
         key_cache,
@@ -307,10 +302,10 @@ def _launch(query, key_cache, value_cache, meta, scale, output, sliding_window, 
         meta.block_table,
         meta.seq_lens,
         meta.query_start_loc,
-        k_scale if fp8 else meta.seq_lens,
-        v_scale if fp8 else meta.seq_lens,
+        params.k_scale if fp8 else meta.seq_lens,
+        params.v_scale if fp8 else meta.seq_lens,
         sinks if sinks is not None else meta.seq_lens,
-        scale * LOG2E,
+        params.scale * LOG2E,
         sliding_window or 0,
         first,
         query.stride(0),

@@ -2,7 +2,8 @@
 
 The kernels (AITER, Triton or the torch reference: `atom_plugin.attention.select`)
 live in `atom_plugin.attention`; this module only adapts vLLM's metadata and
-cache tensors to them.
+cache tensors to them. The builder plans each step's kernel path once
+(`mha.plan.plan_mha`); every layer's call runs that plan.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 from atom_plugin.attention.dtypes import ACTIVATION_DTYPES
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha import ops
+from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mha.plan import plan_mha
+from atom_plugin.attention.select import select_kernel_impl
 
 HEAD_SIZES = [64, 128, 256]
 BLOCK_SIZE_BASE = 16
@@ -88,7 +92,7 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
             cam, decode_threshold=self.reorder_batch_threshold
         )
         num_reqs = cam.num_reqs
-        return PagedAttentionMetadata(
+        meta = PagedAttentionMetadata(
             num_reqs=num_reqs,
             num_actual_tokens=cam.num_actual_tokens,
             max_query_len=cam.max_query_len,
@@ -101,9 +105,17 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
             block_table=cam.block_table_tensor,
             slot_mapping=cam.slot_mapping[: cam.num_actual_tokens],
         )
+        meta.plan = plan_mha(
+            meta,
+            device=self.device,
+            num_kv_heads=self.kv_cache_spec.num_kv_heads,
+            block_size=self.kv_cache_spec.block_size,  # the kernel's block size
+        )
+        return meta
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
-        """Capture with the longest context: launch sizes (decode splits) are baked in."""
+        """Capture with the longest context: the plan's launch sizes (decode splits) are
+        baked into the graph and must hold for every context a replay sees."""
         max_len = self.vllm_config.model_config.max_model_len
         cam = replace(common_attn_metadata, max_seq_len=max_len)
         return self.build(common_prefix_len=0, common_attn_metadata=cam)
@@ -147,6 +159,8 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
         self.sinks = sinks
         if sinks is not None and sinks.shape[0] != num_heads:
             raise ValueError(f"sinks has {sinks.shape[0]} entries for {num_heads} query heads")
+        self._params_fixed = AttentionParams(self.scale, sliding_window, sinks)
+        self._write_impl: str | None = None  # chosen on the first cache write
 
     def _caches(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[blocks, kv_heads, block, 2*D] -> two [blocks, block, kv_heads, D] views."""
@@ -160,12 +174,25 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
             return None, None
         return layer._k_scale, layer._v_scale
 
+    def _params(self, layer) -> AttentionParams:
+        """With an fp8 cache, made per call: vLLM may replace the layer's scale tensors
+        after weight loading."""
+        if not self._quantized_cache:
+            return self._params_fixed
+        k_scale, v_scale = self._scales(layer)
+        return replace(self._params_fixed, k_scale=k_scale, v_scale=v_scale)
+
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         if self.kv_sharing_target_layer_name is not None:
             return  # the target layer wrote this cache
+        # vLLM hands the cache update no metadata, so no plan: the path is picked once.
+        if self._write_impl is None:
+            self._write_impl = select_kernel_impl(key.device)
         key_cache, value_cache = self._caches(kv_cache)
         k_scale, v_scale = self._scales(layer)
-        ops.write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+        ops.write_kv(
+            key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, self._write_impl
+        )
 
     def forward(
         self,
@@ -185,17 +212,12 @@ class AtomAiterImpl(AttentionImpl[PagedAttentionMetadata]):
             return output
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(kv_cache)
-        k_scale, v_scale = self._scales(layer)
         ops.paged_attention(
             query[:n].view(n, self.num_heads, self.head_size),
             key_cache,
             value_cache,
             attn_metadata,
-            scale=self.scale,
-            output=output[:n].view(n, self.num_heads, self.head_size),
-            sliding_window=self.sliding_window,
-            sinks=self.sinks,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            self._params(layer),
+            output[:n].view(n, self.num_heads, self.head_size),
         )
         return output
