@@ -1,5 +1,5 @@
 """MLA decode planning, once per step on the host: which kernel path runs the step
-(`select_kernel_impl`, asked here and nowhere on the per-layer path) and that path's
+(`select_kernel_impl`, asked here and nowhere on the per-layer decode path) and that path's
 typed plan, which every layer's decode reads: per query token its request and visible
 cached rows (`mla_token_plan`), plus the Triton kernels' launch, or AITER's page lists
 and work split. `mla_ops.mla_decode` dispatches on the plan's type. Nothing here reads
