@@ -1,6 +1,6 @@
 """MLA attention ops. The decode runs the kernel path its plan belongs to (a
-`plan.MLAPlan`, made once per step by `plan_mla_decode`, the one place that asks
-`select_kernel_impl`); the cache write runs the path its caller resolved once."""
+`plan.MLAPlan`, made once per step by `plan_mla_decode`, where the path is chosen); the
+cache write runs the path its caller names (the vLLM impl resolves it once)."""
 
 from __future__ import annotations
 
