@@ -194,7 +194,7 @@ class Shape:
     def time_old(self, old, flush):
         """The baseline module timed on the same inputs: a kernel that takes a per-step
         plan gets one made by its own `plan_launch`; an older one takes the token plan."""
-        from atom_plugin.attention.mla.plan import MLADecodePlan, mla_token_plan
+        from atom_plugin.attention.mla.plan import TritonMLAPlan, mla_token_plan
 
         out = self.new_out()
         token_plan = mla_token_plan(self.meta, self.q.shape[0])
@@ -209,7 +209,7 @@ class Shape:
                 self.q.device,
                 fp8_cache=self.cache == "fp8",
             )
-            kw = {"plan": MLADecodePlan("triton", *token_plan, launch)}
+            kw = {"plan": TritonMLAPlan(*token_plan, launch)}
         else:
             kw = {"token_plan": token_plan}
 

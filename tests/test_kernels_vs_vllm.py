@@ -9,6 +9,7 @@ import torch
 
 from atom_plugin.attention.mha import reference
 from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mla.plan import plan_mla_decode
 from atom_plugin.attention.mla.reference import mla_decode_reference
 from benchmarks import attention
 from benchmarks import kernel_problems as kp
@@ -147,9 +148,13 @@ def flashmla_semantics(q, k_cache, block_table, cache_seqlens, head_dim_v, softm
     return out.reshape(b * sq, h, head_dim_v)
 
 
-def mla_reference(shape, **kw):
-    ref = torch.zeros(shape.batch * shape.q_len, shape.heads, kp.LORA)
-    mla_decode_reference(shape.q, shape.kv, shape.meta, scale=shape.scale, output=ref, **kw)
+def mla_reference(shape, token_kv_lens=None):
+    T = shape.batch * shape.q_len
+    plan = plan_mla_decode(
+        shape.meta, T, shape.heads, kernel_impl="torch", token_kv_lens=token_kv_lens
+    )
+    ref = torch.zeros(T, shape.heads, kp.LORA)
+    mla_decode_reference(shape.q, shape.kv, shape.meta, plan, scale=shape.scale, output=ref)
     return ref
 
 

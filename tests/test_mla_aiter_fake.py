@@ -82,3 +82,39 @@ def test_aiter_rejects_non_deepseek_shapes(fake_aiter):
     out = torch.zeros(1, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="kv_lora_rank=64"):
         mla_ops.mla_decode(b.q, b.kv_cache, b.meta, scale=0.1, output=out, kv_lora_rank=64)
+
+
+def test_aiter_plans_once_per_step(fake_aiter):
+    """The work split is planned with the step; each layer's decode only runs it."""
+    from atom_plugin.attention.mla.aiter import AiterMLAPlan
+    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+    from atom_plugin.attention.mla.plan import plan_mla_decode
+
+    b = make_mla_batch(REQS, heads=16, block_size=16, dtype=torch.bfloat16)
+    T = b.q.shape[0]
+    layout = MLAStepLayout(torch.bfloat16, 16)
+    plan = plan_mla_decode(b.meta, T, 16, kv_dtype=torch.bfloat16, layout=layout)
+    assert isinstance(plan, AiterMLAPlan)
+    assert fake_aiter.CALLS == ["get_mla_metadata_info_v1", "get_mla_metadata_v1"]
+    out = torch.zeros(T, 16, 512, dtype=torch.bfloat16)
+    for _layer in range(2):
+        mla_ops.mla_decode(b.q, b.kv_cache, b.meta, plan, scale=0.1, output=out)
+    assert fake_aiter.CALLS[2:] == ["mla_decode_fwd", "mla_decode_fwd"]
+
+
+def test_aiter_refuses_token_kv_lens_when_planning(fake_aiter):
+    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+    from atom_plugin.attention.mla.plan import plan_mla_decode
+
+    b = make_mla_batch([(2, 9)], heads=16, block_size=16, dtype=torch.bfloat16)
+    lens = torch.tensor([4, 5], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="per-token key counts"):
+        plan_mla_decode(
+            b.meta,
+            2,
+            16,
+            kv_dtype=torch.bfloat16,
+            layout=MLAStepLayout(torch.bfloat16, 16),
+            token_kv_lens=lens,
+        )
+    assert fake_aiter.CALLS == []

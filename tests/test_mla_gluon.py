@@ -16,11 +16,13 @@ BF16_64 = MLAStepLayout(torch.bfloat16, 64)
 CPU = torch.device("cpu")
 
 
-def _run(fn, batch, **kw):
+def _run(fn, batch, plan=None):
+    """`fn` (the reference or the Triton launcher) on the batch; the reference plans
+    from the metadata itself unless handed `plan`."""
     T, H, _ = batch.q.shape
     out = torch.full((T, H, 512), 7.0, dtype=batch.q.dtype, device=batch.q.device)
     lse = fn(
-        batch.q, batch.kv_cache, batch.meta, scale=0.3, output=out, kv_scale=batch.kv_scale, **kw
+        batch.q, batch.kv_cache, batch.meta, plan, scale=0.3, output=out, kv_scale=batch.kv_scale
     )
     return out, lse
 
@@ -192,7 +194,8 @@ def test_gpu_gluon_dcp_token_kv_lens():
         nan_unused=True,
     )
     lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
-    want_out, want_lse = _run(mla_decode_reference, b, token_kv_lens=lens)
+    ref_plan = plan_mla_decode(b.meta, b.q.shape[0], 128, kernel_impl="torch", token_kv_lens=lens)
+    want_out, want_lse = _run(mla_decode_reference, b, plan=ref_plan)
     plan = plan_mla_decode(
         b.meta, b.q.shape[0], 128, kernel_impl="triton", token_kv_lens=lens, layout=BF16_64
     )
@@ -227,9 +230,7 @@ def test_gpu_gluon_replays_from_a_cuda_graph(cache, schedule):
     out = torch.zeros(T, 64, 512, dtype=torch.bfloat16, device="cuda")
 
     def step():
-        mla_decode_triton(
-            b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan, kv_scale=b.kv_scale
-        )
+        mla_decode_triton(b.q, b.kv_cache, b.meta, plan, scale=0.3, output=out, kv_scale=b.kv_scale)
 
     step()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

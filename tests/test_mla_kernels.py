@@ -16,7 +16,7 @@ from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance 
 from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
 from atom_plugin.attention.mla import ops as mla_ops  # noqa: E402
-from atom_plugin.attention.mla.plan import mla_token_plan, plan_mla_decode  # noqa: E402
+from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 from atom_plugin.attention.mla.reference import (  # noqa: E402
     mla_decode_reference,
     write_mla_kv_reference,
@@ -26,18 +26,31 @@ from atom_plugin.attention.mla.triton import mla_decode_triton, write_mla_kv_tri
 SENTINEL = 7.0
 
 
-def _run(fn, batch, lora, **kw):
+def _plan(batch, kernel_impl, **kw):
+    T, H, _ = batch.q.shape
+    return plan_mla_decode(
+        batch.meta, T, H, kernel_impl=kernel_impl, kv_dtype=batch.kv_cache.dtype, **kw
+    )
+
+
+def _run(path, batch, lora, plan=None, **plan_kw):
+    """The decode on `path` ('torch', 'triton', or 'ops': `mla_ops.mla_decode`, which
+    plans the step itself when handed no plan), planned from `plan_kw` unless handed
+    `plan`."""
+    fn = {"torch": mla_decode_reference, "triton": mla_decode_triton, "ops": mla_ops.mla_decode}
+    if plan is None and path != "ops":
+        plan = _plan(batch, path, **plan_kw)
     T, H, _ = batch.q.shape
     out = torch.full((T, H, lora), SENTINEL, dtype=batch.q.dtype, device=batch.q.device)
-    lse = fn(
+    lse = fn[path](
         batch.q,
         batch.kv_cache,
         batch.meta,
+        plan,
         scale=0.3,
         output=out,
         kv_lora_rank=lora,
         kv_scale=batch.kv_scale,
-        **kw,
     )
     return out, lse
 
@@ -86,19 +99,12 @@ INTERPRETER_ONLY = pytest.mark.skipif(
 @pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
 def test_reference_matches_definition(reqs):
     b = make_mla_batch(reqs, heads=4, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    out, lse = _run(mla_decode_reference, b, 32)
+    out, lse = _run("torch", b, 32)
     want_out, want_lse = _direct(b, 32)
     T = b.meta.num_actual_tokens
     torch.testing.assert_close(out[:T], want_out[:T], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse[:T], want_lse[:T], atol=1e-5, rtol=1e-5)
     assert (out[T:] == SENTINEL).all(), "padding tokens must stay untouched"
-
-
-def test_token_plan_causal_rows_and_padding():
-    b = make_mla_batch([(1, 5), (3, 10)], heads=1, lora=16, rope=16, pad_rows=2, pad_tokens=1)
-    req, kv_len = mla_token_plan(b.meta, 5)
-    assert req.tolist() == [0, 1, 1, 1, -1]
-    assert kv_len.tolist() == [5, 8, 9, 10, 0]
 
 
 @INTERPRETER_ONLY
@@ -123,8 +129,8 @@ def test_token_plan_causal_rows_and_padding():
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
     b = make_mla_batch(reqs, heads=heads, lora=64, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    want_out, want_lse = _run(mla_decode_reference, b, 64)
-    out, lse = _run(mla_decode_triton, b, 64, num_splits=splits, config=cfg)
+    want_out, want_lse = _run("torch", b, 64)
+    out, lse = _run("triton", b, 64, num_splits=splits, config=cfg)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
@@ -134,8 +140,8 @@ def test_triton_decode_deepseek_shapes():
     """kv_lora_rank 512 + rope 64 = 576, block sizes 1 and 64, multi-token rows."""
     for bs in (1, 64):
         b = make_mla_batch([(1, 1), (1, 65), (2, 70)], heads=16, block_size=bs, seed=bs)
-        want_out, want_lse = _run(mla_decode_reference, b, 512)
-        out, lse = _run(mla_decode_triton, b, 512, num_splits=2)
+        want_out, want_lse = _run("torch", b, 512)
+        out, lse = _run("triton", b, 512, num_splits=2)
         torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
         torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
@@ -145,8 +151,8 @@ def test_triton_decode_dcp_token_kv_lens():
     """Per-token key counts (decode context parallelism) override the causal counts."""
     b = make_mla_batch([(1, 30), (2, 33)], heads=16, lora=32, rope=16)
     lens = torch.tensor([7, 0, 12], dtype=torch.int32)
-    want_out, want_lse = _run(mla_decode_reference, b, 32, token_kv_lens=lens)
-    out, lse = _run(mla_decode_triton, b, 32, token_kv_lens=lens, num_splits=2)
+    want_out, want_lse = _run("torch", b, 32, token_kv_lens=lens)
+    out, lse = _run("triton", b, 32, token_kv_lens=lens, num_splits=2)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
@@ -174,23 +180,11 @@ def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens):
         b.meta, b.q.shape[0], heads, kernel_impl="triton", config=cfg, num_splits=splits
     )
     assert plan.launch.tokens == tokens  # the packing this case is about is what runs
-    want_out, want_lse = _run(mla_decode_reference, b, 32)
-    out, lse = _run(mla_decode_triton, b, 32, plan=plan)
+    want_out, want_lse = _run("torch", b, 32)
+    out, lse = _run("triton", b, 32, plan=plan)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert not out.isnan().any()
-
-
-def test_plan_copies_into_persistent_buffers():
-    """A CUDA graph reads the token plan at fixed addresses: the builder's buffers."""
-    b = make_mla_batch([(1, 5), (3, 10)], heads=4, lora=16, rope=16, pad_rows=1)
-    bufs = (torch.full((8,), 99, dtype=torch.int32), torch.full((8,), 99, dtype=torch.int32))
-    plan = plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=bufs)
-    assert plan.token_req.data_ptr() == bufs[0].data_ptr()
-    assert bufs[0].tolist()[:4] == [0, 1, 1, 1] and bufs[1].tolist()[:4] == [5, 8, 9, 10]
-    assert plan.launch is None
-    with pytest.raises(ValueError, match="plan buffers hold 2 tokens, the step has 4"):
-        plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=(bufs[0][:2], bufs[1][:2]))
 
 
 @INTERPRETER_ONLY
@@ -203,8 +197,8 @@ def test_plan_copies_into_persistent_buffers():
 def test_triton_decode_random_batches(raw_reqs, bs, splits):
     reqs = [(q, s + q) for q, s in raw_reqs]
     b = make_mla_batch(reqs, heads=16, lora=32, rope=16, block_size=bs, seed=len(reqs) * bs)
-    want_out, want_lse = _run(mla_decode_reference, b, 32)
-    out, lse = _run(mla_decode_triton, b, 32, num_splits=splits)
+    want_out, want_lse = _run("torch", b, 32)
+    out, lse = _run("triton", b, 32, num_splits=splits)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
@@ -256,14 +250,14 @@ def test_fp8_write_then_decode_reference():
 @INTERPRETER_ONLY
 def test_ops_dispatch(monkeypatch):
     b = make_mla_batch([(1, 20), (2, 9)], heads=16, lora=32, rope=16)
-    want, _ = _run(mla_decode_reference, b, 32)
+    want, _ = _run("torch", b, 32)
     for impl in ("torch", "triton"):
         monkeypatch.setenv("ATOM_PLUGIN_KERNELS", impl)
-        out, _ = _run(mla_ops.mla_decode, b, 32)
+        out, _ = _run("ops", b, 32)
         torch.testing.assert_close(out, want, **tolerance(torch.float32))
     monkeypatch.setenv("ATOM_PLUGIN_KERNELS", "cuda")
     with pytest.raises(ValueError, match="aiter, triton, torch"):
-        _run(mla_ops.mla_decode, b, 32)
+        _run("ops", b, 32)
 
 
 def test_shape_errors_name_the_values():
@@ -296,8 +290,8 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
         pad_rows=2,
         pad_tokens=3,
     )
-    want_out, want_lse = _run(mla_decode_reference, b, 512)
-    out, lse = _run(mla_decode_triton, b, 512)
+    want_out, want_lse = _run("torch", b, 512)
+    out, lse = _run("triton", b, 512)
     torch.testing.assert_close(out, want_out, **tolerance(dtype))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -317,8 +311,8 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
 )
 def test_gpu_triton_decode_configs(cfg):
     b = make_mla_batch(GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda")
-    want_out, _ = _run(mla_decode_reference, b, 512)
-    out, _ = _run(mla_decode_triton, b, 512, config=cfg)
+    want_out, _ = _run("torch", b, 512)
+    out, _ = _run("triton", b, 512, config=cfg)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
 
 
@@ -332,8 +326,8 @@ def test_gpu_triton_fp8_cache_and_write():
         cache_dtype=torch.float8_e4m3fn,
         device="cuda",
     )
-    want_out, _ = _run(mla_decode_reference, b, 512)
-    out, _ = _run(mla_decode_triton, b, 512)
+    want_out, _ = _run("torch", b, 512)
+    out, _ = _run("triton", b, 512)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
     kv_c, k_pe, slots, backing = _write_case(torch.float8_e4m3fn)
     scale = torch.tensor([0.25], device="cuda")
@@ -360,7 +354,7 @@ def test_triton_decode_config_errors(cfg, cache_dtype, col_offset, match):
         [(1, 5)], heads=16, lora=64, rope=16, cache_dtype=cache_dtype, col_offset=col_offset
     )
     with pytest.raises(ValueError, match=match):
-        _run(mla_decode_triton, b, 64, config=cfg)
+        _run("triton", b, 64, config=cfg)
 
 
 @pytest.mark.gpu
@@ -377,91 +371,9 @@ def test_gpu_tma_chosen_where_the_cache_allows():
             col_offset=col_offset,
         )
         assert mla_cache_view.use_tma(None, b.kv_cache, 512, 64, 64) is want_tma
-        want_out, _ = _run(mla_decode_reference, b, 512)
-        out, _ = _run(mla_decode_triton, b, 512)
+        want_out, _ = _run("torch", b, 512)
+        out, _ = _run("triton", b, 512)
         torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
-
-
-@pytest.mark.parametrize(
-    "programs,tiles,want",
-    [
-        (64, 64, 2),  # batch 32 x 4K on 132 SMs: one full wave, the sweep's fastest
-        (64, 512, 2),  # batch 32 x 32K
-        (256, 64, 1),  # batch 128 x 4K: two waves already
-        (2, 64, 64),  # batch 1 x 4K: as many splits as there are key tiles (capped: 64)
-        (2, 512, 64),  # batch 1 x 32K: 128 programs, one wave
-        (1, 512, 128),  # one head group at batch 1 x 32K
-        (4096, 8, 1),
-        (1, 1, 1),
-    ],
-)
-def test_split_count_fills_whole_waves(programs, tiles, want):
-    assert mla_launch_plan.best_num_splits(programs, tiles, 132) == want
-
-
-@pytest.mark.parametrize(
-    "rows,splits,want",
-    [
-        (16, 64, 32),
-        (16, 256, 32),
-        (1, 8, 32),
-        (64, 128, 64),
-        (65, 2, 64),
-        (66, 64, 512),
-        (128, 64, 512),
-        (128, 65, 128),
-        (132, 256, 512),
-        (4096, 8, 512),
-    ],
-)
-def test_merge_columns_narrow_only_for_few_rows(rows, splits, want):
-    """132 SMs: below half the SMs' worth of rows, programs narrowed to two waves;
-    above, whole rows, except 128 columns for fewer rows than SMs in chunked merges."""
-    assert mla_launch_plan.merge_block_dv(rows, splits, 132) == want
-
-
-def test_split_count_keeps_64_keys_per_split():
-    """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
-    not the 128 the wave rule alone would take."""
-    assert mla_launch_plan.best_num_splits(1, 128, 264) == 128
-    assert mla_launch_plan.best_num_splits(1, 128, 264, most=64) == 64
-    launch = mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, torch.device("cpu"), config={})
-    assert launch.num_splits <= 4096 // mla_launch_plan.MIN_KEYS_PER_SPLIT
-
-
-@pytest.mark.parametrize(
-    "heads,reqs,context,packed_splits,want",
-    [
-        (16, 1, 4096, 64, "per_token"),  # the smallest step: the older kernel was 5% faster
-        (16, 1, 32768, 128, "packed"),
-        (16, 32, 4096, 8, "packed"),
-        (64, 1, 32768, 128, "packed"),  # more splits than the per-token merge takes
-        (64, 32, 32768, 4, "per_token"),
-        (128, 1, 32768, 64, "per_token"),
-    ],
-)
-def test_kernel_choice_follows_the_measurements(heads, reqs, context, packed_splits, want):
-    assert mla_launch_plan.choose_kernel(heads, reqs, context, packed_splits) == want
-
-
-def test_plan_names_the_kernel_it_chose():
-    """Auto picks per the rule; a config naming no kernel tunes the packed one; a bad
-    name or an fp8 TMA request on the per-token kernel is refused."""
-    cpu = torch.device("cpu")
-    assert mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu).kernel == "per_token"
-    assert mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu, config={"num_stages": 2}).kernel == (
-        "packed"
-    )
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu, config={"kernel": "fast"})
-    with pytest.raises(ValueError, match="pointer loads only"):
-        mla_launch_plan.plan_launch(
-            1, 1, 1, 64, 4096, cpu, fp8_cache=True, config={"kernel": "per_token", "tma": None}
-        )
-    with pytest.raises(ValueError, match=r"unknown per_token .* \['BLOCK_M'\]"):
-        mla_launch_plan.plan_launch(
-            1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8}
-        )
 
 
 @pytest.mark.gpu
@@ -471,8 +383,8 @@ def test_gpu_one_split_writes_the_output(splits):
     b = make_mla_batch(
         GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda", pad_tokens=3
     )
-    want_out, want_lse = _run(mla_decode_reference, b, 512)
-    out, lse = _run(mla_decode_triton, b, 512, num_splits=splits)
+    want_out, want_lse = _run("torch", b, 512)
+    out, lse = _run("triton", b, 512, num_splits=splits)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -505,7 +417,7 @@ def test_gpu_decode_edges(heads, cache, block_size):
     row, fp8 with a non-unit scale (0.5), at the planned split count, one split and 200
     splits (the merge's loop over chunks of splits)."""
     b = gpu_edge_batch(EDGE_REQS, heads, cache, block_size)
-    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    want_out, want_lse = _run("torch", b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):
         plan = plan_mla_decode(
@@ -524,13 +436,13 @@ def test_gpu_decode_edges(heads, cache, block_size):
         tma = mla_cache_view.use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
         fp8_pointer_loads = cache == "fp8" and heads > 16  # the default there
         assert tma is (block_size % plan.launch.block_n == 0 and not fp8_pointer_loads)
-        out, lse = _run(mla_decode_triton, b, 512, plan=plan)
+        out, lse = _run("triton", b, 512, plan=plan)
         T = b.meta.num_actual_tokens
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
         torch.testing.assert_close(out, want_out, **tol)
         torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
     other = {"packed": "per_token", "per_token": "packed"}[plan.launch.kernel]
-    out, lse = _run(mla_decode_triton, b, 512, config={"kernel": other})
+    out, lse = _run("triton", b, 512, config={"kernel": other})
     torch.testing.assert_close(out, want_out, **tol)
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -558,7 +470,7 @@ def test_gpu_packed_variants(cfg, q_len, cache):
     the planned split count, 1 and 200."""
     reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
     b = gpu_edge_batch(reqs, 16, cache)
-    want_out, want_lse = _run(mla_decode_reference, b, 512)
+    want_out, want_lse = _run("torch", b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):
         plan = plan_mla_decode(
@@ -577,7 +489,7 @@ def test_gpu_packed_variants(cfg, q_len, cache):
                 want["BLOCK_N"],
                 want["num_warps"],
             )
-        out, lse = _run(mla_decode_triton, b, 512, plan=plan)
+        out, lse = _run("triton", b, 512, plan=plan)
         T = b.meta.num_actual_tokens
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
         torch.testing.assert_close(out, want_out, **tol)
@@ -600,8 +512,8 @@ def test_gpu_fp8_bf16_math(heads):
         nan_unused=True,
         col_offset=16,
     )
-    want_out, _ = _run(mla_decode_reference, b, 512)
-    out, _ = _run(mla_decode_triton, b, 512, config={"fp8_math": "bf16", "tma": None})
+    want_out, _ = _run("torch", b, 512)
+    out, _ = _run("triton", b, 512, config={"fp8_math": "bf16", "tma": None})
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
 
 
@@ -618,8 +530,8 @@ def test_gpu_dcp_token_kv_lens(heads):
         nan_unused=True,
     )
     lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
-    want_out, want_lse = _run(mla_decode_reference, b, 512, token_kv_lens=lens)
-    out, lse = _run(mla_decode_triton, b, 512, token_kv_lens=lens)
+    want_out, want_lse = _run("torch", b, 512, token_kv_lens=lens)
+    out, lse = _run("triton", b, 512, token_kv_lens=lens)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -656,5 +568,5 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     b.meta.seq_lens.copy_(torch.tensor([4000, 1500, 1], dtype=torch.int32))
     plan_mla_decode(b.meta, T, 16, kernel_impl="triton", out=bufs)  # the next step's plan
     graph.replay()
-    want, _ = _run(mla_decode_reference, b, 512)
+    want, _ = _run("torch", b, 512)
     torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))

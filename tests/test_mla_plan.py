@@ -1,15 +1,30 @@
-"""The MLA decode's per-step token plan (`mla_token_plan`): which request each query token
-belongs to and how many cached keys it sees, against the definition token by token."""
+"""The MLA decode's per-step plan: the token plan (`mla_token_plan`: which request each
+query token belongs to and how many cached keys it sees) against the definition token by
+token, the typed plan per kernel path (`plan_mla_decode`), and the per-layer decode
+running on a plan without choosing the path again."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mla_cases import make_mla_batch, tolerance
 from torch.profiler import ProfilerActivity, profile
 
+from atom_plugin.attention import select
 from atom_plugin.attention.metadata import PagedAttentionMetadata
-from atom_plugin.attention.mla.plan import mla_token_plan
+from atom_plugin.attention.mla import ops as mla_ops
+from atom_plugin.attention.mla.plan import (
+    TorchMLAPlan,
+    TritonMLAPlan,
+    mla_token_plan,
+    plan_mla_decode,
+)
+from atom_plugin.attention.mla.reference import mla_decode_reference
 
 
 def _meta(rows: list[tuple[int, int]]) -> PagedAttentionMetadata:
@@ -81,3 +96,73 @@ def test_uniform_decode_step_takes_the_short_path():
     general = _ops(lambda: mla_token_plan(mixed, 3))
     assert "aten::searchsorted" in general and "aten::searchsorted" not in short
     assert len(short) <= 4 < len(general), (short, general)
+
+
+def test_token_plan_causal_rows_and_padding():
+    b = make_mla_batch([(1, 5), (3, 10)], heads=1, lora=16, rope=16, pad_rows=2, pad_tokens=1)
+    req, kv_len = mla_token_plan(b.meta, 5)
+    assert req.tolist() == [0, 1, 1, 1, -1]
+    assert kv_len.tolist() == [5, 8, 9, 10, 0]
+
+
+def test_plan_copies_into_persistent_buffers():
+    """A CUDA graph reads the token plan at fixed addresses: the builder's buffers."""
+    b = make_mla_batch([(1, 5), (3, 10)], heads=4, lora=16, rope=16, pad_rows=1)
+    bufs = (torch.full((8,), 99, dtype=torch.int32), torch.full((8,), 99, dtype=torch.int32))
+    plan = plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=bufs)
+    assert plan.token_req.data_ptr() == bufs[0].data_ptr()
+    assert bufs[0].tolist()[:4] == [0, 1, 1, 1] and bufs[1].tolist()[:4] == [5, 8, 9, 10]
+    assert isinstance(plan, TorchMLAPlan)
+    with pytest.raises(ValueError, match="plan buffers hold 2 tokens, the step has 4"):
+        plan_mla_decode(b.meta, 4, 4, kernel_impl="torch", out=(bufs[0][:2], bufs[1][:2]))
+
+
+def test_a_plan_per_kernel_path():
+    b = make_mla_batch([(1, 5), (3, 10)], heads=4, lora=16, rope=16)
+    torch_plan = plan_mla_decode(b.meta, 4, 4, kernel_impl="torch")
+    assert type(torch_plan) is TorchMLAPlan
+    triton_plan = plan_mla_decode(b.meta, 4, 4, kernel_impl="triton")
+    assert type(triton_plan) is TritonMLAPlan and triton_plan.launch.kernel == "per_token"
+    assert torch.equal(triton_plan.token_kv_len, torch_plan.token_kv_len)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        triton_plan.launch = None
+    with pytest.raises(ValueError, match="kernel_impl must be one of"):
+        plan_mla_decode(b.meta, 4, 4, kernel_impl="cuda")
+
+
+def _forbid_selection(monkeypatch):
+    """Make every way to the kernel-path choice raise."""
+
+    def chosen_again(*_args, **_kwargs):
+        raise AssertionError("the kernel path was chosen again after planning")
+
+    monkeypatch.setattr(select, "forced_kernel_impl", chosen_again)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("atom_plugin") and hasattr(module, "select_kernel_impl"):
+            monkeypatch.setattr(module, "select_kernel_impl", chosen_again)
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_layers_run_the_plan_without_choosing_again(monkeypatch, path):
+    """The step is planned once (the path chosen there); every layer's decode and cache
+    write then run on that choice, however often, with the choice itself forbidden."""
+    device = "cuda" if path == "triton" and torch.cuda.is_available() else "cpu"
+    b = make_mla_batch([(1, 20), (2, 9)], heads=16, lora=32, rope=16, device=device)
+    T, H, _ = b.q.shape
+    monkeypatch.setenv("ATOM_PLUGIN_KERNELS", path)
+    plan = plan_mla_decode(b.meta, T, H, kv_dtype=b.kv_cache.dtype)
+    assert type(plan) is {"torch": TorchMLAPlan, "triton": TritonMLAPlan}[path]
+    want = torch.zeros(T, H, 32, device=device)
+    mla_decode_reference(b.q, b.kv_cache, b.meta, scale=0.3, output=want, kv_lora_rank=32)
+    _forbid_selection(monkeypatch)
+    for _layer in range(2):
+        out = torch.zeros_like(want)
+        mla_ops.mla_decode(b.q, b.kv_cache, b.meta, plan, scale=0.3, output=out, kv_lora_rank=32)
+        torch.testing.assert_close(out, want, **tolerance(torch.float32))
+        rows = b.q[:, 0]  # any rows: the write's path is what this is about
+        scratch = torch.zeros_like(b.kv_cache)
+        mla_ops.write_mla_kv(
+            rows[:, :32], rows[:, 32:], scratch, b.meta.slot_mapping, kernel_impl=path
+        )
+    with pytest.raises(AssertionError, match="chosen again"):
+        mla_ops.mla_decode(b.q, b.kv_cache, b.meta, scale=0.3, output=out, kv_lora_rank=32)

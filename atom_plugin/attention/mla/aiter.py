@@ -16,23 +16,25 @@ import torch
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.mha.aiter import kv_cache_dtype_name, unit_scale
-from atom_plugin.attention.mla.plan import check_mla_shapes
+from atom_plugin.attention.mla.checks import check_mla_shapes
 
 
-@dataclass
+@dataclass(frozen=True)
 class AiterMLAPlan:
+    """The AITER path's plan: the page lists and the persistent kernel's work split."""
+
     qo_indptr: torch.Tensor  # int32 [B + 1]
     kv_indptr: torch.Tensor  # int32 [B + 1], cumulative page counts
     kv_indices: torch.Tensor  # int32 [total pages]
     kv_last_page_lens: torch.Tensor  # int32 [B]
     max_seqlen_q: int
     page_size: int
-    work_meta_data: torch.Tensor | None = None
-    work_indptr: torch.Tensor | None = None
-    work_info_set: torch.Tensor | None = None
-    reduce_indptr: torch.Tensor | None = None
-    reduce_final_map: torch.Tensor | None = None
-    reduce_partial_map: torch.Tensor | None = None
+    work_meta_data: torch.Tensor
+    work_indptr: torch.Tensor
+    work_info_set: torch.Tensor
+    reduce_indptr: torch.Tensor
+    reduce_final_map: torch.Tensor
+    reduce_partial_map: torch.Tensor
 
 
 def build_aiter_mla_plan(
@@ -53,55 +55,55 @@ def build_aiter_mla_plan(
     torch.cumsum(pages, 0, out=kv_indptr[1:])
     cols = torch.arange(meta.block_table.shape[1], device=device)
     kv_indices = meta.block_table[:n][cols[None, :] < pages[:, None]].to(torch.int32)
-    last = seq - (pages - 1).clamp(min=0) * page_size
+    last = (seq - (pages - 1).clamp(min=0) * page_size).to(torch.int32)
     qo_indptr = meta.query_start_loc[: n + 1].to(torch.int32)
-    plan = AiterMLAPlan(
-        qo_indptr=qo_indptr,
-        kv_indptr=kv_indptr,
-        kv_indices=kv_indices,
-        kv_last_page_lens=last.to(torch.int32),
-        max_seqlen_q=int(meta.max_query_len),
-        page_size=page_size,
-    )
+    max_seqlen_q = int(meta.max_query_len)
     info = aiter.get_mla_metadata_info_v1(
         n,
-        plan.max_seqlen_q,
+        max_seqlen_q,
         num_heads,
         q_dtype,
         kv_dtype,
         is_sparse=False,
         fast_mode=True,
     )
-    (
-        plan.work_meta_data,
-        plan.work_indptr,
-        plan.work_info_set,
-        plan.reduce_indptr,
-        plan.reduce_final_map,
-        plan.reduce_partial_map,
-    ) = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info)
+    work = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]
+    work_meta_data, work_indptr, work_info_set, reduce_indptr, final_map, partial_map = work
     aiter.get_mla_metadata_v1(
-        plan.qo_indptr,
-        plan.kv_indptr,
-        plan.kv_last_page_lens,
+        qo_indptr,
+        kv_indptr,
+        last,
         num_heads,
         1,
         True,
-        plan.work_meta_data,
-        plan.work_info_set,
-        plan.work_indptr,
-        plan.reduce_indptr,
-        plan.reduce_final_map,
-        plan.reduce_partial_map,
+        work_meta_data,
+        work_info_set,
+        work_indptr,
+        reduce_indptr,
+        final_map,
+        partial_map,
         page_size=page_size,
         kv_granularity=max(page_size, 16),
-        max_seqlen_qo=plan.max_seqlen_q,
-        uni_seqlen_qo=plan.max_seqlen_q,
+        max_seqlen_qo=max_seqlen_q,
+        uni_seqlen_qo=max_seqlen_q,
         fast_mode=True,
         dtype_q=q_dtype,
         dtype_kv=kv_dtype,
     )
-    return plan
+    return AiterMLAPlan(
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        kv_last_page_lens=last,
+        max_seqlen_q=max_seqlen_q,
+        page_size=page_size,
+        work_meta_data=work_meta_data,
+        work_indptr=work_indptr,
+        work_info_set=work_info_set,
+        reduce_indptr=reduce_indptr,
+        reduce_final_map=final_map,
+        reduce_partial_map=partial_map,
+    )
 
 
 def mla_decode_aiter(

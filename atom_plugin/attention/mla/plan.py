@@ -1,18 +1,25 @@
-"""MLA decode planning: what the metadata builder works out once per step and every
-layer's decode reads (which request each query token belongs to, how many cached rows
-it sees, and the Triton kernels' launch: packing and KV split count), and the shape
-checks every decode path shares. Plan on the host, run on the device: nothing here
-reads the GPU back.
+"""MLA decode planning, once per step on the host: which kernel path runs the step
+(`select_kernel_impl`, asked here and nowhere on the per-layer decode path) and that path's
+typed plan, which every layer's decode reads: per query token its request and visible
+cached rows (`mla_token_plan`), plus the Triton kernels' launch, or AITER's page lists
+and work split. `mla_ops.mla_decode` dispatches on the plan's type. Nothing here reads
+the GPU back, except AITER's planning (its page count is data-dependent).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from atom_plugin.attention.dtypes import FP8_DTYPES
+from atom_plugin.attention.mla.aiter import AiterMLAPlan, build_aiter_mla_plan
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+from atom_plugin.attention.select import KERNEL_IMPLS, select_kernel_impl
+
+if TYPE_CHECKING:  # launch_plan imports Triton, which the torch and AITER paths lack
+    from atom_plugin.attention.mla.launch_plan import TritonMLALaunch
 
 
 def mla_token_plan(
@@ -55,40 +62,26 @@ def mla_token_plan(
     return req, kv_len
 
 
-def check_mla_shapes(
-    q: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor, kv_lora_rank: int
-):
-    if kv_cache.dim() != 3:
-        raise ValueError(
-            "MLA cache must be [num_blocks, block_size, kv_lora_rank + rope], "
-            f"got {tuple(kv_cache.shape)}"
-        )
-    width = kv_cache.shape[-1]
-    if not 0 < kv_lora_rank < width:
-        raise ValueError(
-            f"kv_lora_rank={kv_lora_rank} must lie in (0, {width}) for a {width}-wide cache"
-        )
-    if q.dim() != 3 or q.shape[-1] != width:
-        raise ValueError(f"q must be [T, H, {width}], got {tuple(q.shape)}")
-    if tuple(output.shape) != (q.shape[0], q.shape[1], kv_lora_rank):
-        raise ValueError(
-            f"output must be [{q.shape[0]}, {q.shape[1]}, {kv_lora_rank}], "
-            f"got {tuple(output.shape)}"
-        )
-    if kv_cache.stride(-1) != 1:
-        raise ValueError("the MLA cache's last dimension must be contiguous (stride 1)")
+@dataclass(frozen=True)
+class TorchMLAPlan:
+    """The torch reference's plan: per query token its request row (-1: none) and how
+    many cached rows it sees (`mla_token_plan`)."""
+
+    token_req: torch.Tensor
+    token_kv_len: torch.Tensor
 
 
 @dataclass(frozen=True)
-class MLADecodePlan:
-    """One step's decode plan, shared by every layer: per query token its request row
-    (-1: none) and visible cached rows (`mla_token_plan`), and the kernel path's launch
-    (`mla_launch_plan.TritonMLALaunch` on the Triton path: packing, split count, tiles)."""
+class TritonMLAPlan:
+    """The Triton path's plan: the token plan and the step's launch (stage-1 kernel,
+    packing, split count, tiles), the same for every layer."""
 
-    kernel_impl: str
     token_req: torch.Tensor
     token_kv_len: torch.Tensor
-    launch: object | None = None
+    launch: TritonMLALaunch
+
+
+MLAPlan = TorchMLAPlan | TritonMLAPlan | AiterMLAPlan
 
 
 def plan_mla_decode(
@@ -96,22 +89,29 @@ def plan_mla_decode(
     num_tokens: int,
     num_heads: int,
     *,
-    kernel_impl: str,
+    kernel_impl: str | None = None,
+    kv_dtype: torch.dtype | None = None,
+    layout: MLAStepLayout | None = None,
     token_kv_lens: torch.Tensor | None = None,
     context: int | None = None,
-    kv_dtype: torch.dtype | None = None,
     config: dict | None = None,
     num_splits: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    layout: MLAStepLayout | None = None,
-) -> MLADecodePlan:
-    """Plan a decode step once, on the host, with no device reads: the token plan and,
-    for the Triton kernels, the launch. `context` is the key count the split rule plans
-    for (default `meta.max_seq_len`; a CUDA-graph capture passes the longest context the
-    graph may replay). `kv_dtype` is the cache's (the Triton launch differs for fp8).
-    `out` holds persistent buffers the token plan is copied into, so a captured graph
-    reads each step's plan at the same addresses. `layout` (query dtype, cache block
-    size and widths) lets the Triton path's plan choose the Gluon kernel."""
+) -> MLAPlan:
+    """Choose the step's kernel path (`kernel_impl`, else `select_kernel_impl` for the
+    metadata's device) and plan it. `kv_dtype` is the cache's and `layout` the query
+    dtype and cache block size and widths: AITER needs both, the Triton launch differs
+    for fp8 and chooses the Gluon kernel only with a layout. `token_kv_lens` replaces
+    the visible row counts (decode context parallelism; AITER takes none). `context`
+    is the key count the split rule plans for (default `meta.max_seq_len`; a CUDA-graph
+    capture passes the longest context the graph may replay); `config` and
+    `num_splits` tune the Triton launch. `out` holds persistent buffers the token plan
+    is copied into, so a captured graph reads each step's plan at the same addresses."""
+    impl = kernel_impl or select_kernel_impl(meta.query_start_loc.device)
+    if impl not in KERNEL_IMPLS:
+        raise ValueError(f"kernel_impl must be one of {KERNEL_IMPLS}, got {impl!r}")
+    if impl == "aiter":
+        return _plan_aiter(meta, num_heads, kv_dtype, layout, token_kv_lens)
     req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens)
     if out is not None:
         n = req.shape[0]
@@ -120,22 +120,38 @@ def plan_mla_decode(
         out[0][:n].copy_(req)
         out[1][:n].copy_(kv_len)
         req, kv_len = out[0][:n], out[1][:n]
-    launch = None
-    if kernel_impl == "triton":
-        # imported here: Triton is optional (not installed on every platform) and the
-        # torch and AITER paths plan without it
-        from atom_plugin.attention.mla.launch_plan import plan_launch
+    if impl == "torch":
+        return TorchMLAPlan(req, kv_len)
+    # imported here: Triton is optional (not installed on every platform)
+    from atom_plugin.attention.mla.launch_plan import plan_launch
 
-        launch = plan_launch(
-            meta.num_reqs,
-            num_tokens,
-            meta.max_query_len,
-            num_heads,
-            meta.max_seq_len if context is None else context,
-            meta.query_start_loc.device,
-            fp8_cache=kv_dtype in FP8_DTYPES,
-            config=config,
-            num_splits=num_splits,
-            layout=layout,
+    launch = plan_launch(
+        meta.num_reqs,
+        num_tokens,
+        meta.max_query_len,
+        num_heads,
+        meta.max_seq_len if context is None else context,
+        meta.query_start_loc.device,
+        fp8_cache=kv_dtype in FP8_DTYPES,
+        config=config,
+        num_splits=num_splits,
+        layout=layout,
+    )
+    return TritonMLAPlan(req, kv_len, launch)
+
+
+def _plan_aiter(meta, num_heads, kv_dtype, layout, token_kv_lens) -> AiterMLAPlan:
+    if token_kv_lens is not None:
+        raise NotImplementedError(
+            "the AITER MLA path takes no per-token key counts (decode context parallelism "
+            "with multi-token queries); use ATOM_PLUGIN_KERNELS=triton"
         )
-    return MLADecodePlan(kernel_impl, req, kv_len, launch)
+    if layout is None or kv_dtype is None:
+        raise ValueError("the AITER plan needs the step's layout and the cache's dtype")
+    return build_aiter_mla_plan(
+        meta,
+        num_heads=num_heads,
+        q_dtype=layout.q_dtype,
+        kv_dtype=kv_dtype,
+        page_size=layout.block_size,
+    )

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from atom_plugin.attention.dtypes import is_fp8
-from atom_plugin.attention.mla.plan import check_mla_shapes, mla_token_plan
+from atom_plugin.attention.mla.checks import check_mla_shapes
+from atom_plugin.attention.mla.plan import TorchMLAPlan, mla_token_plan
 
 
 def write_mla_kv_reference(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
@@ -36,29 +37,27 @@ def mla_decode_reference(
     q,
     kv_cache,
     meta,
+    plan: TorchMLAPlan | None = None,
     *,
     scale,
     output,
     kv_lora_rank=512,
     kv_scale=None,
-    token_kv_lens=None,
-    plan=None,
 ) -> torch.Tensor:
     """Absorbed MLA decode: output[t, h] = softmax(q[t,h] . K^T * scale) @ V over the keys
     token t sees (see `mla_token_plan`); returns lse [T, H] float32 (natural log, -inf
     for tokens that see no key; their output is zero). Tokens of no request are untouched.
-    `plan` (`mla_plan.plan_mla_decode`'s) supplies the token plan when the caller built it.
+    `plan` (`plan_mla_decode`'s) supplies the token plan; without one it is the
+    metadata's own (no per-token key counts).
     """
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, _ = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
     if T == 0:
         return lse
-    if plan is not None:
-        req, kv_len = plan.token_req, plan.token_kv_len
-    else:
-        req, kv_len = mla_token_plan(meta, T, token_kv_lens)
-    req_l, len_l = req.tolist(), kv_len.tolist()
+    if plan is None:
+        plan = TorchMLAPlan(*mla_token_plan(meta, T))
+    req_l, len_l = plan.token_req.tolist(), plan.token_kv_len.tolist()
     T = min(T, len(req_l))
     block_size = kv_cache.shape[1]
     for r in sorted(set(req_l) - {-1}):

@@ -11,10 +11,11 @@ import torch
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, use_tma
+from atom_plugin.attention.mla.checks import check_mla_shapes
 from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
-from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S, TritonMLALaunch
-from atom_plugin.attention.mla.plan import check_mla_shapes, plan_mla_decode
+from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S
+from atom_plugin.attention.mla.plan import TritonMLAPlan
 from atom_plugin.attention.mla.triton_kernels import (
     _mla_decode_per_token,
     _mla_decode_stage1,
@@ -137,20 +138,16 @@ def mla_decode_triton(
     q,
     kv_cache,
     meta,
+    plan: TritonMLAPlan,
     *,
     scale,
     output,
     kv_lora_rank=512,
     kv_scale=None,
-    token_kv_lens=None,
-    num_splits: int | None = None,
-    config: dict | None = None,
-    plan=None,
 ) -> torch.Tensor:
     """Split-KV MLA decode; see `mla_reference.mla_decode_reference` for the semantics.
-    `plan` is `mla_plan.plan_mla_decode`'s result when the caller (the metadata builder)
-    built it once per step; without it the plan is built here from `token_kv_lens`,
-    `num_splits` and `config`, which a plan already fixes."""
+    `plan` is `plan_mla_decode`'s, made once per step (by the metadata builder) and
+    shared by every layer: the token plan and the launch."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, _ = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
@@ -159,24 +156,7 @@ def mla_decode_triton(
     fp8 = is_fp8(kv_cache.dtype)
     if fp8 and kv_scale is None:
         raise ValueError("an fp8 MLA cache needs kv_scale")
-    if plan is None:
-        plan = plan_mla_decode(
-            meta,
-            T,
-            H,
-            kernel_impl="triton",
-            token_kv_lens=token_kv_lens,
-            kv_dtype=kv_cache.dtype,
-            config=config,
-            num_splits=num_splits,
-        )
-    elif config is not None or num_splits is not None or token_kv_lens is not None:
-        raise ValueError(
-            "config, num_splits and token_kv_lens go to plan_mla_decode; a plan already fixes them"
-        )
     launch = plan.launch
-    if not isinstance(launch, TritonMLALaunch):
-        raise ValueError(f"the plan carries no Triton launch (kernel path {plan.kernel_impl!r})")
     if launch.fp8_cache != fp8:
         raise ValueError(
             f"the plan was made for an {'fp8' if launch.fp8_cache else '16/32-bit'} cache, "

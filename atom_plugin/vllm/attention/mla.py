@@ -5,7 +5,8 @@ vLLM's `MLAAttention` layer drives everything: it writes the latent cache throug
 platform's MLA prefill backend: flash-attn on CUDA, AITER on ROCm, dense SDPA on CPU)
 and hands decode tokens, already absorbed to `[B, H, 576]`, to `forward_mqa`. This
 backend supplies the decode (`mla_ops.mla_decode`: AITER, Triton or the torch
-reference, chosen by `select_kernel_impl`) and the cache write (`mla_ops.write_mla_kv`).
+reference, whichever path the builder's per-step plan belongs to) and the cache write
+(`mla_ops.write_mla_kv`, on the path the impl resolves at its first write).
 
 Decode rows may carry several query tokens (speculative verification, any mix of
 lengths: `QueryLenSupport.VARLEN`); they are causal. Under decode context parallelism
@@ -36,7 +37,7 @@ from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.aiter import unit_scale
 from atom_plugin.attention.mla import ops as mla_ops
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
-from atom_plugin.attention.mla.plan import MLADecodePlan, mla_token_plan, plan_mla_decode
+from atom_plugin.attention.mla.plan import MLAPlan, mla_token_plan, plan_mla_decode
 from atom_plugin.attention.select import select_kernel_impl
 from atom_plugin.vllm.attention.mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
 
@@ -44,10 +45,7 @@ from atom_plugin.vllm.attention.mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_
 @dataclass
 class AtomMLADecodeMetadata(MLACommonDecodeMetadata):
     paged: PagedAttentionMetadata | None = None  # the decode rows in the plugin's form
-    token_kv_lens: torch.Tensor | None = None  # per-token visible local rows (DCP, multi-token)
-    # plan_mla_decode's, once a step; None when the AITER kernels run (they take aiter_plan)
-    plan: MLADecodePlan | None = None
-    aiter_plan: object | None = None  # AiterMLAPlan when the AITER kernels run
+    plan: MLAPlan | None = None  # plan_mla_decode's, once a step, for every layer
 
 
 def dcp_token_kv_lens(
@@ -151,37 +149,23 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 self.dcp_rank,
                 self.cp_kv_cache_interleave_size,
             )
-        aiter_plan = plan = None
-        if self.kernel_impl == "aiter" and token_kv_lens is None:
-            from atom_plugin.attention.mla.aiter import build_aiter_mla_plan
-
-            aiter_plan = build_aiter_mla_plan(
-                paged,
-                num_heads=self.num_heads * self.dcp_world_size,
-                q_dtype=self.model_config.dtype,
-                kv_dtype=self._kv_dtype,
-                page_size=self.page_size,
-            )
-        else:
-            plan = plan_mla_decode(
-                paged,
-                paged.num_actual_tokens,
-                self.num_heads * self.dcp_world_size,  # the query heads the kernel sees
-                kernel_impl=self.kernel_impl,
-                token_kv_lens=token_kv_lens,
-                context=self._capture_context,
-                kv_dtype=self._kv_dtype,
-                out=self._plan_buffers,
-                layout=self._step_layout,
-            )
+        plan = plan_mla_decode(
+            paged,
+            paged.num_actual_tokens,
+            self.num_heads * self.dcp_world_size,  # the query heads the kernel sees
+            kernel_impl=self.kernel_impl,
+            kv_dtype=self._kv_dtype,
+            layout=self._step_layout,
+            token_kv_lens=token_kv_lens,
+            context=self._capture_context,
+            out=self._plan_buffers,
+        )
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,
             seq_lens=paged.seq_lens,
             dcp_tot_seq_lens=dcp_tot_seq_lens,
             paged=paged,
-            token_kv_lens=token_kv_lens,
             plan=plan,
-            aiter_plan=aiter_plan,
         )
 
 
@@ -232,6 +216,7 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # model dtype.
         self.supports_quant_query_input = False
         self._fp8_cache = kv_cache_dtype.startswith("fp8")
+        self._write_impl: str | None = None  # the cache write's kernel path, once known
 
     def forward_mqa(
         self,
@@ -249,13 +234,11 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
             q,
             kv_c_and_k_pe_cache,
             decode.paged,
+            decode.plan,
             scale=self.scale,
             output=out,
             kv_lora_rank=self.kv_lora_rank,
             kv_scale=layer._k_scale if self._fp8_cache else None,
-            token_kv_lens=decode.token_kv_lens,
-            aiter_plan=decode.aiter_plan,
-            plan=decode.plan,
         )
         return out, lse
 
@@ -278,7 +261,16 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         if kv_cache_dtype.startswith("fp8"):
             kv_cache = kv_cache.view(current_platform.fp8_dtype())
             scale = unit_scale(kv_cache.device) if skip_scale else k_scale
-        mla_ops.write_mla_kv(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), scale=scale)
+        if self._write_impl is None:  # chosen once, for the device of this layer's cache
+            self._write_impl = select_kernel_impl(kv_cache.device)
+        mla_ops.write_mla_kv(
+            kv_c_normed,
+            k_pe,
+            kv_cache,
+            slot_mapping.flatten(),
+            scale=scale,
+            kernel_impl=self._write_impl,
+        )
 
 
 class AtomAiterMLABackend(MLACommonBackend):

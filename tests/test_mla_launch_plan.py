@@ -1,0 +1,89 @@
+"""The Triton MLA decode's launch policy (`launch_plan`): split counts, merge columns
+and the stage-1 kernel choice, against the H200 measurements behind them."""
+
+import pytest
+import torch
+
+from atom_plugin.attention.mla import launch_plan as mla_launch_plan
+
+
+@pytest.mark.parametrize(
+    "programs,tiles,want",
+    [
+        (64, 64, 2),  # batch 32 x 4K on 132 SMs: one full wave, the sweep's fastest
+        (64, 512, 2),  # batch 32 x 32K
+        (256, 64, 1),  # batch 128 x 4K: two waves already
+        (2, 64, 64),  # batch 1 x 4K: as many splits as there are key tiles (capped: 64)
+        (2, 512, 64),  # batch 1 x 32K: 128 programs, one wave
+        (1, 512, 128),  # one head group at batch 1 x 32K
+        (4096, 8, 1),
+        (1, 1, 1),
+    ],
+)
+def test_split_count_fills_whole_waves(programs, tiles, want):
+    assert mla_launch_plan.best_num_splits(programs, tiles, 132) == want
+
+
+@pytest.mark.parametrize(
+    "rows,splits,want",
+    [
+        (16, 64, 32),
+        (16, 256, 32),
+        (1, 8, 32),
+        (64, 128, 64),
+        (65, 2, 64),
+        (66, 64, 512),
+        (128, 64, 512),
+        (128, 65, 128),
+        (132, 256, 512),
+        (4096, 8, 512),
+    ],
+)
+def test_merge_columns_narrow_only_for_few_rows(rows, splits, want):
+    """132 SMs: below half the SMs' worth of rows, programs narrowed to two waves;
+    above, whole rows, except 128 columns for fewer rows than SMs in chunked merges."""
+    assert mla_launch_plan.merge_block_dv(rows, splits, 132) == want
+
+
+def test_split_count_keeps_64_keys_per_split():
+    """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
+    not the 128 the wave rule alone would take."""
+    assert mla_launch_plan.best_num_splits(1, 128, 264) == 128
+    assert mla_launch_plan.best_num_splits(1, 128, 264, most=64) == 64
+    launch = mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, torch.device("cpu"), config={})
+    assert launch.num_splits <= 4096 // mla_launch_plan.MIN_KEYS_PER_SPLIT
+
+
+@pytest.mark.parametrize(
+    "heads,reqs,context,packed_splits,want",
+    [
+        (16, 1, 4096, 64, "per_token"),  # the smallest step: the older kernel was 5% faster
+        (16, 1, 32768, 128, "packed"),
+        (16, 32, 4096, 8, "packed"),
+        (64, 1, 32768, 128, "packed"),  # more splits than the per-token merge takes
+        (64, 32, 32768, 4, "per_token"),
+        (128, 1, 32768, 64, "per_token"),
+    ],
+)
+def test_kernel_choice_follows_the_measurements(heads, reqs, context, packed_splits, want):
+    assert mla_launch_plan.choose_kernel(heads, reqs, context, packed_splits) == want
+
+
+def test_plan_names_the_kernel_it_chose():
+    """Auto picks per the rule; a config naming no kernel tunes the packed one; a bad
+    name or an fp8 TMA request on the per-token kernel is refused."""
+    cpu = torch.device("cpu")
+    assert mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu).kernel == "per_token"
+    assert mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu, config={"num_stages": 2}).kernel == (
+        "packed"
+    )
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        mla_launch_plan.plan_launch(1, 1, 1, 16, 4096, cpu, config={"kernel": "fast"})
+    with pytest.raises(ValueError, match="pointer loads only"):
+        mla_launch_plan.plan_launch(
+            1, 1, 1, 64, 4096, cpu, fp8_cache=True, config={"kernel": "per_token", "tma": None}
+        )
+    with pytest.raises(ValueError, match=r"unknown per_token .* \['BLOCK_M'\]"):
+        mla_launch_plan.plan_launch(
+            1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8}
+        )
