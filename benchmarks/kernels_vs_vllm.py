@@ -2,7 +2,7 @@
 
 Three families, each timed beside a vLLM kernel called as vLLM's backend calls it:
 
-* MLA decode: `mla_ops.mla_decode` with the per-step plan `plan_mla_decode` builds (as the
+* MLA decode: `mla.ops.mla_decode` with the per-step plan `plan_mla_decode` builds (as the
   ATOM_AITER_MLA backend runs it) against FlashMLA (`flash_mla_with_kvcache`, as vLLM's
   FLASHMLA backend calls it: q [B, q_len, H, 576], cache [blocks, 64, 1, 576], causal,
   head_dim_v 512; the tile-scheduler metadata is filled by one call before timing, as the
@@ -19,7 +19,7 @@ Three families, each timed beside a vLLM kernel called as vLLM's backend calls i
 
 Every case checks the outputs first, by assertion (|a - b| <= atol + rtol * |b| on every
 element, all finite): the plugin against vLLM, and both against the float32 torch
-reference (`mla_reference.py`, `reference.py`) where the case is small enough. Queries
+reference (`mla.reference.py`, `reference.py`) where the case is small enough. Queries
 are scaled so the logits have a standard deviation of LOGIT_STD: attention is peaked,
 so a dropped or misread block moves some row's output by far more than bf16 rounding.
 A mismatch is a FAILED row; any other error (an API mismatch, an unsupported shape) is

@@ -14,7 +14,7 @@ project's CPU venv has a newer one whose Gluon API differs), e.g.
 `--ptx DIR` writes each compiled variant's instructions: a refactor of a kernel whose
 instructions come out the same (`diff -r` of two such folders) changes nothing the GPU runs.
 It also compiles the Triton MLA kernels (the cache write, stage 1 packed and per-token,
-the merge) through their launcher (`triton_mla.mla_decode_triton`) for the configurations
+the merge) through their launcher (`mla.triton.mla_decode_triton`) for the configurations
 in TRITON_CASES and writes theirs.
 
 The stand-in driver below answers the compiler's questions (device 0, target sm_90) and

@@ -1,4 +1,4 @@
-"""The Gluon warpgroup-MMA MLA decode (`gluon_mla`): when the plan picks it, and on the
+"""The Gluon warpgroup-MMA MLA decode (`gluon.lockstep`): when the plan picks it, and on the
 GPU against the torch reference. Gluon kernels do not run in Triton's CPU interpreter,
 so the kernel itself is tested on a Hopper GPU only (`gpu`); the choice is tested here."""
 

@@ -34,7 +34,7 @@ def _plan(batch, kernel_impl, **kw):
 
 
 def _run(path, batch, lora, plan=None, **plan_kw):
-    """The decode on `path` ('torch', 'triton', or 'ops': `mla_ops.mla_decode`, which
+    """The decode on `path` ('torch', 'triton', or 'ops': `mla.ops.mla_decode`, which
     plans the step itself when handed no plan), planned from `plan_kw` unless handed
     `plan`."""
     fn = {"torch": mla_decode_reference, "triton": mla_decode_triton, "ops": mla_ops.mla_decode}

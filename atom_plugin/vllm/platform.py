@@ -1,6 +1,6 @@
 """Platform subclasses: route `--attention-backend atom_aiter` to the plugin's
 classes, add the plugin's logits processors for the runner in use and record
-whether the Kimi-K3 channel is live in this engine (`k3_enforcement`)."""
+whether the Kimi-K3 channel is live in this engine (`vllm.k3.enforcement`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 rope] for TMA: whether a TMA descriptor can read it in tiles of `block_n` rows, and the
 views and descriptors of its latent and rope columns. A tile that starts at a multiple
 of `block_n` and does not cross a page is one box of that view. The Triton kernels
-(`triton_mla`) and the Gluon kernels (`gluon_mla`) read the cache through it.
+(`mla.triton`) and the Gluon kernels (`gluon.lockstep`) read the cache through it.
 """
 
 from __future__ import annotations

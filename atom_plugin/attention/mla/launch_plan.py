@@ -1,5 +1,5 @@
 """The Triton MLA decode's launch policy, planned once per step on the host from the
-step's sizes (`mla_plan.plan_mla_decode` calls `plan_launch`): which stage-1 kernel runs
+step's sizes (`mla.plan.plan_mla_decode` calls `plan_launch`): which stage-1 kernel runs
 (`choose_kernel`: Gluon, packed or per-token), its tiles, warps and stages
 (`default_config`, tunable through `config`), how many heads and query tokens a program
 holds, the KV split count (`best_num_splits`), the Gluon kernel's schedule
@@ -39,7 +39,7 @@ def choose_kernel(
 ) -> str:
     """The stage-1 kernel for a step: 'gluon', 'packed' or 'per_token', the fastest on
     the H200 for such steps. `gluon`: the warpgroup-MMA kernel can run the step
-    (`gluon_mla_probe`). It runs above 16 heads, and at 16 heads where its 64 query rows
+    (`gluon.probe`). It runs above 16 heads, and at 16 heads where its 64 query rows
     fill up (speculative tokens) or the packed plan needs more than one merge pass of
     splits (batch 1, long contexts); elsewhere at 16 heads the packed kernel is as fast.
     Without it: above 16 heads packing one query token per program gains nothing, so the

@@ -2,7 +2,7 @@
 (`select_kernel_impl`, asked here and nowhere on the per-layer decode path) and that path's
 typed plan, which every layer's decode reads: per query token its request and visible
 cached rows (`mla_token_plan`), plus the Triton kernels' launch, or AITER's page lists
-and work split. `mla_ops.mla_decode` dispatches on the plan's type. Nothing here reads
+and work split. `mla.ops.mla_decode` dispatches on the plan's type. Nothing here reads
 the GPU back, except AITER's planning (its page count is data-dependent).
 """
 

@@ -1,6 +1,6 @@
 """The Triton MLA path's launcher: the latent cache write, and the split-KV decode, which
-runs the stage-1 kernel its plan names (`mla_launch_plan.TritonMLALaunch`: the packed or
-per-token Triton kernel of `mla_triton_kernels`, or the Gluon kernel of `gluon_mla`) and
+runs the stage-1 kernel its plan names (`mla.launch_plan.TritonMLALaunch`: the packed or
+per-token Triton kernel of `mla.triton_kernels`, or the Gluon kernel of `gluon.lockstep`) and
 then merges the splits by their log-sum-exps (no merge at one split: stage 1 writes the
 output itself).
 """
@@ -26,7 +26,7 @@ from atom_plugin.attention.triton_common import next_power_of_2
 
 
 def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
-    """The cache write on the Triton kernel; `mla_ops.write_mla_kv` states its semantics."""
+    """The cache write on the Triton kernel; `mla.ops.write_mla_kv` states its semantics."""
     n = slot_mapping.shape[0]
     if n == 0:
         return
@@ -145,7 +145,7 @@ def mla_decode_triton(
     kv_lora_rank=512,
     kv_scale=None,
 ) -> torch.Tensor:
-    """Split-KV MLA decode; see `mla_reference.mla_decode_reference` for the semantics.
+    """Split-KV MLA decode; see `mla.reference.mla_decode_reference` for the semantics.
     `plan` is `plan_mla_decode`'s, made once per step (by the metadata builder) and
     shared by every layer: the token plan and the launch."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)

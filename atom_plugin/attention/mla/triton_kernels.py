@@ -1,6 +1,6 @@
 """The Triton MLA kernels (@triton.jit only): the latent cache write, decode stage 1 in
-two forms and stage 2, the merge of the splits. `triton_mla` launches them with the
-launch `mla_launch_plan` plans.
+two forms and stage 2, the merge of the splits. `mla.triton` launches them with the
+launch `mla.launch_plan` plans.
 
 Stage 1 `_mla_decode_stage1` (the packed kernel) runs one program per (head group, KV
 split, request and token chunk). All heads share the latent rows, so a program loads each
@@ -15,7 +15,7 @@ merges the splits with their log-sum-exps, in chunks of splits; with one split, 
 writes the output itself and stage 2 does not run.
 
 With TMA, whole tiles load through tensor descriptors of the cache viewed as rows
-(`mla_cache_view`): a tile never crosses a page, so it is one box. The last, partial
+(`mla.cache_view`): a tile never crosses a page, so it is one box. The last, partial
 tile of each split, and every tile without TMA, go through masked pointer loads. The
 packed kernel widens an fp8 tile unscaled to fp16 or bf16 (FP16_MATH; e4m3 values are
 exact in both) and folds the per-tensor scale into the score scale and the output; the
@@ -264,7 +264,7 @@ def _mla_decode_per_token(
 ):
     """Stage 1 with one program per head group, split and query token; fp8 tiles through
     pointer loads, dequantized in fp32. The plan runs it where it is faster than the
-    packed kernel (`mla_launch_plan.choose_kernel`)."""
+    packed kernel (`mla.launch_plan.choose_kernel`)."""
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)

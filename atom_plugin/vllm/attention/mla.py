@@ -4,9 +4,9 @@ vLLM's `MLAAttention` layer drives everything: it writes the latent cache throug
 `do_kv_cache_update`, runs prefill itself (the common impl's `forward_mha` with the
 platform's MLA prefill backend: flash-attn on CUDA, AITER on ROCm, dense SDPA on CPU)
 and hands decode tokens, already absorbed to `[B, H, 576]`, to `forward_mqa`. This
-backend supplies the decode (`mla_ops.mla_decode`: AITER, Triton or the torch
+backend supplies the decode (`mla.ops.mla_decode`: AITER, Triton or the torch
 reference, whichever path the builder's per-step plan belongs to) and the cache write
-(`mla_ops.write_mla_kv`, on the path the impl resolves at its first write).
+(`mla.ops.write_mla_kv`, on the path the impl resolves at its first write).
 
 Decode rows may carry several query tokens (speculative verification, any mix of
 lengths: `QueryLenSupport.VARLEN`); they are causal. Under decode context parallelism

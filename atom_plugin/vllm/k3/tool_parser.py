@@ -19,7 +19,7 @@ writes `<|open|>tools<|sep|>` itself, and from there the call opening is forced
 and every call is held to the schemas as for required. An auto request whose
 schemas the channel cannot hold is left to vLLM (its tag, or none).
 
-The channel is used only where it is live in this engine (`k3_enforcement`: the
+The channel is used only where it is live in this engine (`vllm.k3.enforcement`: the
 processor is installed for the engine's runner). Elsewhere a required or named
 request keeps vLLM's structural tag, and one that vLLM gives no tag is refused
 with a 400 naming the reason and the setting that fixes it: such a request is

@@ -1,7 +1,7 @@
 """MLA decode stage 1 on Hopper, warp-specialized: the two warpgroups take alternate
 KV tiles, a loader warp feeds them.
 
-Same grid, partial results and semantics as `gluon_mla`'s lockstep kernel (16-bit
+Same grid, partial results and semantics as `gluon.lockstep`'s lockstep kernel (16-bit
 caches only). The difference is how the two warpgroups share the work. In lockstep
 both take every tile and split its keys, so both read the whole query for every tile
 in 32-key MMAs. Here warpgroup 0 scores the even tiles and warpgroup 1 the odd ones,
@@ -18,7 +18,7 @@ each over all 64 keys of its own tile, and each keeps half of the output columns
 - the query's rope part is held in registers: the shared memory holds the latent
   query, two 64-key stages and two P buffers (230 KB).
 
-Like `gluon_mla`, this module imports Gluon and only the launcher (`gluon_launch`)
+Like `gluon.lockstep`, this module imports Gluon and only the launcher (`gluon_launch`)
 imports it; its box width, warps and registers are in `gluon_shapes`.
 """
 

@@ -75,7 +75,7 @@ _GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
 
 def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
     """Gluon TMA descriptors of the cache's latent and rope columns
-    (`mla_cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
+    (`mla.cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
     the part's width)."""
     gdt = getattr(gl, _GLUON_DTYPES[kv_cache.dtype])
     descs = []

@@ -1,7 +1,7 @@
 """The Gluon MLA decode's stage-1 launch (`run_stage1`): the cache's TMA descriptors and
-the kernel of the launch's schedule (`gluon_mla`'s lockstep one or `gluon_mla_alternate`).
+the kernel of the launch's schedule (`gluon.lockstep`'s lockstep one or `gluon.alternate`).
 
-Imports Gluon, through the kernels: the Triton launcher (`triton_mla`) imports this module
+Imports Gluon, through the kernels: the Triton launcher (`mla.triton`) imports this module
 at the first Gluon launch, so the plan, the probe and `atom-plugin info` never do.
 """
 
@@ -16,7 +16,7 @@ from atom_plugin.attention.mla.gluon.common import cache_descriptors
 def run_stage1(
     q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale, launch, lora
 ):
-    """Launch stage 1 on the grid of `launch` (`mla_launch_plan.TritonMLALaunch`, kernel
+    """Launch stage 1 on the grid of `launch` (`mla.launch_plan.TritonMLALaunch`, kernel
     'gluon') in its schedule; `mid_o` / `mid_lse` are the merge's partials (or the
     output and lse themselves at one split). Both kernels take the same arguments but
     for the lockstep one's kv scale and stage count."""

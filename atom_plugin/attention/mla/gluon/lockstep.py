@@ -3,7 +3,7 @@
 One program holds 64 query rows (the heads of a head group times the request's packed
 query tokens, padded to 64) on two warpgroups, the same grid as the packed Triton
 kernel (head group, KV split, request and token chunk) and the same partial results,
-so `triton_mla`'s merge finishes it. Where the Triton kernels keep the query and the
+so `mla.triton`'s merge finishes it. Where the Triton kernels keep the query and the
 64 x 512 fp32 accumulator in registers of one warpgroup (and spill), here the query
 lives in shared memory and each warpgroup owns half of the accumulator's columns:
 
@@ -20,7 +20,7 @@ lives in shared memory and each warpgroup owns half of the accumulator's columns
   memory before the matmuls, so stale (even NaN) cache rows never reach P @ V.
 
 The kernel needs a CUDA GPU of compute capability 9.x and a cache TMA can read in
-64-row tiles (`gluon_mla_probe` and `mla_cache_view.tma_problems` say where it can run);
+64-row tiles (`gluon.probe` and `mla.cache_view.tma_problems` say where it can run);
 Gluon kernels do not run in Triton's CPU interpreter, so this path is tested on the GPU
 only. This module imports Gluon: only the launcher (`gluon_launch`) imports it, at the
 first launch; its tiles, warps and stages are in `gluon_shapes`, which the plan reads.

@@ -1,4 +1,4 @@
-"""Can the Gluon MLA decode (`gluon_mla`) run here, and why not: the one answer that
+"""Can the Gluon MLA decode (`gluon.lockstep`) run here, and why not: the one answer that
 `atom-plugin info`, the vLLM backend's block-size preference, the decode plan and the
 decode's check of a layer's tensors ask for. Host-only: nothing here imports Triton until
 a Hopper GPU is asked about, and Gluon only then (the kernels' launch module, to learn
