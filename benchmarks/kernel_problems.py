@@ -157,6 +157,94 @@ def fa3_scheduler_kwargs(pool, meta, num_splits: int) -> dict:
     )
 
 
+# ---------------------------------------------------------------- calls
+
+
+def plugin_mla_call(shape, plan, out):
+    """The plugin's MLA decode on `shape` (as the ATOM_AITER_MLA backend runs it, with the
+    step's `plan`); the call returns `out`."""
+    from atom_plugin.attention.mla import ops as mla_ops
+
+    def call():
+        mla_ops.mla_decode(
+            shape.q,
+            shape.kv,
+            shape.meta,
+            scale=shape.scale,
+            output=out,
+            kv_lora_rank=LORA,
+            plan=plan,
+        )
+        return out
+
+    return call
+
+
+def flashmla_call(shape):
+    """FlashMLA on `shape` as vLLM's FLASHMLA backend calls it; the call returns the
+    output as [tokens, heads, 512]. The tile-scheduler metadata is vLLM's
+    FlashMLAMetadataBuilder._build_decode's; the first call fills it."""
+    from vllm.v1.attention.ops.flashmla import (
+        flash_mla_with_kvcache,
+        get_mla_metadata,
+        is_flashmla_dense_supported,
+    )
+
+    ok, why = is_flashmla_dense_supported()
+    if not ok:
+        raise RuntimeError(f"FlashMLA dense unsupported: {why}")
+    b, ql, h = shape.batch, shape.q_len, shape.heads
+    kw = flashmla_kwargs(shape)
+    sched, _ = get_mla_metadata(shape.meta.seq_lens, ql * h, 1, is_fp8_kvcache=False)
+
+    def call():
+        o, _lse = flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kw)
+        return o.reshape(b * ql, h, LORA)  # [B, q_len, H, 512] -> tokens
+
+    return call
+
+
+def mha_meta(pool, reqs, seed: int = 0):
+    """`pool.meta(reqs)` with the step's MHA plan, made as the metadata builder makes it
+    (once per step, before the layers run)."""
+    from atom_plugin.attention.mha.plan import plan_for_caches
+
+    meta = pool.meta(reqs, seed=seed)
+    meta.plan = plan_for_caches(meta, pool.key_cache)
+    return meta
+
+
+def plugin_mha_call(pool, meta, q, out):
+    """The plugin's ops.paged_attention (the ATOM_AITER backend's entry) over a `meta`
+    made by `mha_meta`; returns `out`."""
+    from atom_plugin.attention.mha import ops
+    from atom_plugin.attention.mha.params import AttentionParams
+
+    params = AttentionParams(scale=MHA_SCALE)
+
+    def call():
+        ops.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, out)
+        return out
+
+    return call
+
+
+def fa3_call(pool, meta, q, num_splits: int):
+    """FA3 as vLLM's FLASH_ATTN backend calls it, with the scheduler metadata its metadata
+    builder makes once a step (made here, before any call); the call returns its output."""
+    from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+
+    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(pool, meta, num_splits))
+    out = torch.empty_like(q)
+    kw = fa3_kwargs(pool, meta, q, out, num_splits)
+
+    def call():
+        flash_attn_varlen_func(scheduler_metadata=sched, **kw)
+        return out
+
+    return call
+
+
 # ---------------------------------------------------------------- checks
 
 

@@ -61,16 +61,18 @@ from benchmarks.kernel_problems import (
     D,
     OutputMismatch,
     assert_close,
-    fa3_kwargs,
-    fa3_scheduler_kwargs,
-    flashmla_kwargs,
+    fa3_call,
+    flashmla_call,
     make_mla_shape,
     mha_decode_bytes,
     mha_decode_flops,
+    mha_meta,
     mha_pool_tokens,
     mla_bytes,
     mla_flops,
     peaked_mha_query,
+    plugin_mha_call,
+    plugin_mla_call,
     prefill_flops,
     prefill_reqs,
     short_error,
@@ -279,8 +281,6 @@ def _judge(row: dict, plugin_out, vllm_out, vllm_name: str, ref_fn=None) -> None
 
 
 def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
-    from atom_plugin.attention.mla import ops as mla_ops
-
     row = {"heads": heads, "q_len": q_len, "batch": batch, "context": context}
     row["flops"] = mla_flops(batch, context, heads, q_len)
     row["bytes"] = mla_bytes(batch, context, heads, q_len)
@@ -293,43 +293,12 @@ def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
     except Exception as exc:
         row["plugin_error"] = f"plan: {short_error(exc)}"
 
-    def plugin():
-        mla_ops.mla_decode(
-            shape.q,
-            shape.kv,
-            shape.meta,
-            scale=shape.scale,
-            output=out,
-            kv_lora_rank=LORA,
-            plan=plan,
-        )
-        return out
-
+    plugin = plugin_mla_call(shape, plan, out)
     plugin_out = _side(row, "plugin", plugin, flush, iters) if plan is not None else None
-
-    def vllm_side():
-        from vllm.v1.attention.ops.flashmla import (
-            flash_mla_with_kvcache,
-            get_mla_metadata,
-            is_flashmla_dense_supported,
-        )
-
-        ok, why = is_flashmla_dense_supported()
-        if not ok:
-            raise RuntimeError(f"FlashMLA dense unsupported: {why}")
-        kw = flashmla_kwargs(shape)
-        # vLLM's FlashMLAMetadataBuilder._build_decode; the first call below fills it
-        sched, _ = get_mla_metadata(shape.meta.seq_lens, q_len * heads, 1, is_fp8_kvcache=False)
-
-        def call():
-            o, _lse = flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kw)
-            return o.reshape(batch * q_len, heads, LORA)  # [B, q_len, H, 512] -> tokens
-
-        return call
 
     vllm_out = None
     try:
-        call = vllm_side()
+        call = flashmla_call(shape)
     except Exception as exc:
         row["vllm_error"] = short_error(exc)
         progress(f"  FlashMLA error: {row['vllm_error']}")
@@ -354,44 +323,22 @@ def mla_case(batch, context, heads, q_len, flush, iters=20) -> dict:
     return row  # the caller empties the allocator cache once the inputs are gone
 
 
-def _fa3_call(pool, meta, q, num_splits):
-    from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
-
-    # vLLM's FlashAttentionMetadataBuilder: once a step, before the layers run
-    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(pool, meta, num_splits))
-    out = torch.empty_like(q)
-    kw = fa3_kwargs(pool, meta, q, out, num_splits)
-
-    def call():
-        flash_attn_varlen_func(scheduler_metadata=sched, **kw)
-        return out
-
-    return call
-
-
 def mha_case(pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0) -> dict:
     """One MHA case over `reqs` [(query_len, seq_len)]: the plugin's paged_attention and
     FA3 on the same query and cache."""
-    from atom_plugin.attention.mha import ops
     from atom_plugin.attention.mha.params import AttentionParams
-    from atom_plugin.attention.mha.plan import plan_for_caches
 
     row = {}
     torch.manual_seed(seed)
-    meta = pool.meta(reqs, seed=seed)
-    meta.plan = plan_for_caches(meta, pool.key_cache)  # as the builder does, once per step
+    meta = mha_meta(pool, reqs, seed)
     params = AttentionParams(scale=MHA_SCALE)
     q = peaked_mha_query(meta.num_actual_tokens)
     out = torch.empty_like(q)
 
-    def plugin():
-        ops.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, out)
-        return out
-
-    plugin_out = _side(row, "plugin", plugin, flush, iters)
+    plugin_out = _side(row, "plugin", plugin_mha_call(pool, meta, q, out), flush, iters)
     vllm_out = None
     try:
-        call = _fa3_call(pool, meta, q, num_splits)
+        call = fa3_call(pool, meta, q, num_splits)
     except Exception as exc:
         row["vllm_error"] = short_error(exc)
         progress(f"  FA3 error: {row['vllm_error']}")

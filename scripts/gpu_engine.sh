@@ -15,6 +15,8 @@
 #               a change that must not move the kernels' speed: the MHA (benchmarks.attention
 #               --no-mla) or MLA (benchmarks.attention_mla) kernel benchmark in the checkout
 #               BEFORE (a folder) and in this one, alternately, then benchmarks.compare_runs
+#   profile     Nsight Compute profiles of the kernels' misses beside FlashMLA and FA3
+#               (benchmarks/kernel_profile.py); PROFILE_ARGS; reports under $OUT/kernel_profile
 # Each stage writes its log under $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -68,6 +70,10 @@ for what in "$@"; do
       stage "kernels beside FlashMLA and FA3"
       timeout 400 python3 -m benchmarks.kernels_vs_vllm --out "$OUT/kernels_vs_vllm.md" \
         ${ANCHOR_ARGS:-} 2>&1 | tee "$OUT/kernels_vs_vllm.log" || status=1 ;;
+    profile)
+      stage "Nsight Compute profiles beside FlashMLA and FA3"
+      timeout 480 python3 -m benchmarks.kernel_profile --out-dir "$OUT/kernel_profile" \
+        ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/kernel_profile.log" || status=1 ;;
     k3)
       stage "K3 logits benchmark"
       timeout 300 python3 benchmarks/k3_logits.py --out "$OUT/k3_logits.md" ${K3_ARGS:-} \
@@ -86,7 +92,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors k3 same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

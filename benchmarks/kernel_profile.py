@@ -1,0 +1,671 @@
+"""Nsight Compute profiles of the plugin's kernels beside FA3 and FlashMLA on the shapes
+where `benchmarks.kernels_vs_vllm` measured the plugin slower (issue #26): what limits each.
+
+Per shape, one `ncu` run of this module's driver (`--run SHAPE`), which builds the
+problem with `benchmarks.kernel_problems` (the inputs and calls kernels_vs_vllm times),
+runs the plugin's call and the anchor's (FlashMLA through vLLM's _flashmla_C, FA3 through
+vllm.vllm_flash_attn) twice each as warm-up, checks their outputs agree, then runs each
+once inside cudaProfilerStart/Stop (`ncu --profile-from-start off`): only those launches
+are profiled. A one-cycle `spin_kernel` (torch.cuda._sleep) launched between the two
+sides marks where the plugin's kernels end and the anchor's begin.
+
+Sections: SpeedOfLight, Occupancy, LaunchStats, WarpStateStats, MemoryWorkloadAnalysis,
+ComputeWorkloadAnalysis, plus the per-reason warp-stall ratios and tensor-pipe activity
+where this ncu lists them (`--query-metrics`). Caches are flushed before each kernel
+(ncu's default, as kernels_vs_vllm flushes L2); clocks are left as the GPU runs them
+(`--clock-control none`, so durations compare with kernels_vs_vllm's; `base` locks them).
+
+Saved under --out-dir per shape: SHAPE.ncu-rep (open it in ncu-ui), SHAPE.details.csv
+(`--csv --page details`), SHAPE.raw.csv (`--csv --page raw`), SHAPE.log (ncu's and the
+driver's output); and kernel_profile.md, the tables also printed to stdout: one per
+shape, kernels as columns. Exit status: 0 every shape profiled, 1 some shape failed,
+2 bad flags, no ncu, or no permission to read the GPU's counters.
+
+    python -m benchmarks.kernel_profile --out-dir $OUT [--shapes NAME,...] [--ncu PATH]
+        [--timeout 150] [--budget 400] [--clock-control none|base]
+    python -m benchmarks.kernel_profile --list
+    python -m benchmarks.kernel_profile --run SHAPE      # the driver ncu runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = (
+    "SpeedOfLight",
+    "Occupancy",
+    "LaunchStats",
+    "WarpStateStats",
+    "MemoryWorkloadAnalysis",
+    "ComputeWorkloadAnalysis",
+)
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the boundary between the two sides
+FA3_DECODE_SPLITS = 32  # as kernels_vs_vllm.FA3_DECODE_SPLITS (vLLM's CUDA-graph cap)
+NCU_FALLBACKS = (  # looked at when ncu is not on PATH (glob patterns)
+    "/usr/local/cuda/bin/ncu",
+    "/usr/local/cuda-*/bin/ncu",
+    "/opt/nvidia/nsight-compute/*/ncu",
+)
+STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+TENSOR_RE = re.compile(r"^sm__pipe_tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
+NOT_STALLS = ("selected", "not_selected")  # issuing, or eligible and passed over
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One profiled shape: `kind` 'mla' (batch, context, heads, q_len) or 'mha' (reqs as
+    (query_len, seq_len) pairs, FA3 num_splits, seed)."""
+
+    name: str
+    kind: str
+    anchor: str
+    what: str
+    args: tuple
+
+
+SHAPES = {
+    p.name: p
+    for p in (
+        Problem(
+            "mla-h128-32x8k",
+            "mla",
+            "FlashMLA",
+            "MLA decode, bf16 cache, 128 heads, 32 requests x 8K context, 1 query token",
+            (32, 8192, 128, 1),
+        ),
+        Problem(
+            "mla-h128-128x4k",
+            "mla",
+            "FlashMLA",
+            "MLA decode, bf16 cache, 128 heads, 128 requests x 4K context, 1 query token",
+            (128, 4096, 128, 1),
+        ),
+        Problem(
+            "mla-h64-q2-32x8k",
+            "mla",
+            "FlashMLA",
+            "MLA decode, bf16 cache, 64 heads, 32 requests x 8K context, 2 query tokens",
+            (32, 8192, 64, 2),
+        ),
+        Problem(
+            "prefill-1x8k",
+            "mha",
+            "FA3",
+            "MHA causal fresh prefill, 1 x 8K tokens, 32 q / 8 kv heads, head 128, bf16, "
+            "block 16; FA3 num_splits=0",
+            (((8192, 8192),), 0, 1 * 13 + 8192),
+        ),
+        Problem(
+            "mha-decode-8x16k",
+            "mha",
+            "FA3",
+            "MHA decode, 8 requests x 16K context, 32 q / 8 kv heads, head 128, bf16, "
+            f"block 16; FA3 num_splits={FA3_DECODE_SPLITS}",
+            (((1, 16384),) * 8, FA3_DECODE_SPLITS, 8 * 7 + 16384),
+        ),
+    )
+}
+
+
+class ProfileError(Exception):
+    """A setup error that stops the whole run (exit 2), message in one line."""
+
+
+class MetricError(RuntimeError):
+    """ncu refused a metric name: worth one more try without the extra metrics."""
+
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def check_shapes(names) -> list[str]:
+    """The names, each a key of SHAPES, or ValueError listing the valid ones."""
+    out = []
+    for name in names:
+        if name not in SHAPES:
+            raise ValueError(f"unknown shape {name!r}; valid shapes: {', '.join(SHAPES)}")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+# ---------------------------------------------------------------- driver (inside ncu)
+
+
+def build_calls(problem: Problem):
+    """(plugin call, anchor call) on the problem's inputs, each returning its output."""
+    import torch
+
+    from benchmarks import attention
+    from benchmarks import kernel_problems as kp
+
+    if problem.kind == "mla":
+        batch, context, heads, q_len = problem.args
+        shape = kp.make_mla_shape(batch, context, heads, q_len, seed=batch * 131 + heads + q_len)
+        plugin = kp.plugin_mla_call(shape, shape.plan(), shape.new_out())
+        return plugin, kp.flashmla_call(shape)
+    reqs, num_splits, seed = problem.args
+    decode = [(len(reqs), reqs[0][1])] if reqs[0][0] == 1 else []
+    prefill = [] if decode else [(len(reqs), reqs[0][1])]
+    torch.manual_seed(1)
+    pool = attention.KVPool(kp.mha_pool_tokens(decode, prefill), kp.MHA_BLOCK_SIZE)
+    torch.manual_seed(seed)
+    meta = kp.mha_meta(pool, list(reqs), seed)
+    q = kp.peaked_mha_query(meta.num_actual_tokens)
+    plugin = kp.plugin_mha_call(pool, meta, q, torch.empty_like(q))
+    return plugin, kp.fa3_call(pool, meta, q, num_splits)
+
+
+def drive(name: str) -> int:
+    """Warm up, check, then run each side once between cudaProfilerStart and Stop."""
+    import torch
+
+    from benchmarks.kernel_problems import OutputMismatch, assert_close
+
+    problem = SHAPES[name]
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    progress(f"driver {name}: {problem.what}")
+    plugin, anchor = build_calls(problem)
+    got = plugin().clone()
+    want = anchor().clone()
+    plugin()
+    anchor()
+    torch.cuda.synchronize()
+    try:
+        diff = assert_close(got, want, f"plugin vs {problem.anchor}")
+        progress(f"driver {name}: outputs agree (max abs diff {diff:.3g})")
+    except OutputMismatch as exc:
+        progress(f"driver {name}: WARNING outputs differ: {exc}")
+    del got, want
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    plugin()
+    torch.cuda._sleep(1)  # the marker kernel between the sides
+    anchor()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    progress(f"driver {name}: profiled launches done")
+    return 0
+
+
+# ---------------------------------------------------------------- ncu
+
+
+def find_ncu(explicit: str | None = None, path: str | None = None, fallbacks=None) -> str:
+    """The ncu executable: `explicit` (--ncu), else ncu on PATH, else the fallbacks and
+    $CUDA_HOME/bin/ncu. ProfileError names every place looked at."""
+    if explicit:
+        if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
+            return explicit
+        raise ProfileError(f"--ncu {explicit}: no executable file there")
+    path = os.environ.get("PATH", "") if path is None else path
+    found = shutil.which("ncu", path=path)
+    if found:
+        return found
+    places = list(NCU_FALLBACKS if fallbacks is None else fallbacks)
+    if os.environ.get("CUDA_HOME"):
+        places.append(os.path.join(os.environ["CUDA_HOME"], "bin", "ncu"))
+    for pattern in places:
+        for place in sorted(glob.glob(pattern), reverse=True):  # the newest version first
+            if os.path.isfile(place) and os.access(place, os.X_OK):
+                return place
+    dirs = [d for d in path.split(os.pathsep) if d]
+    raise ProfileError(
+        f"ncu (Nsight Compute) not found: not on PATH ({', '.join(dirs) or 'empty'}) "
+        f"nor at {', '.join(places)}; pass --ncu /path/to/ncu"
+    )
+
+
+def permission_line(output: str) -> str | None:
+    """ncu's own ERR_NVGPUCTRPERM line (its hint and link), if the output has one."""
+    for line in output.splitlines():
+        if "ERR_NVGPUCTRPERM" in line:
+            text = line.strip()
+            text = text.removeprefix("==ERROR==").strip()
+            return f"no permission to read the GPU's performance counters: {text}"
+    return None
+
+
+def extra_metrics(ncu: str) -> list[str]:
+    """Per-reason warp-stall ratios and tensor-pipe activity, where this ncu lists them
+    (an unknown metric name would fail the whole run); [] if the query fails."""
+    try:
+        res = subprocess.run(
+            [ncu, "--query-metrics"], capture_output=True, text=True, timeout=90, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        progress(f"ncu --query-metrics failed ({exc}); stall reasons from the sections only")
+        return []
+    names = set(re.findall(r"\b[a-z0-9]+__[a-z0-9_]+\b", res.stdout))
+    stalls = sorted(n for n in names if STALL_RE.match(n + ".ratio"))
+    tensor = sorted(n for n in names if TENSOR_RE.match(n + ".avg.pct_of_peak_sustained_active"))
+    if res.returncode != 0 or not (stalls or tensor):
+        tail = (res.stdout + res.stderr).strip().splitlines()[-1:] or ["no output"]
+        progress(f"ncu --query-metrics: no extra metrics ({tail[0][:160]})")
+    return [n + ".ratio" for n in stalls] + [
+        n + ".avg.pct_of_peak_sustained_active" for n in tensor
+    ]
+
+
+def profile_command(ncu, name, report, metrics, clock_control) -> list[str]:
+    cmd = [ncu, "--profile-from-start", "off", "--clock-control", clock_control]
+    for section in SECTIONS:
+        cmd += ["--section", section]
+    if metrics:
+        cmd += ["--metrics", ",".join(metrics)]
+    cmd += ["--export", str(report), "--force-overwrite"]
+    return cmd + [sys.executable, "-m", "benchmarks.kernel_profile", "--run", name]
+
+
+def run_bounded(cmd, timeout: float, log: Path) -> tuple[int | None, str]:
+    """Run `cmd` in its own process group from the repo root, output to `log`; on timeout
+    kill the whole group (ncu and the driver under it). (returncode or None, output)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    return rc, log.read_text(errors="replace")
+
+
+def export_page(ncu: str, report: Path, page: str, dest: Path) -> str:
+    """One page of the report as CSV, saved to `dest`; units unscaled where this ncu
+    takes --print-units (the parser reads scaled units too)."""
+    cmd = [ncu, "--import", str(report), "--csv", "--page", page]
+    for units in (["--print-units", "base"], []):
+        res = subprocess.run(cmd + units, capture_output=True, text=True, timeout=120, check=False)
+        if res.returncode == 0:
+            break
+    if res.returncode != 0:
+        raise RuntimeError(f"ncu --import --page {page}: {res.stderr.strip()[-300:]}")
+    dest.write_text(res.stdout)
+    return res.stdout
+
+
+# ---------------------------------------------------------------- parsing
+
+
+@dataclass
+class Kernel:
+    id: str
+    name: str
+    block: str = ""
+    grid: str = ""
+    metrics: dict = field(default_factory=dict)  # name -> [(unit, text value), ...]
+    raw: dict = field(default_factory=dict)  # raw page: metric name -> (unit, text value)
+    side: str = ""
+
+
+def _csv_rows(text: str) -> list[dict]:
+    """Rows of ncu CSV output as dicts, from the header line ("ID",...) on; lines
+    before it (==PROF== and the application's output) are skipped."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if start is None:
+        return []
+    body = [line for line in lines[start:] if not line.startswith("==")]  # ==PROF== etc.
+    return list(csv.DictReader(io.StringIO("\n".join(body))))
+
+
+def number(text) -> float | None:
+    """'1,234.56' -> 1234.56; None for '', 'n/a' and the like."""
+    if text is None:
+        return None
+    try:
+        return float(str(text).replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def parse_details(text: str) -> list[Kernel]:
+    """`ncu --csv --page details` output -> kernels in launch order (by ID)."""
+    kernels: dict[str, Kernel] = {}
+    for row in _csv_rows(text):
+        kid = (row.get("ID") or "").strip()
+        if not kid.isdigit():  # a stray line of the application's output
+            continue
+        k = kernels.get(kid)
+        if k is None:
+            k = kernels[kid] = Kernel(kid, row.get("Kernel Name", ""))
+            k.block, k.grid = row.get("Block Size") or "", row.get("Grid Size") or ""
+        metric = row.get("Metric Name")
+        if metric:  # a name may recur in two sections (Memory Throughput: % and byte/s)
+            value = (row.get("Metric Unit") or "", row.get("Metric Value"))
+            k.metrics.setdefault(metric, []).append(value)
+    return sorted(kernels.values(), key=lambda k: int(number(k.id) or 0))
+
+
+def merge_raw(kernels: list[Kernel], text: str) -> None:
+    """Attach `ncu --csv --page raw` columns (one row per kernel after a units row)."""
+    rows = _csv_rows(text)
+    if not rows:
+        return
+    units = rows[0] if not rows[0].get("ID") else {}
+    by_id = {k.id: k for k in kernels}
+    for row in rows:
+        k = by_id.get(row.get("ID") or "")
+        if k is None:
+            continue
+        for col, value in row.items():
+            if col and "__" in col:
+                k.raw[col] = (units.get(col, ""), value)
+
+
+_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "n": 1e-9, "u": 1e-6, "m": 1e-3}
+_UNIT_ALIASES = {"ns": "nsecond", "us": "usecond", "ms": "msecond", "s": "second"}
+_UNIT_ALIASES.update({"B": "byte", "KB": "Kbyte", "MB": "Mbyte"})
+
+
+def in_unit(value: tuple | None, base: str, want: float = 1.0) -> float | None:
+    """A (unit, text) metric in multiples of `want` `base`s: ('usecond', '12.5') with
+    base 'second', want 1e-6 -> 12.5. Units as ncu writes them ('nsecond', 'Kbyte',
+    'byte/block'); a unit whose base differs gives None."""
+    if value is None:
+        return None
+    unit, text = value
+    unit = (unit or "").split("/")[0].strip()
+    unit = _UNIT_ALIASES.get(unit, unit)
+    num = number(text)
+    if num is None or not unit.endswith(base):
+        return None
+    prefix = unit[: -len(base)]
+    if prefix not in _SCALE:
+        return None
+    return num * _SCALE[prefix] / want
+
+
+def metric(k: Kernel, *names, unit: str | None = None) -> tuple | None:
+    """(unit, text) of the first of `names` the kernel has (details page, then raw page);
+    with `unit`, only a details entry in that unit counts (a name may recur in two
+    sections in different units)."""
+    for n in names:
+        values = [v for v in k.metrics.get(n, ()) if unit is None or v[0] == unit]
+        if values:
+            return values[0]
+        if n in k.raw:
+            return k.raw[n]
+    return None
+
+
+def value(k: Kernel, *names, unit: str | None = None) -> float | None:
+    got = metric(k, *names, unit=unit)
+    return number(got[1]) if got else None
+
+
+def pct(k: Kernel, *names) -> float | None:
+    return value(k, *names, unit="%")
+
+
+def assign_sides(kernels: list[Kernel], anchor: str) -> list[Kernel]:
+    """Label the kernels before the marker 'plugin', after it `anchor`; the marker is
+    dropped. Without a marker every kernel is labelled '?'."""
+    at = next((i for i, k in enumerate(kernels) if MARKER in k.name), None)
+    if at is None:
+        for k in kernels:
+            k.side = "?"
+        return kernels
+    for i, k in enumerate(kernels):
+        k.side = "plugin" if i < at else anchor
+    return [k for i, k in enumerate(kernels) if i != at]
+
+
+def short_name(name: str, n: int = 44) -> str:
+    """A readable kernel name: no 'void ', no parameter list, generic template wrappers
+    (cutlass::device_kernel<...>, enable_sm90_or_later<...>) unwrapped, at most n chars."""
+    s = name.strip().removeprefix("void ").strip()
+    if s.endswith(")"):
+        depth = 0
+        for i in range(len(s) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                s = s[:i].strip()
+                break
+    while True:
+        m = re.match(r"^([\w:]+)<(.*)>$", s)
+        if not m or not re.search(r"(device_kernel|enable_sm\d+_or_later)$", m.group(1)):
+            break
+        s = m.group(2).strip()
+    s = s.replace("|", "/")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def stalls(k: Kernel, top: int = 2) -> str:
+    """The `top` warp-stall reasons, in cycles per issued instruction."""
+    found = []
+    details = {n: vals[0] for n, vals in k.metrics.items()}
+    for source in (k.raw, details):
+        for name, got in source.items():
+            m = STALL_RE.match(name)
+            reason = m.group(1) if m else None
+            if reason is None and name.startswith("Stall "):  # a section's own labels
+                reason = name[6:].strip().lower().replace(" ", "_")
+            v = number(got[1])
+            if reason and v is not None and reason not in NOT_STALLS:
+                found.append((v, reason))
+        if found:
+            break
+    if not found:
+        return "n/a"
+    found.sort(reverse=True)
+    return ", ".join(f"{r} {v:.1f}" for v, r in found[:top])
+
+
+def tensor_pipe(k: Kernel) -> float | None:
+    vals = [number(v[1]) for n, v in k.raw.items() if TENSOR_RE.match(n)]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+def _f(v, spec=".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def column(k: Kernel) -> dict:
+    """The table's quantities for one kernel."""
+    dur = in_unit(metric(k, "Duration", "gpu__time_duration.sum"), "second", 1e-6)
+    smem = [
+        in_unit(metric(k, n), "byte")
+        for n in ("Static Shared Memory Per Block", "Dynamic Shared Memory Per Block")
+    ]
+    known = [s for s in smem if s is not None]
+    smem_kib = sum(known) / 1024 if known else None
+    occ, theo = pct(k, "Achieved Occupancy"), pct(k, "Theoretical Occupancy")
+    cpi = value(k, "Warp Cycles Per Issued Instruction")
+    regs = value(k, "Registers Per Thread")
+    block = k.block or _f(value(k, "Block Size"), ".0f")
+    grid = k.grid or _f(value(k, "Grid Size"), ".0f")
+    stall = stalls(k)
+    if cpi is not None:
+        stall += f" (of {cpi:.1f})"
+    return {
+        "duration (us)": dur,
+        "SM throughput %": pct(k, "Compute (SM) Throughput", "SM Throughput"),
+        "memory throughput %": pct(k, "Memory Throughput"),
+        "DRAM throughput %": pct(k, "DRAM Throughput"),
+        "achieved / theoretical occupancy %": f"{_f(occ)} / {_f(theo)}",
+        "registers / thread": _f(regs, ".0f"),
+        "shared memory / block (KiB)": smem_kib,
+        "block; grid": f"{block}; {grid}",
+        "top warp stalls (cycles per issue)": stall,
+        "tensor pipe %": tensor_pipe(k),
+    }
+
+
+def markdown_table(problem: Problem, kernels: list[Kernel]) -> str:
+    """One table, kernels as columns, then each side's summed duration."""
+    head = f"### {problem.name}: {problem.what}\n\n"
+    if not kernels:
+        return head + "No kernels were profiled.\n"
+    cols = [column(k) for k in kernels]
+    names = [f"{k.side}: {short_name(k.name)}" for k in kernels]
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for key in cols[0]:
+        cells = [c[key] if isinstance(c[key], str) else _f(c[key]) for c in cols]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    totals = {}
+    for k, c in zip(kernels, cols, strict=True):
+        if c["duration (us)"] is not None:
+            totals[k.side] = totals.get(k.side, 0.0) + c["duration (us)"]
+    summary = ", ".join(f"{side} {us:.1f} us" for side, us in totals.items())
+    plugin, other = totals.get("plugin"), totals.get(problem.anchor)
+    if plugin and other:
+        summary += f"; plugin / {problem.anchor} = {plugin / other:.2f}"
+    return head + "\n".join(lines) + f"\n\nKernel time per side (sum): {summary}.\n"
+
+
+# ---------------------------------------------------------------- default mode
+
+
+def profile_shape(ncu, name, out_dir: Path, metrics, timeout, clock_control) -> str:
+    """Profile one shape; its markdown table. RuntimeError on failure, ProfileError when
+    the counters are off limits (every later shape would fail the same way)."""
+    problem = SHAPES[name]
+    report, log = out_dir / f"{name}.ncu-rep", out_dir / f"{name}.log"
+    report.unlink(missing_ok=True)
+    cmd = profile_command(ncu, name, out_dir / name, metrics, clock_control)
+    rc, output = run_bounded(cmd, timeout, log)
+    perm = permission_line(output)
+    if perm:
+        raise ProfileError(perm)
+    if rc is None:
+        raise RuntimeError(f"timed out after {timeout:.0f} s (killed; see {log})")
+    if rc != 0 or not report.exists():
+        errors = [line for line in output.splitlines() if line.startswith("==ERROR==")]
+        tail = " / ".join(errors[-3:] or output.strip().splitlines()[-4:])[-500:]
+        state = "present" if report.exists() else "missing"
+        kind = MetricError if any("metric" in e.lower() for e in errors) else RuntimeError
+        raise kind(f"ncu exit {rc}, report {state} (see {log}): {tail}")
+    details = export_page(ncu, report, "details", out_dir / f"{name}.details.csv")
+    kernels = parse_details(details)
+    try:
+        merge_raw(kernels, export_page(ncu, report, "raw", out_dir / f"{name}.raw.csv"))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        progress(f"  raw page unavailable ({exc}); stall reasons from the sections only")
+    check = re.search(r"driver \S+: (outputs agree.*|WARNING outputs differ.*)", output)
+    table = markdown_table(problem, assign_sides(kernels, problem.anchor))
+    return table + (f"Output check before profiling: {check.group(1)}\n" if check else "")
+
+
+def profile_all(cfg) -> int:
+    out_dir = Path(cfg.out_dir).resolve()  # the ncu runs start in the repo root
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        ncu = find_ncu(cfg.ncu)
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    progress(f"ncu: {ncu}; shapes: {', '.join(cfg.shapes)}; out: {out_dir}")
+    metrics = extra_metrics(ncu)
+    progress(f"extra metrics: {len(metrics)} (warp-stall reasons, tensor pipes)")
+    deadline = time.monotonic() + cfg.budget
+    tables, failed = [], 0
+    for i, name in enumerate(cfg.shapes, 1):
+        left = deadline - time.monotonic()
+        if left < 20:
+            tables.append(f"### {name}\n\nSKIPPED: the --budget of {cfg.budget:.0f} s ran out.\n")
+            progress(f"[{i}/{len(cfg.shapes)}] {name}: skipped, budget spent")
+            failed += 1
+            continue
+        limit = min(cfg.timeout, left)
+        progress(f"[{i}/{len(cfg.shapes)}] {name}: ncu (limit {limit:.0f} s)")
+        t0 = time.monotonic()
+        try:
+            try:
+                table = profile_shape(ncu, name, out_dir, metrics, limit, cfg.clock_control)
+            except MetricError as exc:
+                limit = min(cfg.timeout, deadline - time.monotonic())
+                if not metrics or limit < 20:
+                    raise
+                progress(f"  failed with the extra metrics ({exc}); again without them")
+                metrics = []  # and without them for the shapes after this one
+                table = profile_shape(ncu, name, out_dir, [], limit, cfg.clock_control)
+        except ProfileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:
+            failed += 1
+            table = f"### {name}: {SHAPES[name].what}\n\nFAILED: {exc}\n"
+            progress(f"  FAILED: {exc}")
+        else:
+            progress(f"  done in {time.monotonic() - t0:.0f} s")
+        tables.append(table)
+        print(table, flush=True)
+    text = (
+        "# Nsight Compute: plugin kernels vs FA3 / FlashMLA (issue #26)\n\n"
+        f"Sections {', '.join(SECTIONS)}; one launch of each side after warm-up; caches "
+        f"flushed per kernel; clock control {cfg.clock_control}. Stalls: cycles per issued "
+        "instruction spent in each reason (of the total per issue).\n\n" + "\n".join(tables)
+    )
+    (out_dir / "kernel_profile.md").write_text(text)
+    progress(f"wrote {out_dir / 'kernel_profile.md'}")
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.kernel_profile", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--run", metavar="SHAPE", help="driver mode (what ncu runs)")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of shape names")
+    p.add_argument("--out-dir", default="kernel_profile_out", help="reports, CSVs, logs")
+    p.add_argument("--ncu", help="the ncu executable (default: ncu on PATH)")
+    p.add_argument("--timeout", type=float, default=150.0, help="seconds per shape")
+    p.add_argument("--budget", type=float, default=400.0, help="seconds for all shapes")
+    p.add_argument("--clock-control", choices=("none", "base"), default="none")
+    p.add_argument("--list", action="store_true", help="list the shapes and exit")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    a = p.parse_args(argv)
+    try:
+        if a.run is not None:
+            check_shapes([a.run])
+        a.shapes = check_shapes([s.strip() for s in a.shapes.split(",") if s.strip()])
+        if not a.shapes:
+            raise ValueError("--shapes: no shape named")
+    except ValueError as exc:
+        p.error(str(exc))
+    return a
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    if cfg.list:
+        for p in SHAPES.values():
+            print(f"{p.name}: {p.what}")
+        return 0
+    if cfg.run:
+        return drive(cfg.run)
+    return profile_all(cfg)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
