@@ -136,7 +136,7 @@ def _free_bytes() -> int:
 
 def bench_decode(pool, batch, context, flush, copy_gbps, config=None, with_sdpa=True) -> dict:
     from atom_plugin.attention.mha.params import AttentionParams
-    from atom_plugin.attention.mha.plan import plan_for_caches
+    from atom_plugin.attention.mha.planner import plan_for_caches
     from atom_plugin.attention.mha.triton_decode import paged_decode
 
     meta = pool.meta([(1, context)] * batch, seed=batch * 7 + context)

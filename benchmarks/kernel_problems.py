@@ -207,7 +207,7 @@ def flashmla_call(shape):
 def mha_meta(pool, reqs, seed: int = 0):
     """`pool.meta(reqs)` with the step's MHA plan, made as the metadata builder makes it
     (once per step, before the layers run)."""
-    from atom_plugin.attention.mha.plan import plan_for_caches
+    from atom_plugin.attention.mha.planner import plan_for_caches
 
     meta = pool.meta(reqs, seed=seed)
     meta.plan = plan_for_caches(meta, pool.key_cache)

@@ -15,7 +15,8 @@ from atom_plugin.attention.mha import aiter as aiter_mha
 from atom_plugin.attention.mha import ops, reference
 from atom_plugin.attention.mha.aiter import context_slots
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.mha.plan import AiterPlan, plan_for_caches, plan_mha
+from atom_plugin.attention.mha.plan import AiterPlan
+from atom_plugin.attention.mha.planner import plan_for_caches, plan_mha
 
 FAKE = Path(__file__).parent / "fake_aiter"
 FP8 = torch.float8_e4m3fn

@@ -22,7 +22,8 @@ from atom_plugin.attention.mha import (
     reference,  # noqa: E402
 )
 from atom_plugin.attention.mha.params import AttentionParams  # noqa: E402
-from atom_plugin.attention.mha.plan import TritonPlan, plan_for_caches  # noqa: E402
+from atom_plugin.attention.mha.plan import TritonPlan  # noqa: E402
+from atom_plugin.attention.mha.planner import plan_for_caches  # noqa: E402
 from atom_plugin.attention.mha.triton import paged_attention, write_kv  # noqa: E402
 from atom_plugin.attention.mha.triton_decode import paged_decode  # noqa: E402
 from atom_plugin.attention.mha.triton_prefill import paged_prefill  # noqa: E402

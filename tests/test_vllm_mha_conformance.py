@@ -12,7 +12,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from atom_plugin.attention import select
 from atom_plugin.attention.mha import ops
-from atom_plugin.attention.mha import plan as mha_plan
+from atom_plugin.attention.mha import planner as mha_planner
 from atom_plugin.attention.mha.plan import AiterPlan, TorchPlan, TritonPlan
 from atom_plugin.attention.triton_common import choose_num_splits, device_sm_count
 from atom_plugin.vllm.attention import mha as vllm_mha
@@ -90,7 +90,7 @@ def refuse_selection(monkeypatch):
     def refuse(device):
         raise AssertionError("select_kernel_impl was called on the per-layer path")
 
-    for module in (select, mha_plan, ops, vllm_mha):
+    for module in (select, mha_planner, ops, vllm_mha):
         monkeypatch.setattr(module, "select_kernel_impl", refuse)
 
 

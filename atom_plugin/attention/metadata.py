@@ -37,7 +37,7 @@ class PagedAttentionMetadata:
     seq_lens: torch.Tensor  # int32 [num_reqs]
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
     slot_mapping: torch.Tensor  # int64 [num_actual_tokens]; negative = skip
-    # The MHA kernel path's plan of this batch (`mha.plan.plan_mha`), made by the builder
+    # The MHA kernel path's plan of this batch (`mha.planner.plan_mha`), made by the builder
     # once per step. None: `mha.ops` plans each call itself (callers without a builder).
     # A copy cut from this batch must carry a plan made for the copy, or None.
     plan: MHAPlan | None = field(default=None, repr=False, compare=False)

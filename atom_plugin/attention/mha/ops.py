@@ -17,7 +17,8 @@ import torch
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.checks import check_attention, check_scales, check_write_kv
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.mha.plan import AiterPlan, TorchPlan, TritonPlan, plan_for_caches
+from atom_plugin.attention.mha.plan import AiterPlan, TorchPlan, TritonPlan
+from atom_plugin.attention.mha.planner import plan_for_caches
 from atom_plugin.attention.select import select_kernel_impl
 
 # Imported on first use: the Triton path needs triton, the AITER path runs on ROCm only.

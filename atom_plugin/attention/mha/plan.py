@@ -1,23 +1,17 @@
-"""Typed per-step plans of the MHA paths: decided once on the host, read by every layer.
+"""Typed per-step plans of the MHA paths, one per kernel path: what that path decides
+once on the host for a batch, read by every layer. `planner.plan_mha` makes them (the
+metadata builder, once per step); `ops` dispatches on their type.
 
-The builder plans each step (`plan_mha`, the one place `select_kernel_impl` is
-asked); `ops` dispatches on the plan's type. A plan holds only what depends on
-the batch and the device, never on a layer, so one plan serves every layer of
-the step. Launch sizes are chosen from `max_seq_len`, which a CUDA-graph
-capture sets to max_model_len: the captured sizes then hold for every replay.
+A plan holds only what depends on the batch and the device, never on a layer, so one
+plan serves every layer of the step. Launch sizes are chosen from `max_seq_len`, which a
+CUDA-graph capture sets to max_model_len: the captured sizes then hold for every replay.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-from atom_plugin.attention.select import select_kernel_impl
-
-if TYPE_CHECKING:
-    from atom_plugin.attention.metadata import PagedAttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -54,66 +48,3 @@ class AiterPlan:
 
 
 MHAPlan = TorchPlan | TritonPlan | AiterPlan
-
-
-def plan_mha(
-    meta: PagedAttentionMetadata,
-    *,
-    device: torch.device,
-    num_kv_heads: int,
-    block_size: int,
-    impl: str | None = None,
-) -> MHAPlan:
-    """The plan of `impl` (default: `select_kernel_impl(device)`) for this batch."""
-    impl = impl or select_kernel_impl(device)
-    if impl == "torch":
-        return TorchPlan()
-    if impl == "triton":
-        return TritonPlan(num_splits=_decode_splits(meta, num_kv_heads, device))
-    if impl == "aiter":
-        from atom_plugin.attention.mha import aiter
-
-        return AiterPlan(
-            decode_partitions=-(-max(meta.max_seq_len, 1) // aiter.PARTITION_SIZE),
-            sink_decode_splits=_decode_splits(meta, num_kv_heads, device),
-            prefill=_aiter_prefill(meta, block_size) if meta.num_prefills else None,
-        )
-    raise ValueError(f"no MHA plan for kernel implementation {impl!r}")
-
-
-def plan_for_caches(
-    meta: PagedAttentionMetadata, key_cache: torch.Tensor, impl: str | None = None
-) -> MHAPlan:
-    """`plan_mha` with the layout read from a [blocks, block_size, Hkv, D] cache
-    (for callers that run the ops without a builder)."""
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    return plan_mha(
-        meta,
-        device=key_cache.device,
-        num_kv_heads=num_kv_heads,
-        block_size=block_size,
-        impl=impl,
-    )
-
-
-def _decode_splits(meta: PagedAttentionMetadata, num_kv_heads: int, device: torch.device) -> int:
-    if meta.num_decodes == 0:
-        return 1
-    # Imported here: triton_common imports triton, which the torch path does not need.
-    from atom_plugin.attention.triton_common import choose_num_splits, device_sm_count
-
-    return choose_num_splits(
-        meta.num_decodes, num_kv_heads, meta.max_seq_len, device_sm_count(device)
-    )
-
-
-def _aiter_prefill(meta: PagedAttentionMetadata, block_size: int) -> AiterPrefill:
-    from atom_plugin.attention.mha import aiter
-
-    first, last = meta.num_decodes, meta.num_reqs
-    seq_lens = meta.seq_lens[first:last]
-    cu_k = torch.zeros(last - first + 1, dtype=torch.int32, device=seq_lens.device)
-    torch.cumsum(seq_lens, 0, out=cu_k[1:])
-    total = int(cu_k[-1])  # host read: sizes the gathered context (prefills are not graphed)
-    slots = aiter.context_slots(meta.block_table[first:last], seq_lens, total, block_size)
-    return AiterPrefill(cu_seqlens_k=cu_k, slots=slots, block_size=block_size)

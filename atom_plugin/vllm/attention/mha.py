@@ -3,7 +3,7 @@
 The kernels (AITER, Triton or the torch reference: `atom_plugin.attention.select`)
 live in `atom_plugin.attention`; this module only adapts vLLM's metadata and
 cache tensors to them. The builder plans each step's kernel path once
-(`mha.plan.plan_mha`); every layer's call runs that plan.
+(`mha.planner.plan_mha`); every layer's call runs that plan.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from atom_plugin.attention.dtypes import ACTIVATION_DTYPES
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha import ops
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.mha.plan import plan_mha
+from atom_plugin.attention.mha.planner import plan_mha
 from atom_plugin.attention.select import select_kernel_impl
 
 HEAD_SIZES = [64, 128, 256]
