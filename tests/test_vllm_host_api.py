@@ -247,11 +247,11 @@ def pre_fix_adapter(tmp_path: Path) -> Adapter:
     target = tmp_path / "atom_plugin" / "vllm"
     shutil.copytree(ROOT / "atom_plugin" / "vllm", target)
     undo = {
-        "attention_mha.py": (
+        "attention/mha.py": (
             "from vllm.v1.kv_cache_interface import is_quantized_kv_cache",
             "from vllm.utils.torch_utils import is_quantized_kv_cache",
         ),
-        "attention_mla.py": ("        skip_scale: bool = False,\n", ""),
+        "attention/mla.py": ("        skip_scale: bool = False,\n", ""),
     }
     for name, (new, old) in undo.items():
         path = target / name
