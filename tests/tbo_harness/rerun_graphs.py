@@ -34,8 +34,8 @@ def split_decode_rerun_graphs(
     """`split_decode_graphs` for the CPU build: `buckets` recorded on `RerunGraphs`.
 
     Takes the runner's arguments, bound as `split_decode_graphs` takes them: `buckets`
-    stand for vLLM's capture sizes, and the device and CUDA-graph setting are not asked; backends, `max_num_reqs` and the
-    split threshold decide as on a GPU.
+    stand for vLLM's capture sizes, and the device and CUDA-graph setting are not
+    asked; backends, `max_num_reqs` and the split threshold decide as on a GPU.
     """
 
     def choose(*args, **kwargs) -> tuple[BucketGraphs | None, str]:
