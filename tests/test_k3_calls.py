@@ -94,17 +94,9 @@ values = st.recursive(
 )
 
 
-@st.composite
-def schemas(draw):
-    keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))
-    properties = {k: draw(values) for k in keys}
-    schema = {"type": "object", "properties": properties}
-    required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
-    if required:
-        schema["required"] = required
-    if draw(st.booleans()):
-        schema["additionalProperties"] = False
-    return schema
+def schemas():
+    """A tool's parameters: an object of up to four properties of any kind of value."""
+    return objects(values, max_keys=4)
 
 
 @st.composite
