@@ -31,12 +31,19 @@ KEPT_NAMES_MARK = "# Kept names only:"
 
 
 @dataclass(frozen=True)
-class ClassRef:
+class QualifiedClass:
+    """A class by its module and name."""
+
     module: str
     name: str
 
     def __str__(self) -> str:
         return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True)
+class ClassRef(QualifiedClass):
+    """A class of the host's (vLLM's)."""
 
 
 @dataclass(frozen=True)
