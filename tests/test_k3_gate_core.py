@@ -4,20 +4,14 @@ On CPU it runs with the torch reference and with the Triton kernels under
 TRITON_INTERPRET=1; with CUDA the same tests run compiled on the GPU.
 """
 
-import os
-
+import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from atom_plugin.k3.processor_core import MAX_IDLE_CHANNELS, ChannelCore  # noqa: E402
-from atom_plugin.k3.required_channel import (  # noqa: E402
+from atom_plugin.k3.processor_core import MAX_IDLE_CHANNELS, ChannelCore
+from atom_plugin.k3.required_channel import (
     START,
     UNCONSTRAINED,
     RequiredChannel,

@@ -8,21 +8,15 @@ post-processing does after each step. Every row is checked against the pure
 Python RequiredChannel walked over the committed ids plus the row's drafts.
 """
 
-import os
-
+import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from models.scripted_gpt2 import build_tokenizer, ids
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from models.scripted_gpt2 import build_tokenizer, ids  # noqa: E402
-
-from atom_plugin.k3.channel_for import channel_extra_args, required_channel_for  # noqa: E402
-from atom_plugin.k3.required_channel import UNCONSTRAINED  # noqa: E402
+from atom_plugin.k3.channel_for import channel_extra_args, required_channel_for
+from atom_plugin.k3.required_channel import UNCONSTRAINED
 
 pytest.importorskip("vllm")
 
