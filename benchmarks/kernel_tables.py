@@ -38,6 +38,13 @@ def _diff_cells(r: dict) -> str:
     return f"{fmt(r.get('maxdiff'), '.2e')} | {fmt(r.get('ref_maxdiff'), '.2e')}"
 
 
+def _rates(r: dict, amount: str, scale: float, anchor: float | None) -> tuple:
+    """The plugin's and vLLM's rates of `r[amount]` (per second, over `scale`), and each
+    as a fraction of the physical `anchor` (None where a side did not run)."""
+    rates = [rate(r[amount], r.get(f"{side}_us"), scale) for side in ("plugin", "vllm")]
+    return (*rates, *(x / anchor if x and anchor else None for x in rates))
+
+
 def mla_table(rows, copy_gbps: float | None) -> str:
     lines = [
         "| heads | q/req | batch | context | plugin kernel | plugin us | FlashMLA us "
@@ -46,9 +53,7 @@ def mla_table(rows, copy_gbps: float | None) -> str:
         "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
     ]
     for r in rows:
-        pg = rate(r["bytes"], r.get("plugin_us"), 1e9)
-        vg = rate(r["bytes"], r.get("vllm_us"), 1e9)
-        frac = pg / copy_gbps if pg and copy_gbps else None
+        pg, vg, frac, _ = _rates(r, "bytes", 1e9, copy_gbps)
         lines.append(
             f"| {r['heads']} | {r['q_len']} | {r['batch']} | {r['context']} | "
             f"{r.get('kernel', '-')} | {us_cell(r, 'plugin')} | {us_cell(r, 'vllm')} | "
@@ -68,10 +73,7 @@ def mha_decode_table(rows, copy_gbps: float | None) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
     ]
     for r in rows:
-        pg = rate(r["bytes"], r.get("plugin_us"), 1e9)
-        vg = rate(r["bytes"], r.get("vllm_us"), 1e9)
-        pf = pg / copy_gbps if pg and copy_gbps else None
-        vf = vg / copy_gbps if vg and copy_gbps else None
+        pg, vg, pf, vf = _rates(r, "bytes", 1e9, copy_gbps)
         lines.append(
             f"| {r['batch']} | {r['context']} | {us_cell(r, 'plugin')} | {us_cell(r, 'vllm')}"
             f" | {fmt(ratio(r), '.2f')} | {fmt(pg, '.0f')} | {fmt(vg, '.0f')} | "
@@ -90,10 +92,7 @@ def prefill_table(rows, matmul_rate: float | None) -> str:
         "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
     ]
     for r in rows:
-        pt = rate(r["flops"], r.get("plugin_us"), 1e12)
-        vt = rate(r["flops"], r.get("vllm_us"), 1e12)
-        pf = pt / matmul_rate if pt and matmul_rate else None
-        vf = vt / matmul_rate if vt and matmul_rate else None
+        pt, vt, pf, vf = _rates(r, "flops", 1e12, matmul_rate)
         lines.append(
             f"| {r['case']} | {r['tokens']} | {us_cell(r, 'plugin')} | {us_cell(r, 'vllm')} | "
             f"{fmt(ratio(r), '.2f')} | {fmt(pt, '.0f')} | {fmt(vt, '.0f')} | "

@@ -253,6 +253,15 @@ COLUMNS = [
 ]
 
 
+def publish(table: str, report, args: argparse.Namespace) -> None:
+    """Print `table`; write it to `--out` and `report` (JSON) to `--json` where given."""
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
 def markdown(rows, header_lines, columns=COLUMNS) -> str:
     """The header lines, then one table row per result; `columns` are (key, title, format)."""
     lines = [*header_lines, ""]
@@ -333,12 +342,7 @@ def main(argv=None) -> int:
         f"expert parallel: one rank of {args.ep_ranks} "
         f"({MODEL.experts // args.ep_ranks} experts, {args.ep_ranks}x tokens into them)",
     ]
-    table = markdown(rows, header)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    publish(markdown(rows, header), rows, args)
     return 0
 
 

@@ -73,7 +73,7 @@ from atom_plugin.tbo import BatchShape, MicroBatchRunner, TboConfig  # noqa: E40
 from atom_plugin.tbo.dp import decide_across_dp  # noqa: E402
 from atom_plugin.tbo.runner import COMPUTE_STREAM_CHOICES  # noqa: E402
 from benchmarks.tbo import MODEL as BENCH_MODEL  # noqa: E402
-from benchmarks.tbo import markdown  # noqa: E402
+from benchmarks.tbo import markdown, publish  # noqa: E402
 
 MODELS = {"bench": BENCH_MODEL, "tiny": ModelConfig()}
 EXECUTIONS = ("eager", "replay")
@@ -368,21 +368,17 @@ def main(argv=None) -> int:
         result = json.loads(Path(result_path).read_text())
     now = datetime.datetime.now(datetime.timezone.utc)
     table = markdown(result["rows"], header(args, result["devices"], now), COLUMNS)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table)
-    if args.json:
-        setting = {k: v for k, v in settings.items() if k not in ("out", "json")}
-        report = dict(
-            date=now.isoformat(),
-            devices=result["devices"],
-            torch=torch.__version__,
-            env={k: os.environ[k] for k in NO_MULTICAST_ENV},
-            setting=setting,
-            model={k: str(v) for k, v in vars(MODELS[args.model]).items()},
-            rows=result["rows"],
-        )
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    setting = {k: v for k, v in settings.items() if k not in ("out", "json")}
+    report = dict(
+        date=now.isoformat(),
+        devices=result["devices"],
+        torch=torch.__version__,
+        env={k: os.environ[k] for k in NO_MULTICAST_ENV},
+        setting=setting,
+        model={k: str(v) for k, v in vars(MODELS[args.model]).items()},
+        rows=result["rows"],
+    )
+    publish(table, report, args)
     return 0
 
 

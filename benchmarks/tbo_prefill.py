@@ -55,6 +55,7 @@ from benchmarks.tbo import (
     comm_alone_ms,
     comm_ms_at,
     markdown,
+    publish,
     set_stand_in,
 )
 from benchmarks.tbo_dp import MODELS, median_ms, rel_error
@@ -276,12 +277,7 @@ def main(argv=None) -> int:
         f"the runner alone (these hand-overs, no kernels): {alone[1]:.3f} ms on one compute "
         f"stream, {alone[2]:.3f} ms on two",
     ]
-    table = markdown(rows, header, COLUMNS)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    publish(markdown(rows, header, COLUMNS), rows, args)
     return 0
 
 

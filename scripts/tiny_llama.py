@@ -68,9 +68,8 @@ def build_tiny_llama(
         seed=seed,
         kind="llama",
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
+        num_layers=num_layers,
+        num_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=max_positions,
@@ -79,10 +78,20 @@ def build_tiny_llama(
 
 
 def save_random_model(
-    model_cls, config_cls, out_dir: str | Path, *, seed: int, kind: str, **config
+    model_cls,
+    config_cls,
+    out_dir: str | Path,
+    *,
+    seed: int,
+    kind: str,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    **config,
 ) -> Path:
     """`model_cls(config_cls(**config))` with seeded random weights, saved to `out_dir`
-    beside the local tokenizer, whose vocabulary and special tokens the config takes."""
+    beside the local tokenizer, whose vocabulary and special tokens the config takes.
+    The MLP is twice `hidden_size` wide and positions go to 1024 unless `config` says."""
     import torch
 
     out = Path(out_dir)
@@ -94,7 +103,10 @@ def save_random_model(
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         torch_dtype="float32",
-        **config,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        **{"intermediate_size": hidden_size * 2, "max_position_embeddings": 1024, **config},
     )
     torch.manual_seed(seed)
     model = model_cls(config)

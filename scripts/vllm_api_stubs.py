@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 
 from atom_plugin.vllm.compat.check import ROLE_RECEIVERS
-from atom_plugin.vllm.compat.hosts import SourceHost
+from atom_plugin.vllm.compat.hosts import KEPT_NAMES_MARK, SourceHost
 from atom_plugin.vllm.compat.source import MEANINGFUL_DECORATORS, receiver_name
 
 RECEIVERS = {r for receivers in ROLE_RECEIVERS.values() for r in receivers} | {"self", "cls"}
@@ -123,6 +123,8 @@ def stub(text: str, origin: str, only: set[str] | None = None) -> str:
         body = [node for node in body if _keeps(node, only)]
     module = ast.Module(body=body, type_ignores=[])
     header = f"# Signature-only stub of {origin} (scripts/vllm_api_stubs.py); no bodies.\n"
+    if only is not None:
+        header += f"{KEPT_NAMES_MARK} {', '.join(sorted(only))}\n"
     return header + ast.unparse(ast.fix_missing_locations(module)) + "\n"
 
 

@@ -6,26 +6,20 @@ the same tests run compiled, plus `gpu` tests at the K3 vocabulary.
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel  # noqa: E402
-from atom_plugin.k3.channel_kernel import (  # noqa: E402
+from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel
+from atom_plugin.k3.channel_kernel import (
     advance_states,
     apply_channel_torch,
     apply_channel_triton,
     apply_required_channel,
     tiles_per_row,
 )
-from atom_plugin.k3.channel_tables import compile_channel, next_states  # noqa: E402
+from atom_plugin.k3.channel_tables import compile_channel, next_states
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OPEN, CLOSE, SEP, EOM, RESPONSE, TOOLS, CALL, TOOL_ATTR, QUOTE, WORD, EOS = range(1, 12)

@@ -11,41 +11,36 @@ must mask exactly the ids the state machine forbids, and step states as it does.
 from __future__ import annotations
 
 import functools
-import os
 
+import jsonschema
+import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from k3_words import PIECES, Words, ids
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import jsonschema  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from k3_words import PIECES, Words, ids  # noqa: E402
-
-from atom_plugin.k3.call_automaton import (  # noqa: E402
+from atom_plugin.k3.call_automaton import (
     CallAutomaton,
     CallSpec,
     CallSpecError,
     JsonSpec,
 )
-from atom_plugin.k3.channel_for import (  # noqa: E402
+from atom_plugin.k3.channel_for import (
     channel_extra_args,
     channel_from_extra_args,
     required_channel_for,
 )
-from atom_plugin.k3.channel_kernel import (  # noqa: E402
+from atom_plugin.k3.channel_kernel import (
     advance_states,
     apply_channel_torch,
     apply_channel_triton,
 )
-from atom_plugin.k3.channel_tables import compile_channels, next_states  # noqa: E402
-from atom_plugin.k3.required_channel import START, UNCONSTRAINED  # noqa: E402
-from atom_plugin.k3.schema import UnsupportedSchema, call_spec_for  # noqa: E402
-from atom_plugin.k3.token_classes import classes_for_tokenizer  # noqa: E402
-from atom_plugin.k3.tool_parser import parse_k3  # noqa: E402
+from atom_plugin.k3.channel_tables import compile_channels, next_states
+from atom_plugin.k3.required_channel import START, UNCONSTRAINED
+from atom_plugin.k3.schema import UnsupportedSchema, call_spec_for
+from atom_plugin.k3.token_classes import classes_for_tokenizer
+from atom_plugin.k3.tool_parser import parse_k3
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WORDS = Words()
@@ -94,17 +89,9 @@ values = st.recursive(
 )
 
 
-@st.composite
-def schemas(draw):
-    keys = draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))
-    properties = {k: draw(values) for k in keys}
-    schema = {"type": "object", "properties": properties}
-    required = draw(st.lists(st.sampled_from(keys), unique=True)) if keys else []
-    if required:
-        schema["required"] = required
-    if draw(st.booleans()):
-        schema["additionalProperties"] = False
-    return schema
+def schemas():
+    """A tool's parameters: an object of up to four properties of any kind of value."""
+    return objects(values, max_keys=4)
 
 
 @st.composite

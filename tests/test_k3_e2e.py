@@ -227,19 +227,15 @@ def enforcement_lines(log_path):
     return {line.split(")")[0].split("(")[-1].split(" pid=")[0]: line for line in lines}
 
 
-def chat(server, tool_choice, **kw):
+def chat(server, tool_choice, *, tools=TOOLS, max_tokens=60, **kw):
+    """The greedy answer to MESSAGES offering `tools`, from the server (url, model, ...)."""
     from openai import OpenAI
 
-    url, path = server[:2]
+    url, model = server[:2]
+    request = {"model": model, "messages": MESSAGES, "tools": tools, "temperature": 0.0}
     client = OpenAI(base_url=url, api_key="none")
     return client.chat.completions.create(
-        model=path,
-        messages=MESSAGES,
-        tools=TOOLS,
-        tool_choice=tool_choice,
-        temperature=0.0,
-        max_tokens=60,
-        **kw,
+        **request, tool_choice=tool_choice, max_tokens=max_tokens, **kw
     )
 
 

@@ -15,12 +15,15 @@ single call, not the arguments, and every case fails with `get_weather({"Paris":
 
 from __future__ import annotations
 
-import json
-
-import jsonschema
 import pytest
 
-from tests.test_k3_e2e_calls import CALLS, CASES, reply, scripted_server
+from tests.test_k3_e2e_calls import (
+    CALLS,
+    CASES,
+    assert_one_constrained_call,
+    reply,
+    scripted_server,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -40,15 +43,4 @@ def test_auto_calls_are_schema_valid_and_single_once_the_model_opens_the_channel
 ):
     tools = CASES[case]
     content, calls = reply(server, tools, "auto", stream)
-    assert content == "Sure"
-    assert [name for name, _ in calls] == ["get_weather"], calls
-    arguments = json.loads(calls[0][1])
-    jsonschema.validate(arguments, tools[0]["function"]["parameters"])
-    assert (
-        arguments
-        == {
-            "disallowed-key": {"city": "Sure"},
-            "wrong-type": {"city": 0},
-            "missing-key": {"city": "Sure", "days": 100},
-        }[case]
-    )
+    assert_one_constrained_call(case, tools, content, calls)

@@ -31,7 +31,7 @@ import pytest
 from models.scripted_gpt2 import build_scripted_dir
 
 from tests.engine import engine_env as shared_engine_env
-from tests.test_k3_e2e import streamed_reply
+from tests.test_k3_e2e import MESSAGES, chat, streamed_reply
 
 pytestmark = pytest.mark.vllm
 
@@ -45,7 +45,6 @@ CALLS = [
 ]  # fmt: skip
 # Output positions 4..9 are where the opening is forced; the script tries to end there.
 SCRIPT = ["Sure", "<|close|>", "response", "<|sep|>", *CLOSE_MESSAGE, "Hi", "Hi", *CALLS]
-MESSAGES = [{"role": "user", "content": "Hi"}]
 MAX_MODEL_LEN = 128
 
 
@@ -97,18 +96,8 @@ def scripted_server(path, script):
 
 def reply(server, tools, tool_choice, stream):
     """(content, [(name, arguments JSON)]) of one chat request."""
-    from openai import OpenAI
-
-    url, model = server
-    response = OpenAI(base_url=url, api_key="none").chat.completions.create(
-        model=model,
-        messages=MESSAGES,
-        tools=tools,
-        tool_choice=tool_choice,
-        parallel_tool_calls=False,
-        temperature=0.0,
-        max_tokens=80,
-        stream=stream,
+    response = chat(
+        server, tool_choice, tools=tools, max_tokens=80, parallel_tool_calls=False, stream=stream
     )
     if not stream:
         message = response.choices[0].message
@@ -123,17 +112,23 @@ def reply(server, tools, tool_choice, stream):
 def test_each_call_is_schema_valid_and_single(server, case, choice, stream):
     tools = CASES[case]
     content, calls = reply(server, tools, CHOICES[choice], stream)
+    assert_one_constrained_call(case, tools, content, calls)
+
+
+# What the constraint makes of the script's argument in each case (the lowest allowed id
+# where the script's own one is masked): the key, the type, then the missing key added.
+CONSTRAINED_ARGUMENTS = {
+    "disallowed-key": {"city": "Sure"},
+    "wrong-type": {"city": 0},
+    "missing-key": {"city": "Sure", "days": 100},
+}
+
+
+def assert_one_constrained_call(case, tools, content, calls):
+    """The reply says "Sure" and makes one schema-valid get_weather call with the
+    arguments the constraint gives in `case`."""
     assert content == "Sure"
     assert [name for name, _ in calls] == ["get_weather"], calls
     arguments = json.loads(calls[0][1])
     jsonschema.validate(arguments, tools[0]["function"]["parameters"])
-    # What the constraint made of the script's argument (the lowest allowed id where the
-    # script's own one is masked): the key, the type, then the missing key added.
-    assert (
-        arguments
-        == {
-            "disallowed-key": {"city": "Sure"},
-            "wrong-type": {"city": 0},
-            "missing-key": {"city": "Sure", "days": 100},
-        }[case]
-    )
+    assert arguments == CONSTRAINED_ARGUMENTS[case]

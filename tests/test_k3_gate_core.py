@@ -4,20 +4,14 @@ On CPU it runs with the torch reference and with the Triton kernels under
 TRITON_INTERPRET=1; with CUDA the same tests run compiled on the GPU.
 """
 
-import os
-
+import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from atom_plugin.k3.processor_core import MAX_IDLE_CHANNELS, ChannelCore  # noqa: E402
-from atom_plugin.k3.required_channel import (  # noqa: E402
+from atom_plugin.k3.processor_core import MAX_IDLE_CHANNELS, ChannelCore
+from atom_plugin.k3.required_channel import (
     START,
     UNCONSTRAINED,
     RequiredChannel,
@@ -44,16 +38,23 @@ def logits_for(rows, device, seed=0):
     return logits.to(device)
 
 
-def expect(after, before, channel, state):
+def expect_row(after, before, channel, state):
+    """`after` is `before` under the channel at `state`: only the forced id left, or the
+    ids outside the call's allowed set (masked states) or the banned ids set to -inf."""
     if state != UNCONSTRAINED and channel.forced_token(state) is not None:
         forced = channel.forced_token(state)
         assert torch.isfinite(after[forced])
         assert torch.all(torch.cat([after[:forced], after[forced + 1 :]]) == float("-inf"))
         return
-    want = before.clone()
-    if state != UNCONSTRAINED:
-        want[sorted(channel.banned_tokens(state))] = float("-inf")
-    assert torch.equal(after.view(torch.int32), want.view(torch.int32))
+    expect = before.clone()
+    if state != UNCONSTRAINED and channel.is_masked(state):
+        allowed = channel.calls.allowed_ids(channel.call_state(state), len(after))
+        allowed = [t for t in allowed if t not in channel.end_ids]
+        expect = torch.full_like(before, float("-inf"))
+        expect[allowed] = before[allowed]
+    elif state != UNCONSTRAINED:
+        expect[sorted(channel.banned_tokens(state))] = float("-inf")
+    assert torch.equal(after.view(torch.int32), expect.view(torch.int32))
 
 
 @pytest.mark.parametrize("device,impl", CASES)
@@ -77,7 +78,7 @@ def test_mixed_channels_take_one_launch_and_leave_plain_rows_alone(device, impl)
     launches = core.apply(after, np.arange(8))
     assert launches == 1
     for slot, (channel, state) in rows.items():
-        expect(after[slot].cpu(), before[slot].cpu(), channel, state)
+        expect_row(after[slot].cpu(), before[slot].cpu(), channel, state)
         assert core.states_of([slot]) == [state]
     for row in (2, 4):
         assert torch.equal(after[row].view(torch.int32), before[row].view(torch.int32))
@@ -108,7 +109,7 @@ def test_moving_a_slot_between_channels_clears_the_old_state(device, impl):
     before = logits_for(4, device)
     after = before.clone()
     assert core.apply(after, np.arange(4)) == 1
-    expect(after[2].cpu(), before[2].cpu(), OTHER, START)
+    expect_row(after[2].cpu(), before[2].cpu(), OTHER, START)
 
 
 TOKENS = st.lists(st.sampled_from([*AFTER, *HEAD, *TAIL, 1, 2]), max_size=12)
@@ -192,9 +193,9 @@ def test_idle_channels_are_dropped_and_live_states_renumbered(device, impl):
     before = logits_for(4, device)
     after = before.clone()
     assert core.apply(after, np.arange(4)) == 1
-    expect(after[0].cpu(), before[0].cpu(), channels[-1], START)
-    expect(after[1].cpu(), before[1].cpu(), kept, kept_state)
-    expect(after[2].cpu(), before[2].cpu(), channels[0], START)
+    expect_row(after[0].cpu(), before[0].cpu(), channels[-1], START)
+    expect_row(after[1].cpu(), before[1].cpu(), kept, kept_state)
+    expect_row(after[2].cpu(), before[2].cpu(), channels[0], START)
     assert after[2, 30 + 19].item() != float("-inf")  # slot 2 does not get slot 0's stop id
     # The renumbered state still advances through the rest of its opening.
     token_ids = torch.zeros(4, 8, dtype=torch.int32)
@@ -222,4 +223,4 @@ def test_every_channel_idle_leaves_no_tables_and_no_launch(device, impl):
     core.assign(1, NAMED, START)  # and back to work
     core.flush()
     assert core.apply(after, np.arange(2)) == 1
-    expect(after[1].cpu(), before[1].cpu(), NAMED, START)
+    expect_row(after[1].cpu(), before[1].cpu(), NAMED, START)

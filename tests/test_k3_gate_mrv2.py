@@ -8,21 +8,15 @@ post-processing does after each step. Every row is checked against the pure
 Python RequiredChannel walked over the committed ids plus the row's drafts.
 """
 
-import os
-
+import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from models.scripted_gpt2 import build_tokenizer, ids
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from models.scripted_gpt2 import build_tokenizer, ids  # noqa: E402
-
-from atom_plugin.k3.channel_for import channel_extra_args, required_channel_for  # noqa: E402
-from atom_plugin.k3.required_channel import UNCONSTRAINED  # noqa: E402
+from atom_plugin.k3.channel_for import channel_extra_args, required_channel_for
+from atom_plugin.k3.required_channel import UNCONSTRAINED
 
 pytest.importorskip("vllm")
 
@@ -36,6 +30,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (  # noqa: E402
 from vllm.v1.worker.gpu.states import RequestState  # noqa: E402
 
 from atom_plugin.vllm.k3.logits_mrv2 import AtomK3LogitsProcessorMRV2  # noqa: E402
+from tests.test_k3_gate_core import expect_row  # noqa: E402
 
 DRAFTS = 3
 
@@ -104,23 +99,6 @@ class Batch:
         before = logits.clone()
         after = self.proc.apply(logits, ctx)
         return before, after, row_slot, local
-
-
-def expect_row(after, before, channel, state):
-    if state != UNCONSTRAINED and channel.forced_token(state) is not None:
-        forced = channel.forced_token(state)
-        assert torch.isfinite(after[forced])
-        assert torch.all(torch.cat([after[:forced], after[forced + 1 :]]) == float("-inf"))
-        return
-    expect = before.clone()
-    if state != UNCONSTRAINED and channel.is_masked(state):
-        allowed = channel.calls.allowed_ids(channel.call_state(state), len(after))
-        allowed = [t for t in allowed if t not in channel.end_ids]
-        expect = torch.full_like(before, float("-inf"))
-        expect[allowed] = before[allowed]
-    elif state != UNCONSTRAINED:
-        expect[sorted(channel.banned_tokens(state))] = float("-inf")
-    assert torch.equal(after.view(torch.int32), expect.view(torch.int32))
 
 
 def check_step(batch, channels, drafts_by_slot, prompt_lens, seed=0):

@@ -16,26 +16,10 @@ from atom_plugin.k3.grammar import (
     escape_attr,
     unescape_attr,
 )
+from atom_plugin.k3.samples import END, call, tools
+from atom_plugin.k3.samples import argument as arg
 from atom_plugin.k3.tool_parser import K3StreamParser, K3ToolCall, parse_k3
 
-
-def arg(key, type_, value):
-    return f'{OPEN}argument key="{escape_attr(key)}" type="{type_}"{SEP}{value}{CLOSE}argument{SEP}'
-
-
-def call(name, index, *args):
-    return (
-        f'{OPEN}call tool="{escape_attr(name)}" index="{index}"{SEP}'
-        + "".join(args)
-        + f"{CLOSE}call{SEP}"
-    )
-
-
-def tools(*calls):
-    return f"{OPEN}tools{SEP}" + "".join(calls) + f"{CLOSE}tools{SEP}"
-
-
-END = f"{CLOSE}message{SEP}{END_OF_MSG}"
 TURN = (
     "Let me check."
     + f"{CLOSE}response{SEP}"

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel  # noqa: E402
-from atom_plugin.k3.channel_kernel import apply_channel_torch, apply_channel_triton  # noqa: E402
-from atom_plugin.k3.channel_tables import compile_channel  # noqa: E402
-from atom_plugin.k3.spec_rows import (  # noqa: E402
+from atom_plugin.k3 import START, UNCONSTRAINED, RequiredChannel
+from atom_plugin.k3.channel_kernel import apply_channel_torch, apply_channel_triton
+from atom_plugin.k3.channel_tables import compile_channel
+from atom_plugin.k3.spec_rows import (
     spec_row_states_torch,
     spec_row_states_triton,
 )

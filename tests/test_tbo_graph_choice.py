@@ -7,7 +7,7 @@ from tbo_harness.fault_plugin import fault_plugin_env
 from tbo_harness.rerun_graphs import RerunGraphs, split_decode_rerun_graphs
 
 from atom_plugin.tbo import TboConfig
-from atom_plugin.vllm.tbo.graphs import split_decode_graphs
+from atom_plugin.vllm.tbo.decode_graphs import split_decode_graphs
 
 CONFIG = TboConfig(decode_min_requests=8)
 OURS = ["ATOM_AITER", "ATOM_AITER_MLA"]

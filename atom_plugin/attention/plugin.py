@@ -3,18 +3,13 @@
 from atom_plugin.hookspecs import hookimpl
 from atom_plugin.specs import AttentionBackendSpec
 
+# (--attention-backend name, the vLLM backend class, attention kind)
+BACKENDS = (
+    ("ATOM_AITER", "atom_plugin.vllm.attention.mha:AtomAiterBackend", "mha"),
+    ("ATOM_AITER_MLA", "atom_plugin.vllm.attention.mla:AtomAiterMLABackend", "mla"),
+)
+
 
 @hookimpl
 def atom_attention_backends() -> list[AttentionBackendSpec]:
-    return [
-        AttentionBackendSpec(
-            name="ATOM_AITER",
-            class_path="atom_plugin.vllm.attention.mha:AtomAiterBackend",
-            kind="mha",
-        ),
-        AttentionBackendSpec(
-            name="ATOM_AITER_MLA",
-            class_path="atom_plugin.vllm.attention.mla:AtomAiterMLABackend",
-            kind="mla",
-        ),
-    ]
+    return [AttentionBackendSpec(*backend) for backend in BACKENDS]

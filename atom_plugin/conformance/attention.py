@@ -15,13 +15,12 @@ Contract items (each a finding):
   equal a dense torch reference (causal, GQA) computed from the batch itself.
 
 MLA backends get the contract items, not the output comparison: their impls need a
-whole MLA layer (vLLM's own MLA tests are the place for that).
+whole MLA layer (vLLM's own MLA tests are the place for that). The vLLM objects (base
+class, enum, impl, builder, metadata) come from `atom_plugin.vllm.conformance.attention`.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import types
 from collections.abc import Iterator
 
@@ -59,7 +58,7 @@ def check_backend(spec: AttentionBackendSpec, label: str) -> Iterator[Finding]:
         return Finding(label, item, case, ok, detail)
 
     try:
-        from vllm.v1.attention.backend import AttentionBackend
+        from atom_plugin.vllm.conformance import attention as host
     except ImportError as exc:
         raise MissingDependency(
             f"attention backends are checked inside vLLM, which does not import: {exc}"
@@ -69,14 +68,14 @@ def check_backend(spec: AttentionBackendSpec, label: str) -> Iterator[Finding]:
     except Exception as exc:
         yield finding("resolves", False, f"{spec.class_path}: {exc!r}")
         return
-    if not (inspect.isclass(backend) and issubclass(backend, AttentionBackend)):
+    if not host.is_backend(backend):
         yield finding("resolves", False, f"{spec.class_path} is not a vLLM AttentionBackend")
         return
     yield finding("resolves", True, spec.class_path)
-    yield from _contract(spec, backend, finding)
+    yield from _contract(host, spec, backend, finding)
     if spec.kind == "mha":
         for case in ATTENTION_CASES:
-            yield from _run_case(backend, case, finding)
+            yield from _run_case(host, backend, case, finding)
 
 
 def _safe(finding, item, fn) -> Finding:
@@ -87,21 +86,11 @@ def _safe(finding, item, fn) -> Finding:
     return finding(item, problem is None, problem or "")
 
 
-def _contract(spec, backend, finding) -> Iterator[Finding]:
-    from vllm.v1.attention.backend import MultipleOf
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    from atom_plugin.vllm.registration import dotted
-
+def _contract(host, spec, backend, finding) -> Iterator[Finding]:
     def name():
         if backend.get_name() != spec.name:
             return f"get_name() is {backend.get_name()!r}, the spec's name {spec.name!r}"
-        if spec.name not in AttentionBackendEnum.__members__:
-            AttentionBackendEnum.register(spec.name, dotted(spec.class_path))
-        member = AttentionBackendEnum[spec.name]
-        if member.get_class() is not backend:
-            return f"AttentionBackendEnum[{spec.name}] loads {member.value}, not this class"
-        return None
+        return host.enum_problem(spec.name, spec.class_path, backend)
 
     def kind():
         want = spec.kind == "mla"
@@ -117,9 +106,7 @@ def _contract(spec, backend, finding) -> Iterator[Finding]:
 
     def block_sizes():
         sizes = backend.get_supported_kernel_block_sizes()
-        ok = sizes and all(
-            isinstance(s, MultipleOf) or (isinstance(s, int) and s > 0) for s in sizes
-        )
+        ok = sizes and all(host.is_block_size(s) for s in sizes)
         return None if ok else f"get_supported_kernel_block_sizes() gave {sizes!r}"
 
     def head_sizes():
@@ -135,7 +122,7 @@ def _contract(spec, backend, finding) -> Iterator[Finding]:
 
     def profiling_run():
         heads = 4
-        impl, d, block = _impl(backend, hq=heads, hkv=heads)
+        impl, d, block = _impl(host, backend, hq=heads, hkv=heads)
         output = torch.full((3, heads, d), 7.0)
         q = torch.randn(3, heads, d)
         kv = torch.zeros(2, heads, block, 2 * d)
@@ -179,11 +166,9 @@ def _pick_head_size(backend) -> int:
     return 64 if not sizes or 64 in sizes else min(sizes)
 
 
-def _pick_block_size(backend) -> int:
-    from vllm.v1.attention.backend import MultipleOf
-
+def _pick_block_size(host, backend) -> int:
     for size in backend.get_supported_kernel_block_sizes():
-        base = size.base if isinstance(size, MultipleOf) else size
+        base = host.block_base(size)
         return base if base >= 16 else 16 // base * base
     return 16
 
@@ -200,29 +185,10 @@ def _layer():
     )
 
 
-def _impl(backend, *, hq: int, hkv: int):
-    from vllm.v1.attention.backend import AttentionType
-
+def _impl(host, backend, *, hq: int, hkv: int):
     d = _pick_head_size(backend)
-    impl = backend.get_impl_cls()(
-        hq, d, d**-0.5, hkv, None, None, "auto", None, AttentionType.DECODER, None
-    )
-    return impl, d, _pick_block_size(backend)
-
-
-def _builder(backend, block: int, hkv: int, d: int, dtype: torch.dtype):
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    spec = FullAttentionSpec(block_size=block, num_kv_heads=hkv, head_size=d, dtype=dtype)
-    return backend.get_builder_cls()(spec, ["layer.0"], _default_config(), torch.device("cpu"))
-
-
-@functools.cache
-def _default_config():
-    """vLLM's default config (no model), as vLLM's own builder tests use; made once."""
-    from vllm.config import VllmConfig
-
-    return VllmConfig()
+    impl = host.make_impl(backend, hq=hq, hkv=hkv, head_size=d)
+    return impl, d, _pick_block_size(host, backend)
 
 
 def dense_reference(meta, query, key_cache, value_cache) -> torch.Tensor:
@@ -250,29 +216,18 @@ def dense_reference(meta, query, key_cache, value_cache) -> torch.Tensor:
     return out
 
 
-def _run_case(backend, case: BatchSpec, finding) -> Iterator[Finding]:
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
+def _run_case(host, backend, case: BatchSpec, finding) -> Iterator[Finding]:
     name = case.name
     try:
-        impl, d, block = _impl(backend, hq=case.hq, hkv=case.hkv)
+        impl, d, block = _impl(host, backend, hq=case.hq, hkv=case.hkv)
         dtype = _pick_dtype(backend)
         batch = case.build(d=d, block_size=block, dtype=dtype)
         meta = batch.meta
         t, rows = meta.num_actual_tokens, batch.query.shape[0]
         slots = torch.cat([meta.slot_mapping, torch.full((rows - t,), -1, dtype=torch.int64)])
-        cam = CommonAttentionMetadata(
-            query_start_loc=meta.query_start_loc,
-            query_start_loc_cpu=meta.query_start_loc.clone(),
-            seq_lens=meta.seq_lens,
-            num_reqs=meta.num_reqs,
-            num_actual_tokens=t,
-            max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
-            block_table_tensor=meta.block_table,
-            slot_mapping=slots,
-        )
-        built = _builder(backend, block, case.hkv, d, dtype).build(0, cam)
+        cam = host.common_metadata(meta, slots)
+        builder = host.make_builder(backend, block=block, hkv=case.hkv, head_size=d, dtype=dtype)
+        built = builder.build(0, cam)
         # The expected cache: the scheduled tokens' K/V at their slots, nothing else.
         expected = batch.raw_cache.clone()
         exp_k, exp_v = expected.transpose(1, 2).split(d, dim=-1)

@@ -79,27 +79,13 @@ def build_tokenizer(samples: tuple[str, ...]):
     )
 
 
-def _request():
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-    return ChatCompletionRequest(
-        model="conformance",
-        messages=[{"role": "user", "content": "hi"}],
-        tools=TOOLS,
-        tool_choice="auto",
-    )
-
-
 class _Harness:
-    def __init__(self, cls, tokenizer) -> None:
-        self.cls, self.tokenizer = cls, tokenizer
-        self.request = _request()
+    def __init__(self, host, cls, tokenizer) -> None:
+        self.host, self.cls, self.tokenizer = host, cls, tokenizer
+        self.request = host.chat_request(TOOLS)
 
     def new(self):
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
-
-        tools = [ChatCompletionToolsParam(**t) for t in TOOLS]
-        return self.cls(self.tokenizer, tools)
+        return self.host.make_parser(self.cls, self.tokenizer, TOOLS)
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -173,13 +159,13 @@ def check_parser(spec: ToolParserSpec, label: str) -> Iterator[Finding]:
         return Finding(label, item, case, ok, detail)
 
     try:
-        from vllm.tool_parsers.abstract_tool_parser import ToolParser
+        from atom_plugin.vllm.conformance import tool_parsers as host
 
         cls = load(spec.class_path)
-        if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
+        if not host.is_tool_parser(cls):
             yield finding("resolves", False, f"{spec.class_path} is not a vLLM ToolParser")
             return
-        harness = _Harness(cls, build_tokenizer(spec.samples))
+        harness = _Harness(host, cls, build_tokenizer(spec.samples))
         harness.new()
     except Exception as exc:
         yield finding("resolves", False, f"{spec.class_path}: {exc!r}")

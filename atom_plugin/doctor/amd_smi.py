@@ -17,7 +17,7 @@ import re
 from atom_plugin.doctor.columns import columns_of, right_aligned_cells
 from atom_plugin.doctor.probe import TableError
 from atom_plugin.doctor.readings import GpuReading
-from atom_plugin.doctor.saved import saved_tables
+from atom_plugin.doctor.saved import BundledProbe
 
 _HEADER = re.compile(r"^(?P<prefix>.*?)\bGPU {2,}(?:XCP {2,})?POWER\b")
 _TEMPERATURE_TITLES = ("GPU_T", "GPU_TEMP")
@@ -25,15 +25,9 @@ _LIST_GPU = re.compile(r"^\s*GPU:\s*(\d+)\s*$")
 _LIST_UUID = re.compile(r"^\s*UUID:\s*(\S+)\s*$")
 
 
-class AmdSmiProbe:
+class AmdSmiProbe(BundledProbe):
     executables: tuple[str, ...] = ("amd-smi",)
-
-    @property
-    def saved_tables(self) -> dict[str, str]:
-        return saved_tables("amd-smi")
-
-    def commands(self, executable: str) -> list[list[str]]:
-        return [[executable, "monitor", "-p", "-t"], [executable, "list"]]
+    arguments = (("monitor", "-p", "-t"), ("list",))
 
     def recognises(self, text: str) -> bool:
         return _find_header(text.splitlines()) >= 0
@@ -58,16 +52,7 @@ class AmdSmiProbe:
             cells = right_aligned_cells(line, columns)
             if not cells[0].isdigit():
                 break
-            index = int(cells[0])
-            rows.append(
-                GpuReading(
-                    index=index,
-                    unique_id=unique_ids.get(index),
-                    temperature=cells[temp_col],
-                    power=cells[power_col],
-                    temperature_sensor="hotspot",
-                )
-            )
+            rows.append(GpuReading.of_row(cells, temp_col, power_col, unique_ids, "hotspot"))
         return rows
 
 

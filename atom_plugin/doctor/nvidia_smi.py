@@ -13,22 +13,16 @@ import csv
 import re
 
 from atom_plugin.doctor.readings import GpuReading
-from atom_plugin.doctor.saved import saved_tables
+from atom_plugin.doctor.saved import BundledProbe
 
 QUERY_FIELDS: tuple[str, ...] = ("index", "uuid", "temperature.gpu", "power.draw")
 # Where the CSV starts on its title line (a saved CI log puts timestamps before it).
 _HEADER_START = re.compile(r"(?:^|\s)(index\s*,)")
 
 
-class NvidiaSmiProbe:
+class NvidiaSmiProbe(BundledProbe):
     executables: tuple[str, ...] = ("nvidia-smi",)
-
-    @property
-    def saved_tables(self) -> dict[str, str]:
-        return saved_tables("nvidia-smi")
-
-    def commands(self, executable: str) -> list[list[str]]:
-        return [[executable, f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv"]]
+    arguments = ((f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv"),)
 
     def recognises(self, text: str) -> bool:
         return _find_header(text.splitlines()) is not None

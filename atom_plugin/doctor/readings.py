@@ -35,6 +35,15 @@ class GpuReading:
     power: str
     temperature_sensor: str | None = None
 
+    @classmethod
+    def of_row(
+        cls, cells: list[str], temperature_at: int, power_at: int, unique_ids, sensor
+    ) -> GpuReading:
+        """The reading of a table row whose first cell is the GPU index; `unique_ids`
+        maps indexes to the ids another listing printed."""
+        index = int(cells[0])
+        return cls(index, unique_ids.get(index), cells[temperature_at], cells[power_at], sensor)
+
     @property
     def temperature_c(self) -> float | None:
         return reading(self.temperature)

@@ -20,7 +20,7 @@ import re
 
 from atom_plugin.doctor.columns import Column, columns_of, is_rule, left_aligned_cells
 from atom_plugin.doctor.readings import GpuReading
-from atom_plugin.doctor.saved import saved_tables
+from atom_plugin.doctor.saved import BundledProbe
 
 _HEADER = re.compile(r"^(?P<prefix>.*?)(?:Device|GPU) {2,}")
 _TEMPERATURE_TITLES = ("Temp",)
@@ -29,15 +29,9 @@ _UNIQUE_ID = re.compile(r"GPU\[(?P<index>\d+)\]\s*:\s*Unique ID:\s*(?P<uid>\S+)"
 _SENSOR = re.compile(r"\(([^)]*)\)")
 
 
-class RocmSmiProbe:
+class RocmSmiProbe(BundledProbe):
     executables: tuple[str, ...] = ("rocm-smi",)
-
-    @property
-    def saved_tables(self) -> dict[str, str]:
-        return saved_tables("rocm-smi")
-
-    def commands(self, executable: str) -> list[list[str]]:
-        return [[executable], [executable, "--showuniqueid"]]
+    arguments = ((), ("--showuniqueid",))
 
     def recognises(self, text: str) -> bool:
         lines = text.splitlines()
@@ -58,6 +52,7 @@ class RocmSmiProbe:
         temp_col = _first_titled(titles, _TEMPERATURE_TITLES)
         power_col = _first_titled(titles, _POWER_TITLES)
         sensor = _SENSOR.search(titles[temp_col])
+        sensor_name = sensor.group(1).lower() if sensor else None
         unique_ids = {int(m["index"]): m["uid"] for m in _UNIQUE_ID.finditer(text)}
 
         rows = []
@@ -70,16 +65,7 @@ class RocmSmiProbe:
             cells = left_aligned_cells(line, columns)
             if not cells[0].isdigit():
                 continue  # e.g. the product-name line under each GPU in ROCm 6.0
-            index = int(cells[0])
-            rows.append(
-                GpuReading(
-                    index=index,
-                    unique_id=unique_ids.get(index),
-                    temperature=cells[temp_col],
-                    power=cells[power_col],
-                    temperature_sensor=sensor.group(1).lower() if sensor else None,
-                )
-            )
+            rows.append(GpuReading.of_row(cells, temp_col, power_col, unique_ids, sensor_name))
         return rows
 
 

@@ -16,17 +16,16 @@ def atom_tool_parsers() -> list[ToolParserSpec]:
     ]
 
 
+# The required-channel processor for each of vLLM's model runners.
+CHANNEL_PROCESSORS = {
+    "v1": "atom_plugin.vllm.k3.logits_v1:AtomK3LogitsProcessorV1",
+    "mrv2": "atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2",
+}
+
+
 @hookimpl
 def atom_logits_processors() -> list[LogitsProcessorSpec]:
     return [
-        LogitsProcessorSpec(
-            name="atom_k3_required_channel",
-            class_path="atom_plugin.vllm.k3.logits_v1:AtomK3LogitsProcessorV1",
-            runner="v1",
-        ),
-        LogitsProcessorSpec(
-            name="atom_k3_required_channel",
-            class_path="atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2",
-            runner="mrv2",
-        ),
+        LogitsProcessorSpec("atom_k3_required_channel", class_path, runner)
+        for runner, class_path in CHANNEL_PROCESSORS.items()
     ]

@@ -20,7 +20,31 @@ from atom_plugin.tbo.mode import GraphKey
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 
 
-class RequestGraphs:
+class RecordedSteps:
+    """What a step recorded under each `GraphKey`: the bookkeeping `RequestGraphs` and
+    its CPU stand-in (`tests/tbo_harness/rerun_graphs.py`) share."""
+
+    def __init__(self) -> None:
+        self._recorded: dict[GraphKey, Any] = {}
+
+    def __contains__(self, key: GraphKey) -> bool:
+        return key in self._recorded
+
+    def keys(self) -> list[GraphKey]:
+        return list(self._recorded)
+
+    def _check_new(self, key: GraphKey) -> None:
+        if key in self._recorded:
+            raise ValueError(f"graph {key} is already captured")
+
+    def _recording(self, key: GraphKey) -> Any:
+        try:
+            return self._recorded[key]
+        except KeyError:
+            raise KeyError(f"no graph captured for {key}; captured: {self.keys()}") from None
+
+
+class RequestGraphs(RecordedSteps):
     """CUDA graphs keyed by (bucket, query length), sharing one memory pool.
 
     `capture(key, step)` warms `step` up on a side stream, then records it;
@@ -44,24 +68,17 @@ class RequestGraphs:
             )
         if warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1 (compiles kernels), got {warmup_steps}")
+        super().__init__()
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"request graphs need a CUDA device, got {self.device}")
         self.capture_error_mode = capture_error_mode
         self.warmup_steps = warmup_steps
         self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
-        self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, Any]] = {}
-
-    def __contains__(self, key: GraphKey) -> bool:
-        return key in self._graphs
-
-    def keys(self) -> list[GraphKey]:
-        return list(self._graphs)
 
     def capture(self, key: GraphKey, step: Callable[[], Any]) -> Any:
         """Record `step` (which must only read static buffers) as the graph of `key`."""
-        if key in self._graphs:
-            raise ValueError(f"graph {key} is already captured")
+        self._check_new(key)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -72,14 +89,11 @@ class RequestGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
             outputs = step()
-        self._graphs[key] = (graph, outputs)
+        self._recorded[key] = (graph, outputs)
         return outputs
 
     def replay(self, key: GraphKey) -> Any:
-        try:
-            graph, outputs = self._graphs[key]
-        except KeyError:
-            raise KeyError(f"no graph captured for {key}; captured: {self.keys()}") from None
+        graph, outputs = self._recording(key)
         graph.replay()
         return outputs
 

@@ -14,8 +14,10 @@ from atom_plugin.tbo.mode import TBO_MODES, TboConfig
 
 CONFIG_KEY = "atom_plugin"
 
-# Defaults below which a step stays unsplit; docs/benchmarks.md ("TBO thresholds")
-# holds the H200 measurements they come from.
+# Defaults below which a step stays unsplit: the smallest decode batch and prefill batch
+# whose split step is at least as fast as the whole one when communication takes 30% of
+# the step, so a default never makes a server slower (figures: docs/benchmarks.md,
+# "TBO thresholds").
 DEFAULT_TBO_DECODE_MIN_REQUESTS = 192
 DEFAULT_TBO_PREFILL_MIN_TOKENS = 12288
 

@@ -33,11 +33,10 @@ def build_tiny_deepseek(
         seed=seed,
         kind="deepseek_v2",
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        num_layers=num_layers,
+        num_heads=num_heads,
         moe_intermediate_size=hidden_size,
-        num_hidden_layers=num_layers,
         first_k_dense_replace=num_layers,  # dense MLPs only: the test is about attention
-        num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
         q_lora_rank=None,
         kv_lora_rank=kv_lora_rank,
@@ -45,6 +44,5 @@ def build_tiny_deepseek(
         qk_nope_head_dim=nope_dim,
         v_head_dim=v_dim,
         head_dim=rope_dim,
-        max_position_embeddings=1024,
         rope_scaling=None,
     )

@@ -15,3 +15,19 @@ def saved_tables(tool: str) -> dict[str, str]:
         for entry in sorted(folder.iterdir(), key=lambda e: e.name)
         if entry.name.startswith(f"{tool}-") and entry.name.endswith(".txt")
     }
+
+
+class BundledProbe:
+    """A probe of a tool this package ships saved tables of: `saved_tables` are this
+    folder's files named after its first executable; `commands` run the executable
+    with each of `arguments`."""
+
+    executables: tuple[str, ...]
+    arguments: tuple[tuple[str, ...], ...]
+
+    def commands(self, executable: str) -> list[list[str]]:
+        return [[executable, *args] for args in self.arguments]
+
+    @property
+    def saved_tables(self) -> dict[str, str]:
+        return saved_tables(self.executables[0])

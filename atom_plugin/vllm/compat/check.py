@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_plugin.vllm.compat.hosts import ClassRef, is_host_module
+from atom_plugin.vllm.compat.hosts import ClassRef, QualifiedClass, is_host_module
 from atom_plugin.vllm.compat.signature import (
     call_problems,
     constructor_contract,
@@ -62,12 +62,8 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class AdapterClass:
-    module: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.module}.{self.name}"
+class AdapterClass(QualifiedClass):
+    """A class of the adapter's."""
 
 
 class Adapter:

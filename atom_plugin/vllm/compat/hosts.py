@@ -26,15 +26,24 @@ from atom_plugin.vllm.compat.source import (
 )
 
 HOST_PACKAGE = "vllm"
+# The line under a stub's header when the stub keeps only some of the module's names.
+KEPT_NAMES_MARK = "# Kept names only:"
 
 
 @dataclass(frozen=True)
-class ClassRef:
+class QualifiedClass:
+    """A class by its module and name."""
+
     module: str
     name: str
 
     def __str__(self) -> str:
         return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True)
+class ClassRef(QualifiedClass):
+    """A class of the host's (vLLM's)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,14 @@ class SourceHost:
             return Found("lazy")
         if self.partial and self.tree.is_package(module):
             return Found("unchecked")  # perhaps a submodule the cut-down tree leaves out
+        if self.partial and self._kept_names_only(module):
+            return Found("unchecked")  # a name the stub's cut left out
         return Found("missing", detail=f"{module} has no {name!r}")
+
+    def _kept_names_only(self, module: str) -> bool:
+        """Whether `module` is a stub cut to some of its names (scripts/vllm_api_stubs.py)."""
+        head = (self.tree.text(module) or "").splitlines()[:2]
+        return any(line.startswith(KEPT_NAMES_MARK) for line in head)
 
     def _absent(self, module: str) -> Found:
         if self.partial or not is_host_module(module):

@@ -17,7 +17,7 @@ changes three of the methods it calls and nothing else:
   logprobs and KV-cache writes see what an unsplit step gives them.
 
 On a GPU a split decode step whose bucket has a graph replays the plugin's
-split request graph (`atom_plugin.vllm.tbo.graphs`); other split steps run
+split request graph (`atom_plugin.vllm.tbo.decode_graphs`); other split steps run
 eagerly. The step's plan lives on the runner from the first of those calls to
 the last, because `execute_model` hands nothing else from one to the next.
 """
@@ -48,7 +48,7 @@ from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
 from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo import dbo_bridge
-from atom_plugin.vllm.tbo.graphs import pad_rows_one_token_each, split_decode_graphs
+from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each, split_decode_graphs
 
 logger = init_logger("vllm.atom_plugin")
 

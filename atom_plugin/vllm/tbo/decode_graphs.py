@@ -3,7 +3,7 @@
 A decode step that `ForwardMode.decide` replays split (a bucket of vLLM's
 CUDA-graph capture sizes, at or above `tbo_decode_min_requests`) runs both
 micro-batches inside one graph of the plugin's `RequestGraphs`, the class the
-TBO harness records and replays on the H200 (`tests/tbo_harness/graphed.py`).
+TBO harness records and replays on a GPU (`tests/tbo_harness/graphed.py`).
 Steps no bucket covers split eagerly; buckets below the threshold keep
 vLLM's own graphs.
 
