@@ -26,8 +26,8 @@ from collections.abc import Iterator
 
 import torch
 
-from atom_plugin.conformance import Check, Finding, MissingDependency, checks_of, load
 from atom_plugin.conformance.cases import ATTENTION_CASES, BatchSpec, tolerance
+from atom_plugin.conformance.findings import Check, Finding, MissingDependency, checks_of, load
 from atom_plugin.specs import AttentionBackendSpec
 
 HOOK = "atom_attention_backends"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from atom_plugin.conformance import Check, Finding, checks_of, load
+from atom_plugin.conformance.findings import Check, Finding, checks_of, load
 from atom_plugin.specs import LogitsProcessorSpec
 
 HOOK = "atom_logits_processors"

@@ -22,7 +22,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-from atom_plugin.conformance import Check, Finding, checks_of
+from atom_plugin.conformance.findings import Check, Finding, checks_of
 from atom_plugin.specs import HealthProbeSpec
 
 HOOK = "atom_health_probes"

@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Iterator
 
-from atom_plugin.conformance import Check, Finding, MissingDependency, checks_of, load
+from atom_plugin.conformance.findings import Check, Finding, MissingDependency, checks_of, load
 from atom_plugin.specs import ToolParserSpec
 
 HOOK = "atom_tool_parsers"
