@@ -9,8 +9,10 @@ and each micro-batch's metadata, cut at the bucket).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +20,26 @@ import torch
 from atom_plugin.tbo.mode import GraphKey
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block (restored as it was).
+
+    A collection that runs during a capture (from any thread that allocates) may free
+    cyclic garbage holding an older `torch.cuda.CUDAGraph`; destroying a graph is not
+    permitted while a stream captures, so the capture is invalidated (the next launch
+    fails, e.g. CUBLAS_STATUS_INTERNAL_ERROR, then cudaErrorStreamCaptureInvalidated at
+    the end). `torch.cuda.graph` no longer collects before a capture, so whether this
+    happens depends on when the collector's thresholds trip: on allocations anywhere.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class RecordedSteps:
@@ -77,7 +99,8 @@ class RequestGraphs(RecordedSteps):
         self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
 
     def capture(self, key: GraphKey, step: Callable[[], Any]) -> Any:
-        """Record `step` (which must only read static buffers) as the graph of `key`."""
+        """Record `step` (which must only read static buffers) as the graph of `key`.
+        The cyclic garbage collector is paused during the capture (`gc_paused`)."""
         self._check_new(key)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -87,7 +110,10 @@ class RequestGraphs(RecordedSteps):
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
+        with (
+            gc_paused(),
+            torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode),
+        ):
             outputs = step()
         self._recorded[key] = (graph, outputs)
         return outputs

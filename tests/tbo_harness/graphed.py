@@ -66,7 +66,9 @@ class GraphedDecoder:
                 self.steps["captured"] += 1
 
     def _step_fn(self, key, split, bufs, ids):
-        model, caches = self.model, self.caches
+        # The step closes over what it reads, never `self`: the decoder holds its steps,
+        # and a cycle would leave its graphs to the cyclic collector (`RequestGraphs`).
+        model, caches, runner = self.model, self.caches, self.runner
         if not split:
             return lambda: model.forward(ids, bufs.full.meta, caches)
         views = [ids[a:b] for a, b in decode_ubatch_ranges(key.bucket).tokens]
@@ -75,7 +77,7 @@ class GraphedDecoder:
         def ubatch(ctx):
             return model.forward(views[ctx.id], ctx.forward_context, caches)
 
-        return lambda: torch.cat(self.runner.run(ubatch, metas))
+        return lambda: torch.cat(runner.run(ubatch, metas))
 
     def mode(self, batch: Batch) -> ForwardMode:
         shape = BatchShape.from_query_lens(batch.query_lens)
