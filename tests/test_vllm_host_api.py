@@ -377,7 +377,10 @@ def test_mla_cache_write_honours_skip_scale():
     """skip_scale says the fp8 scale is 1: rows are written unscaled, whatever k_scale holds."""
     from atom_plugin.vllm.attention.mla import AtomAiterMLAImpl
 
-    impl = AtomAiterMLAImpl.__new__(AtomAiterMLAImpl)  # the write uses no impl state
+    # The write's only impl state is the kernel path it resolves at its first call
+    # (what __init__ leaves unset); vLLM's MLA constructor arguments are not needed.
+    impl = AtomAiterMLAImpl.__new__(AtomAiterMLAImpl)
+    impl._write_impl = None
     gen = torch.Generator().manual_seed(0)
     kv_c, k_pe = torch.randn(3, 512, generator=gen), torch.randn(3, 1, 64, generator=gen)
     slots = torch.tensor([0, 5, -1])
