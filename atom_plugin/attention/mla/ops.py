@@ -10,7 +10,7 @@ from atom_plugin.attention.mla.aiter import AiterMLAPlan, mla_decode_aiter, writ
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
 from atom_plugin.attention.mla.plan import MLAPlan, TorchMLAPlan, TritonMLAPlan, plan_mla_decode
 from atom_plugin.attention.mla.reference import mla_decode_reference, write_mla_kv_reference
-from atom_plugin.attention.select import select_kernel_impl
+from atom_plugin.attention.select import KERNEL_IMPLS, select_kernel_impl
 
 
 def write_mla_kv(kv_c, k_pe, kv_cache, slot_mapping, scale=None, *, kernel_impl=None) -> None:
@@ -27,8 +27,10 @@ def write_mla_kv(kv_c, k_pe, kv_cache, slot_mapping, scale=None, *, kernel_impl=
             from atom_plugin.attention.mla.triton import write_mla_kv_triton
 
             write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale)
-        case _:
+        case "torch":
             write_mla_kv_reference(kv_c, k_pe, kv_cache, slot_mapping, scale)
+        case other:
+            raise ValueError(f"kernel_impl must be one of {KERNEL_IMPLS}, got {other!r}")
 
 
 def mla_decode(

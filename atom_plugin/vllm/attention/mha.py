@@ -78,8 +78,9 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
     reorder_batch_threshold: int = 1  # decodes first, as the metadata expects
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
-        # vLLM's base declares __init__ abstract; the builder keeps no state of its own.
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # The kernel path depends on the device only: chosen once, planned every step.
+        self.kernel_impl = select_kernel_impl(torch.device(device))
 
     def build(
         self,
@@ -110,6 +111,7 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
             device=self.device,
             num_kv_heads=self.kv_cache_spec.num_kv_heads,
             block_size=self.kv_cache_spec.block_size,  # the kernel's block size
+            impl=self.kernel_impl,
         )
         return meta
 
