@@ -289,6 +289,7 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) 
         "q_len": shape.q_len,
         "kernel": kernel_name(plan.launch),
         "num_splits": plan.launch.num_splits,
+        "merge_block_s": plan.launch.merge_block_s,
         "tokens_per_program": plan.launch.tokens,
         "us": us,
         "kv_gbps": shape.kv_gbps(us),
@@ -347,12 +348,22 @@ def run_mla_benchmarks(
     return rows
 
 
+def _merge(r: dict) -> str:
+    """The merge's split tile (`launch_plan.merge_block_s`); none at one split."""
+    return (
+        f" (merge BLOCK_S {r['merge_block_s']})"
+        if r.get("num_splits", 1) > 1 and "merge_block_s" in r
+        else ""
+    )
+
+
 def _row_line(r: dict) -> str:
     old = f" old {r['old_us']:.1f} us ({r['speedup']:.2f}x)" if "old_us" in r else ""
     return (
         f"H={r['heads']} {r['cache']} B={r['batch']} ctx={r['context']} q={r['q_len']}: "
         f"{r['us']:.1f} us, {100 * r['frac_copy']:.1f}% copy, {r['tflops']:.0f} TFLOP/s, "
-        f"{100 * r['frac_limit']:.1f}% limit, {r['kernel']} x {r['num_splits']} splits{old}"
+        f"{100 * r['frac_limit']:.1f}% limit, {r['kernel']} x {r['num_splits']} splits"
+        f"{_merge(r)}{old}"
     )
 
 
@@ -423,6 +434,7 @@ def sweep_shape(shape, configs, extra_splits, copy_gbps, flush) -> list[dict]:
                 "config": cfg,
                 "kernel": kernel_name(plan.launch),
                 "num_splits": plan.launch.num_splits,
+                "merge_block_s": plan.launch.merge_block_s,
                 "rule": splits is None,
                 "us": us,
                 "frac_copy": shape.kv_gbps(us) / copy_gbps,
@@ -432,7 +444,7 @@ def sweep_shape(shape, configs, extra_splits, copy_gbps, flush) -> list[dict]:
             results.append(r)
             print(
                 f"sweep H={h} {cache} B={b} ctx={c} q={ql} {cfg} "
-                f"{r['kernel']} splits={r['num_splits']}"
+                f"{r['kernel']} splits={r['num_splits']}{_merge(r)}"
                 f"{' (rule)' if r['rule'] else ''}: "
                 f"{us:.1f} us {100 * r['frac_copy']:.1f}% "
                 f"(diff {r['maxdiff_vs_first']:.1e}) {r['compiled']}",

@@ -45,6 +45,20 @@ def test_merge_columns_narrow_only_for_few_rows(rows, splits, want):
     assert mla_launch_plan.merge_block_dv(rows, splits, 132) == want
 
 
+@pytest.mark.parametrize(
+    "splits,want",
+    [(1, 2), (2, 2), (3, 4), (4, 4), (5, 8), (9, 16), (33, 64), (64, 64), (65, 64), (256, 64)],
+)
+def test_merge_tile_is_the_split_counts_power_of_two(splits, want):
+    """The merge's split tile holds the splits in one pass up to MERGE_BLOCK_S (no 64-row
+    tile for 2 splits, issue #26); above, 64 at a time; the plan carries it."""
+    assert mla_launch_plan.merge_block_s(splits) == want
+    cpu = torch.device("cpu")
+    for cfg in ({"kernel": "packed"}, {"kernel": "per_token"}):
+        launch = mla_launch_plan.plan_launch(4, 4, 1, 16, 32768, cpu, config=cfg, num_splits=splits)
+        assert launch.num_splits == splits and launch.merge_block_s == want
+
+
 def test_split_count_keeps_64_keys_per_split():
     """Batch 1 x 4K at 16 heads (128 tiles of 32 keys, two programs per SM): 64 splits,
     not the 128 the wave rule alone would take."""

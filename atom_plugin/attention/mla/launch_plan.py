@@ -3,9 +3,10 @@ step's sizes (`mla.plan.plan_mla_decode` calls `plan_launch`): which stage-1 ker
 (`choose_kernel`: Gluon, packed or per-token), its tiles, warps and stages
 (`default_config`, tunable through `config`), how many heads and query tokens a program
 holds, the KV split count (`best_num_splits`), the Gluon kernel's schedule
-(`gluon_schedule`) and the merge's columns per program (`merge_block_dv`). Correctness
-does not depend on the split count; the rules aim at speed, and the H200 measurements
-behind them are in docs/benchmarks.md ("Attention (MLA)").
+(`gluon_schedule`), the merge's columns per program (`merge_block_dv`) and its split
+tile (`merge_block_s`). Correctness does not depend on the split count; the rules aim at
+speed, and the H200 measurements behind them are in docs/benchmarks.md ("Attention
+(MLA)").
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_probl
 from atom_plugin.attention.triton_common import cdiv, device_sm_count, next_power_of_2
 
 MAX_SPLITS = 256  # KV splits per request; stage 2 merges them MERGE_BLOCK_S at a time
-MERGE_BLOCK_S = 64
+MERGE_BLOCK_S = 64  # the widest merge split tile; more splits merge in a chunked loop
+MERGE_MIN_BLOCK_S = 2  # the narrowest (one split never merges)
 MERGE_MIN_DV = 32  # the narrowest merge program (output columns)
 MERGE_CHUNKED_DV = 128  # columns per merge program: many splits, fewer rows than SMs
 MIN_KEYS_PER_SPLIT = 64  # shorter splits cost more in partial results than they win
@@ -183,6 +185,7 @@ class TritonMLALaunch:
     fp8_cache: bool  # the cache kind the launch was planned for
     fp16_math: bool  # for an fp8 cache
     merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
+    merge_block_s: int  # splits per merge tile (`merge_block_s`)
     schedule: str = "lockstep"  # gluon: "lockstep" (gluon_mla) or "alternate" (gluon_mla_alternate)
 
 
@@ -276,6 +279,7 @@ def plan_launch(
         fp8_cache=fp8_cache,
         fp16_math=cfg.get("fp8_math", "fp16") == "fp16",
         merge_block_dv=merge_dv,
+        merge_block_s=merge_block_s(splits),
         schedule=schedule,
     )
 
@@ -289,6 +293,18 @@ def merge_block_dv(rows: int, splits: int, sms: int, dv: int = 512) -> int:
         parts = next_power_of_2(cdiv(2 * sms, max(1, rows)))
         return max(min(dv, MERGE_MIN_DV), dv // parts)
     return min(dv, MERGE_CHUNKED_DV) if rows < sms and splits > MERGE_BLOCK_S else dv
+
+
+def merge_block_s(splits: int) -> int:
+    """Splits per merge tile: the next power of two holding `splits` (at least
+    MERGE_MIN_BLOCK_S), at most MERGE_BLOCK_S, above which the merge takes them
+    MERGE_BLOCK_S at a time. A fixed 64-row tile made each program load, exponentiate and
+    reduce 64 rows where the common plans (2-8 splits) fill a few: 30 us for the merge at
+    128 heads x 32 requests x 8K over 2 splits on the H200, compute-bound (issue #26). The
+    merge compiles once per tile (at most log2(MERGE_BLOCK_S) variants per other
+    constant); under CUDA graphs a bucket's split count is fixed at capture, so the
+    compiles happen in warm-up."""
+    return min(MERGE_BLOCK_S, max(MERGE_MIN_BLOCK_S, next_power_of_2(splits)))
 
 
 # A program's fixed cost (query load, partial-result store, its share of the merge) in

@@ -14,7 +14,7 @@ from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, 
 from atom_plugin.attention.mla.checks import check_mla_shapes
 from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
-from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S
+from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S, MERGE_MIN_BLOCK_S
 from atom_plugin.attention.mla.plan import TritonMLAPlan
 from atom_plugin.attention.mla.triton_kernels import (
     _mla_decode_per_token,
@@ -199,7 +199,11 @@ def mla_decode_triton(
     if splits == 1:
         return lse
     dv = next_power_of_2(kv_lora_rank)
-    one_chunk = splits <= MERGE_BLOCK_S  # all splits in one pass
+    block_s = launch.merge_block_s  # the plan's split tile (`launch_plan.merge_block_s`)
+    if block_s & (block_s - 1) or not MERGE_MIN_BLOCK_S <= block_s <= MERGE_BLOCK_S:
+        raise ValueError(
+            f"merge_block_s={block_s}: a power of two in [{MERGE_MIN_BLOCK_S}, {MERGE_BLOCK_S}]"
+        )
     block_dv = min(dv, launch.merge_block_dv)
     _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
@@ -218,7 +222,7 @@ def mla_decode_triton(
         lse.stride(0),
         LORA=kv_lora_rank,
         BLOCK_DV=block_dv,
-        BLOCK_S=MERGE_BLOCK_S,  # one compile for every split count
-        ONE_CHUNK=one_chunk,
+        BLOCK_S=block_s,  # splits per tile: one compile per power of two up to 64
+        ONE_CHUNK=splits <= block_s,  # all splits in one pass
     )
     return lse

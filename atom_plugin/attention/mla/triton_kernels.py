@@ -361,7 +361,10 @@ def _mla_decode_stage2(
     ONE_CHUNK: tl.constexpr,
 ):
     """Merge one (token, head)'s splits over BLOCK_DV output columns by their lse: all at
-    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max."""
+    once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max.
+    BLOCK_S is the plan's (`launch_plan.merge_block_s`): the split count's power of two,
+    so a one-pass tile holds no more than twice the real rows. The column programs of a
+    row each weigh its (few) splits; the first stores the row's lse."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     if tl.load(TOK_REQ + t) < 0:
@@ -378,21 +381,23 @@ def _mla_decode_stage2(
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         w = tl.exp(lse - m_safe)
         denom = tl.sum(w, 0)
+        w = w / tl.where(denom > 0, denom, 1.0)  # normalized per split, not per column
         parts = tl.load(
             mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
             mask=mask_s[:, None] & mask_dv[None, :],
             other=0.0,
         )
-        out = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+        out = tl.sum(w[:, None] * parts, 0)
         tl.store(
             OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
             out.to(OUT.dtype.element_ty),
             mask=mask_dv,
         )
-        tl.store(
-            LSE + t.to(tl.int64) * stride_st + h,
-            tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
-        )
+        if tl.program_id(2) == 0:
+            tl.store(
+                LSE + t.to(tl.int64) * stride_st + h,
+                tl.where(denom > 0, m_safe + tl.log(denom), float("-inf")),
+            )
         return
     m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
     denom = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
