@@ -75,6 +75,14 @@ def test_decode_context_edges(block_size, group):
     check(b, num_splits=3)
 
 
+@pytest.mark.parametrize("splits", [2, 3, 4, 5, 8, 9, 17, 33, 64])
+def test_decode_reduce_tile_holds_every_split(splits):
+    """The reduce's split tile is sized to the split count (the next power of two): every
+    split count at and past each tile boundary merges all its splits."""
+    b = make_batch([(1, 64 * 70), (1, 300), (1, 1)], hq=4, hkv=1, d=16, block_size=16, device=DEV)
+    check(b, num_splits=splits)
+
+
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_mixed_batch_decodes_then_prefills(group):
     bs = 16

@@ -296,7 +296,9 @@ def paged_decode(
         num_splits,
         d,
         HAS_SINKS=sinks is not None,
-        BLOCK_S=MAX_SPLITS,  # one compile for every split count
+        # the split count's power of two: the reduce is compute-bound on its tile, and a
+        # bucket's split count is fixed, so each bucket compiles (in warm-up) at most once
+        BLOCK_S=next_power_of_2(num_splits),
         BLOCK_D=block_d,
         num_warps=4,
     )

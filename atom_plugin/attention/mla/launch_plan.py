@@ -298,12 +298,10 @@ def merge_block_dv(rows: int, splits: int, sms: int, dv: int = 512) -> int:
 def merge_block_s(splits: int) -> int:
     """Splits per merge tile: the next power of two holding `splits` (at least
     MERGE_MIN_BLOCK_S), at most MERGE_BLOCK_S, above which the merge takes them
-    MERGE_BLOCK_S at a time. A fixed 64-row tile made each program load, exponentiate and
-    reduce 64 rows where the common plans (2-8 splits) fill a few: 30 us for the merge at
-    128 heads x 32 requests x 8K over 2 splits on the H200, compute-bound (issue #26). The
-    merge compiles once per tile (at most log2(MERGE_BLOCK_S) variants per other
-    constant); under CUDA graphs a bucket's split count is fixed at capture, so the
-    compiles happen in warm-up."""
+    MERGE_BLOCK_S at a time. The merge is compute-bound on its tile, so a tile wider than
+    the split count costs loads, exponentials and sums of rows that hold nothing. It
+    compiles once per tile; under CUDA graphs a bucket's split count is fixed at capture,
+    so those compiles happen in warm-up."""
     return min(MERGE_BLOCK_S, max(MERGE_MIN_BLOCK_S, next_power_of_2(splits)))
 
 
