@@ -14,7 +14,8 @@
 #   same-mha, same-mla
 #               a change that must not move the kernels' speed: the MHA (benchmarks.attention
 #               --no-mla) or MLA (benchmarks.attention_mla) kernel benchmark in the checkout
-#               BEFORE (a folder) and in this one, alternately, then benchmarks.compare_runs
+#               BEFORE (a folder) and in AFTER (a folder; default this checkout), one after
+#               the other, then benchmarks.compare_runs
 #   profile     Nsight Compute profiles of the kernels' misses beside FlashMLA and FA3
 #               (benchmarks/kernel_profile.py); PROFILE_ARGS; reports under $OUT/kernel_profile
 # Each stage writes its log under $OUT (default ./gpu-out).
@@ -80,13 +81,13 @@ for what in "$@"; do
       timeout 300 python3 benchmarks/k3_logits.py --out "$OUT/k3_logits.md" ${K3_ARGS:-} \
         2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
     same-mha|same-mla)
-      stage "kernel benchmark before ($BEFORE) and after, ${what#same-}"
+      stage "kernel benchmark before ($BEFORE) and after (${AFTER:-$PWD}), ${what#same-}"
       kind=${what#same-}
       bench=(-m benchmarks.attention --no-mla)
       [ "$kind" = mla ] && bench=(-m benchmarks.attention_mla)
       out=$(realpath "$OUT")
       for side in before after; do
-        dir=$PWD
+        dir=${AFTER:-$PWD}
         [ $side = before ] && dir=$BEFORE
         (cd "$dir" && PYTHONPATH="$dir:/tmp/site" timeout 280 python3 "${bench[@]}" \
           --json "$out/${kind}_$side.json") 2>&1 | tee "$OUT/${kind}_$side.log" || status=1
