@@ -75,14 +75,15 @@ def _target(batch: int, context: int) -> float | None:
 
 
 class KVPool:
-    """One vLLM-layout bf16 cache big enough for the largest shape, shared by all rows."""
+    """One vLLM-layout bf16 cache big enough for the largest shape, shared by all rows;
+    `hkv` KV heads of head size `d`."""
 
-    def __init__(self, tokens: int, block_size: int, device="cuda"):
-        self.block_size = block_size
+    def __init__(self, tokens: int, block_size: int, device="cuda", hkv: int = HKV, d: int = D):
+        self.block_size, self.hkv, self.d = block_size, hkv, d
         self.num_blocks = -(-tokens // block_size)
-        self.raw = torch.empty(self.num_blocks, HKV, block_size, 2 * D, dtype=DTYPE, device=device)
+        self.raw = torch.empty(self.num_blocks, hkv, block_size, 2 * d, dtype=DTYPE, device=device)
         self.raw.normal_(0, 1)
-        self.key_cache, self.value_cache = self.raw.transpose(1, 2).split(D, dim=-1)
+        self.key_cache, self.value_cache = self.raw.transpose(1, 2).split(d, dim=-1)
 
     def meta(self, reqs, seed=0):
         """Metadata for [(query_len, seq_len)] over shuffled, non-contiguous blocks."""
@@ -117,7 +118,7 @@ class KVPool:
     def gather(self, meta, i_lo, i_hi, seq_len):
         """Requests [i_lo, i_hi) as contiguous K, V [n, Hkv, seq_len, D]."""
         n = i_hi - i_lo
-        k = torch.empty(n, HKV, seq_len, D, dtype=DTYPE, device=self.raw.device)
+        k = torch.empty(n, self.hkv, seq_len, self.d, dtype=DTYPE, device=self.raw.device)
         v = torch.empty_like(k)
         blocks = -(-seq_len // self.block_size)
         for a in range(0, n, 8):

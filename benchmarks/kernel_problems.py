@@ -1,10 +1,12 @@
 """The problems `benchmarks.kernels_vs_vllm` poses to the plugin's kernels and to vLLM's:
 how their work is counted (FLOP, bytes), the inputs and the arguments each side is called
-with (as vLLM's backends call FlashMLA and FA3), and the output check every row must pass."""
+with (as vLLM's backends call FlashMLA, FA3 and vLLM's Triton kernel), and the output
+check every row must pass."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +19,52 @@ MHA_BLOCK_SIZE = 16  # vLLM's default block size with the plugin's MHA backend
 
 LOGIT_STD = 3.0  # logits' standard deviation: a few keys carry most of each row's weight
 ATOL, RTOL = 3e-2, 2e-2  # bf16 outputs of kernels that round P to bf16
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Heads:
+    """An MHA head configuration: query heads, KV heads, head size."""
+
+    q: int
+    kv: int
+    d: int
+
+    @property
+    def scale(self) -> float:
+        return self.d**-0.5
+
+    def __str__(self) -> str:
+        return f"{self.q}/{self.kv}/{self.d}"
+
+
+DEFAULT_HEADS = Heads(HQ, HKV, D)
+
+
+@dataclass(frozen=True)
+class PrefillCase:
+    """`requests` prompts of `new` tokens each, appended to `cached` tokens already in
+    the cache (0: a fresh prompt); causal, aligned at the end."""
+
+    requests: int
+    new: int
+    cached: int = 0
+
+    @property
+    def seq_len(self) -> int:
+        return self.new + self.cached
+
+    @property
+    def tokens(self) -> int:
+        return self.requests * self.new
+
+    def reqs(self) -> list[tuple[int, int]]:
+        return [(self.new, self.seq_len)] * self.requests
+
+    def __str__(self) -> str:
+        if self.cached:
+            return f"{self.requests} x {self.new} over {self.cached} cached"
+        return f"{self.requests} x {self.new} fresh"
 
 
 # ---------------------------------------------------------------- accounting
@@ -27,22 +75,36 @@ def mla_flops(batch: int, context: int, heads: int, q_len: int) -> int:
     return 2 * q_len * batch * context * heads * ((LORA + ROPE) + LORA)
 
 
-def mla_bytes(batch: int, context: int, heads: int, q_len: int, elem: int = 2) -> int:
-    """Latent rows read once per request, plus the queries read and the outputs written."""
+def mla_bytes(batch: int, context: int, heads: int, q_len: int, kv_elem: int = 2) -> int:
+    """Latent rows read once per request (`kv_elem` bytes each: 1 for fp8), plus the bf16
+    queries read and outputs written."""
     kv = batch * context * (LORA + ROPE)
     q = batch * q_len * heads * (LORA + ROPE)
     o = batch * q_len * heads * LORA
-    return (kv + q + o) * elem
+    return kv * kv_elem + (q + o) * 2
 
 
-def mha_decode_flops(batch: int, context: int) -> int:
+def limit_us(flops: int, nbytes: int, copy_gbps: float | None, mm_tflops: float | None):
+    """The physical limit of a call: the larger of its time at the matmul rate and at the
+    copy bandwidth (None without both anchors)."""
+    if not copy_gbps or not mm_tflops:
+        return None
+    return max(flops / (mm_tflops * 1e6), nbytes / (copy_gbps * 1e3))
+
+
+def mha_decode_flops(batch: int, context: int, heads: Heads = DEFAULT_HEADS) -> int:
     """q.k and p.v: 4 * query heads * head size per key, one query token per request."""
-    return 4 * HQ * D * batch * context
+    return 4 * heads.q * heads.d * batch * context
 
 
-def mha_decode_bytes(batch: int, context: int, elem: int = 2) -> int:
+def mha_decode_bytes(batch: int, context: int, heads: Heads = DEFAULT_HEADS, elem=2) -> int:
     """K and V rows read once per request, plus the queries read and the outputs written."""
-    return (2 * batch * context * HKV * D + 2 * batch * HQ * D) * elem
+    return (2 * batch * context * heads.kv * heads.d + 2 * batch * heads.q * heads.d) * elem
+
+
+def mha_cache_bytes(batch: int, context: int, heads: Heads, block_size=MHA_BLOCK_SIZE) -> int:
+    """The bf16 K and V blocks `batch` requests of `context` tokens occupy."""
+    return batch * -(-context // block_size) * block_size * 2 * heads.kv * heads.d * 2
 
 
 def prefill_reqs(requests: int, tokens: int) -> list[tuple[int, int]]:
@@ -56,8 +118,8 @@ def causal_pairs(reqs) -> int:
     return sum(ql * (s - ql) + ql * (ql + 1) // 2 for ql, s in reqs)
 
 
-def prefill_flops(reqs) -> int:
-    return 4 * HQ * D * causal_pairs(reqs)
+def prefill_flops(reqs, heads: Heads = DEFAULT_HEADS) -> int:
+    return 4 * heads.q * heads.d * causal_pairs(reqs)
 
 
 def rate(amount: float, us: float | None, unit: float) -> float | None:
@@ -74,24 +136,32 @@ def peaked_std(dim: int, scale: float, logit_std: float = LOGIT_STD) -> float:
     return logit_std / (math.sqrt(dim) * scale)
 
 
-def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0):
-    """attention_mla.Shape (bf16 cache, block 64, shuffled tables) with peaked queries."""
+def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0, cache="bf16"):
+    """attention_mla.Shape (bf16 or fp8 e4m3 cache with a per-tensor scale, block 64,
+    shuffled tables) with peaked queries."""
     torch.manual_seed(seed)
-    shape = attention_mla.Shape(batch, context, heads, q_len, "bf16", device)
+    shape = attention_mla.Shape(batch, context, heads, q_len, cache, device)
     std = peaked_std(LORA + ROPE, shape.scale)
     shape.q = (torch.randn(shape.q.shape, device=device) * std).to(shape.q.dtype)
     return shape
 
 
-def flashmla_kwargs(shape) -> dict:
+def bf16_latents(shape) -> torch.Tensor:
+    """The shape's cache as bf16 (an fp8 cache dequantized with its scale)."""
+    if shape.kv_scale is None:
+        return shape.kv
+    return (shape.kv.float() * shape.kv_scale).to(torch.bfloat16)
+
+
+def flashmla_kwargs(shape, kv: torch.Tensor | None = None) -> dict:
     """flash_mla_with_kvcache's arguments as vLLM's FlashMLAImpl.forward_mqa passes them
-    (bf16 cache), less the scheduler metadata: the query as [B, q_len, H, 576]
-    (reshape_query_for_spec_decode), the cache with its head axis ([blocks, 64, 1, 576]),
-    the request block table and seq_lens (int32), causal."""
+    (bf16 cache: `kv`, by default the shape's), less the scheduler metadata: the query
+    as [B, q_len, H, 576] (reshape_query_for_spec_decode), the cache with its head axis
+    ([blocks, 64, 1, 576]), the request block table and seq_lens (int32), causal."""
     b, ql, h = shape.batch, shape.q_len, shape.heads
     return dict(
         q=shape.q.view(b, ql, h, LORA + ROPE),
-        k_cache=shape.kv.unsqueeze(-2),
+        k_cache=(shape.kv if kv is None else kv).unsqueeze(-2),
         block_table=shape.meta.block_table,
         cache_seqlens=shape.meta.seq_lens,
         head_dim_v=LORA,
@@ -107,15 +177,24 @@ def mha_pool_tokens(decode_shapes, prefill_shapes, block_size=MHA_BLOCK_SIZE) ->
     return max(need, default=1) * block_size
 
 
-def peaked_mha_query(tokens: int, device="cuda") -> torch.Tensor:
-    std = peaked_std(D, MHA_SCALE)
-    return (torch.randn(tokens, HQ, D, device=device) * std).to(DTYPE)
+def pool_tokens(cases, block_size=MHA_BLOCK_SIZE) -> int:
+    """Cache rows one pool needs for the largest of `cases` (decode (batch, context)
+    pairs and PrefillCases)."""
+    pairs = [(c.requests, c.seq_len) if isinstance(c, PrefillCase) else c for c in cases]
+    return mha_pool_tokens(pairs, (), block_size)
+
+
+def peaked_mha_query(tokens: int, device="cuda", heads: Heads = DEFAULT_HEADS) -> torch.Tensor:
+    std = peaked_std(heads.d, heads.scale)
+    return (torch.randn(tokens, heads.q, heads.d, device=device) * std).to(DTYPE)
 
 
 def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
     """flash_attn_varlen_func's arguments as vLLM's FlashAttentionImpl.forward passes them
-    (bf16 cache, no window, no softcap, no sinks), less scheduler_metadata. The descales
-    vLLM passes are left out: FA3 reads them for fp8 inputs only."""
+    (bf16 cache, no window, no softcap, no sinks), less scheduler_metadata; softmax scale
+    head_size^-0.5. A chunked prefill is the same call: cu_seqlens_q counts the new
+    tokens, seqused_k the full lengths. The descales vLLM passes are left out: FA3 reads
+    them for fp8 inputs only."""
     return dict(
         q=q,
         k=pool.key_cache,
@@ -125,7 +204,7 @@ def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
         max_seqlen_q=meta.max_query_len,
         seqused_k=meta.seq_lens,
         max_seqlen_k=meta.max_seq_len,
-        softmax_scale=MHA_SCALE,
+        softmax_scale=q.shape[-1] ** -0.5,
         causal=True,
         alibi_slopes=None,
         window_size=[-1, -1],
@@ -137,16 +216,16 @@ def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
     )
 
 
-def fa3_scheduler_kwargs(pool, meta, num_splits: int) -> dict:
+def fa3_scheduler_kwargs(pool, meta, num_splits: int, num_heads_q: int = HQ) -> dict:
     """get_scheduler_metadata's arguments as vLLM's FlashAttentionMetadataBuilder passes
     them (`_get_scheduler_metadata`)."""
     return dict(
         batch_size=meta.num_reqs,
         max_seqlen_q=meta.max_query_len,
         max_seqlen_k=meta.max_seq_len,
-        num_heads_q=HQ,
-        num_heads_kv=HKV,
-        headdim=D,
+        num_heads_q=num_heads_q,
+        num_heads_kv=pool.hkv,
+        headdim=pool.d,
         cache_seqlens=meta.seq_lens,
         qkv_dtype=DTYPE,
         cu_seqlens_q=meta.query_start_loc,
@@ -154,6 +233,55 @@ def fa3_scheduler_kwargs(pool, meta, num_splits: int) -> dict:
         causal=True,
         window_size=(-1, -1),
         num_splits=num_splits,
+    )
+
+
+def triton_scratch(num_heads_q, pool, min_grid_2d: int, segments: int, device) -> dict:
+    """The 3D-kernel scratch and threshold vLLM's TritonAttentionMetadataBuilder makes
+    once (vllm/v1/attention/backends/triton_attn.py): threshold MIN_LAUNCH_GRID_SIZE_2D //
+    KV heads (16 at 8 KV heads, 32 at 4: both CUDA-graph capture sizes, so the snap to
+    the nearest capture size under full graphs keeps it), NUM_PAR_SOFTMAX_SEGMENTS
+    segments, float32 buffers of that many tokens."""
+    rows = min_grid_2d // pool.hkv
+    padded = 1 << (pool.d - 1).bit_length()
+    f32 = dict(dtype=torch.float32, device=device)
+    return dict(
+        seq_threshold_3D=rows,
+        num_par_softmax_segments=segments,
+        softmax_segm_output=torch.empty(rows, num_heads_q, segments, padded, **f32),
+        softmax_segm_max=torch.empty(rows, num_heads_q, segments, **f32),
+        softmax_segm_expsum=torch.empty(rows, num_heads_q, segments, **f32),
+    )
+
+
+def triton_kwargs(pool, meta, q, out, scratch: dict) -> dict:
+    """vLLM's `unified_attention` arguments as TritonAttentionImpl.forward passes them
+    (bf16 cache, no window: sliding_window (-1, -1), softcap 0, no alibi, sinks or
+    output scale; k/v descales: the layer's unit scales expanded to [requests, KV heads],
+    read only for fp8 caches); the 3D split path runs for decode batches up to the
+    threshold in `scratch`."""
+    descale = torch.ones(1, dtype=torch.float32, device=q.device).expand(meta.num_reqs, pool.hkv)
+    return dict(
+        q=q,
+        k=pool.key_cache,
+        v=pool.value_cache,
+        out=out,
+        cu_seqlens_q=meta.query_start_loc,
+        max_seqlen_q=meta.max_query_len,
+        seqused_k=meta.seq_lens,
+        max_seqlen_k=meta.max_seq_len,
+        softmax_scale=q.shape[-1] ** -0.5,
+        causal=True,
+        alibi_slopes=None,
+        window_size=(-1, -1),
+        block_table=meta.block_table,
+        softcap=0,
+        q_descale=None,
+        k_descale=descale,
+        v_descale=descale,
+        sinks=None,
+        output_scale=None,
+        **scratch,
     )
 
 
@@ -174,16 +302,18 @@ def plugin_mla_call(shape, plan, out):
             output=out,
             kv_lora_rank=LORA,
             plan=plan,
+            kv_scale=shape.kv_scale,
         )
         return out
 
     return call
 
 
-def flashmla_call(shape):
-    """FlashMLA on `shape` as vLLM's FLASHMLA backend calls it; the call returns the
-    output as [tokens, heads, 512]. The tile-scheduler metadata is vLLM's
-    FlashMLAMetadataBuilder._build_decode's; the first call fills it."""
+def flashmla_call(shape, kv: torch.Tensor | None = None):
+    """FlashMLA on `shape` (over `kv`, a bf16 cache, when given) as vLLM's FLASHMLA
+    backend calls it; the call returns the output as [tokens, heads, 512]. The
+    tile-scheduler metadata is vLLM's FlashMLAMetadataBuilder._build_decode's; the first
+    call fills it."""
     from vllm.v1.attention.ops.flashmla import (
         flash_mla_with_kvcache,
         get_mla_metadata,
@@ -194,7 +324,7 @@ def flashmla_call(shape):
     if not ok:
         raise RuntimeError(f"FlashMLA dense unsupported: {why}")
     b, ql, h = shape.batch, shape.q_len, shape.heads
-    kw = flashmla_kwargs(shape)
+    kw = flashmla_kwargs(shape, kv)
     sched, _ = get_mla_metadata(shape.meta.seq_lens, ql * h, 1, is_fp8_kvcache=False)
 
     def call():
@@ -220,7 +350,7 @@ def plugin_mha_call(pool, meta, q, out):
     from atom_plugin.attention.mha import ops
     from atom_plugin.attention.mha.params import AttentionParams
 
-    params = AttentionParams(scale=MHA_SCALE)
+    params = AttentionParams(scale=q.shape[-1] ** -0.5)
 
     def call():
         ops.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, out)
@@ -234,12 +364,34 @@ def fa3_call(pool, meta, q, num_splits: int):
     builder makes once a step (made here, before any call); the call returns its output."""
     from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
 
-    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(pool, meta, num_splits))
+    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(pool, meta, num_splits, q.shape[1]))
     out = torch.empty_like(q)
     kw = fa3_kwargs(pool, meta, q, out, num_splits)
 
     def call():
         flash_attn_varlen_func(scheduler_metadata=sched, **kw)
+        return out
+
+    return call
+
+
+def triton_call(pool, meta, q):
+    """vLLM's Triton kernel (`unified_attention`, the TRITON_ATTN backend's) with the
+    scratch its metadata builder makes once; the call returns its output."""
+    from vllm.v1.attention.backends.triton_attn import (
+        MIN_LAUNCH_GRID_SIZE_2D,
+        NUM_PAR_SOFTMAX_SEGMENTS,
+    )
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    scratch = triton_scratch(
+        q.shape[1], pool, MIN_LAUNCH_GRID_SIZE_2D, NUM_PAR_SOFTMAX_SEGMENTS, q.device
+    )
+    out = torch.empty_like(q)
+    kw = triton_kwargs(pool, meta, q, out, scratch)
+
+    def call():
+        unified_attention(**kw)
         return out
 
     return call

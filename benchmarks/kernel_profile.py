@@ -53,7 +53,7 @@ SECTIONS = (
     "ComputeWorkloadAnalysis",
 )
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the boundary between the two sides
-FA3_DECODE_SPLITS = 32  # as kernels_vs_vllm.FA3_DECODE_SPLITS (vLLM's CUDA-graph cap)
+FA3_DECODE_SPLITS = 32  # as kernel_cases.FA3_DECODE_SPLITS (vLLM's CUDA-graph cap)
 NCU_FALLBACKS = (  # looked at when ncu is not on PATH (glob patterns)
     "/usr/local/cuda/bin/ncu",
     "/usr/local/cuda-*/bin/ncu",

@@ -1,8 +1,16 @@
-"""Markdown tables and the exit status of `benchmarks.kernels_vs_vllm`'s rows."""
+"""Markdown tables, the targets and the exit status of `benchmarks.kernels_vs_vllm`'s rows.
+
+Targets (issue 26), judged on rows whose outputs passed: MHA prefill plugin/FA3 <= 1.0;
+MHA decode plugin/FA3 <= 1.0 and plugin/vLLM-Triton <= 1.0; MLA decode with a bf16 cache
+plugin/FlashMLA <= 1.0; with an fp8 cache at least FP8_LIMIT_SHARE of the physical limit
+(time <= limit / FP8_LIMIT_SHARE, the limit the larger of the times at the matmul rate
+and at the copy bandwidth)."""
 
 from __future__ import annotations
 
 from benchmarks.kernel_problems import rate
+
+FP8_LIMIT_SHARE = 0.7
 
 # ---------------------------------------------------------------- tables
 
@@ -18,7 +26,7 @@ def _status_cell(r: dict) -> str:
 
 
 def _timing_cell(r: dict) -> str:
-    modes = {r.get("plugin_timing"), r.get("vllm_timing")} - {None}
+    modes = {r.get(f"{side}_timing") for side in ("plugin", "vllm", "triton")} - {None}
     return " / ".join(sorted(modes)) or "-"
 
 
@@ -28,10 +36,44 @@ def us_cell(r: dict, side: str) -> str:
     return "error" if f"{side}_error" in r else "-"
 
 
-def ratio(r: dict) -> float | None:
-    if r.get("plugin_us") and r.get("vllm_us"):
-        return r["plugin_us"] / r["vllm_us"]
+def ratio(r: dict, side: str = "vllm") -> float | None:
+    """The plugin's time over `side`'s."""
+    if r.get("plugin_us") and r.get(f"{side}_us"):
+        return r["plugin_us"] / r[f"{side}_us"]
     return None
+
+
+# ---------------------------------------------------------------- targets
+
+
+def met_ratio(r: dict, sides=("vllm",)) -> bool | None:
+    """Target met when the plugin is no slower than each of `sides` (ratio <= 1.0); None
+    when the row cannot be judged (outputs not ok, or a side not timed)."""
+    ratios = [ratio(r, side) for side in sides]
+    if r.get("status") != "ok" or None in ratios:
+        return None
+    return all(x <= 1.0 for x in ratios)
+
+
+def met_limit(r: dict) -> bool | None:
+    """Target met when the plugin's time is within the limit / FP8_LIMIT_SHARE."""
+    if r.get("status") != "ok" or not r.get("plugin_us") or not r.get("limit_us"):
+        return None
+    return r["plugin_us"] <= r["limit_us"] / FP8_LIMIT_SHARE
+
+
+def target_cell(met: bool | None) -> str:
+    return {True: "met", False: "missed", None: "-"}[met]
+
+
+def summary(rows, judge) -> str:
+    """'Target: N of M met' for a table's rows, naming the rows that could not be judged."""
+    verdicts = [judge(r) for r in rows]
+    line = f"Target: {sum(v is True for v in verdicts)} of {len(rows)} met"
+    unjudged = sum(v is None for v in verdicts)
+    if unjudged:
+        line += f" ({unjudged} not judged: outputs not ok or a side not timed)"
+    return line + "."
 
 
 def _diff_cells(r: dict) -> str:
@@ -46,11 +88,13 @@ def _rates(r: dict, amount: str, scale: float, anchor: float | None) -> tuple:
 
 
 def mla_table(rows, copy_gbps: float | None) -> str:
+    """bf16-cache rows beside FlashMLA, with the summary line."""
     lines = [
         "| heads | q/req | batch | context | plugin kernel | plugin us | FlashMLA us "
         "| plugin/FlashMLA | plugin TFLOP/s | FlashMLA TFLOP/s | plugin GB/s | FlashMLA GB/s "
-        "| plugin of copy | max abs diff | vs fp32 ref | timing | status |",
-        "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
+        "| plugin of copy | max abs diff | vs fp32 ref | timing | target | status |",
+        "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|"
+        ":---|",
     ]
     for r in rows:
         pg, vg, frac, _ = _rates(r, "bytes", 1e9, copy_gbps)
@@ -60,46 +104,77 @@ def mla_table(rows, copy_gbps: float | None) -> str:
             f"{fmt(ratio(r), '.2f')} | {fmt(rate(r['flops'], r.get('plugin_us'), 1e12), '.0f')}"
             f" | {fmt(rate(r['flops'], r.get('vllm_us'), 1e12), '.0f')} | {fmt(pg, '.0f')} | "
             f"{fmt(vg, '.0f')} | {fmt(frac, '.1%')} | {_diff_cells(r)} | {_timing_cell(r)} | "
+            f"{target_cell(met_ratio(r))} | {_status_cell(r)} |"
+        )
+    return "\n".join(lines) + "\n\n" + summary(rows, met_ratio)
+
+
+def mla_fp8_table(rows) -> str:
+    """fp8-cache rows against the physical limit, with the summary line; the check column
+    compares with FlashMLA over the dequantized bf16 cache."""
+    lines = [
+        "| heads | q/req | batch | context | plugin kernel | plugin us | limit us "
+        "| of limit | plugin TFLOP/s | plugin GB/s | vs FlashMLA (bf16 copy) | vs fp32 ref "
+        "| timing | target | status |",
+        "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|:---|:---|",
+    ]
+    for r in rows:
+        us, lim = r.get("plugin_us"), r.get("limit_us")
+        lines.append(
+            f"| {r['heads']} | {r['q_len']} | {r['batch']} | {r['context']} | "
+            f"{r.get('kernel', '-')} | {us_cell(r, 'plugin')} | {fmt(lim, '.1f')} | "
+            f"{fmt(lim / us if lim and us else None, '.1%')} | "
+            f"{fmt(rate(r['flops'], us, 1e12), '.0f')} | {fmt(rate(r['bytes'], us, 1e9), '.0f')}"
+            f" | {_diff_cells(r)} | {_timing_cell(r)} | {target_cell(met_limit(r))} | "
             f"{_status_cell(r)} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + summary(rows, met_limit)
+
+
+def met_decode(r: dict) -> bool | None:
+    return met_ratio(r, ("vllm", "triton"))
 
 
 def mha_decode_table(rows, copy_gbps: float | None) -> str:
+    """Rows beside FA3 and vLLM's Triton kernel, with the summary line; max abs diff is
+    the plugin's largest against either."""
     lines = [
-        "| batch | context | plugin us | FA3 us | plugin/FA3 | plugin GB/s | FA3 GB/s "
-        "| plugin of copy | FA3 of copy | plugin TFLOP/s | FA3 TFLOP/s | max abs diff "
-        "| vs fp32 ref | timing | status |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
+        "| heads | batch | context | plugin us | FA3 us | vLLM Triton us | plugin/FA3 "
+        "| plugin/Triton | plugin GB/s | FA3 GB/s | plugin of copy | FA3 of copy "
+        "| plugin TFLOP/s | max abs diff | vs fp32 ref | timing | target | status |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|"
+        ":---|",
     ]
     for r in rows:
         pg, vg, pf, vf = _rates(r, "bytes", 1e9, copy_gbps)
         lines.append(
-            f"| {r['batch']} | {r['context']} | {us_cell(r, 'plugin')} | {us_cell(r, 'vllm')}"
-            f" | {fmt(ratio(r), '.2f')} | {fmt(pg, '.0f')} | {fmt(vg, '.0f')} | "
+            f"| {r['heads']} | {r['batch']} | {r['context']} | {us_cell(r, 'plugin')} | "
+            f"{us_cell(r, 'vllm')} | {us_cell(r, 'triton')} | {fmt(ratio(r), '.2f')} | "
+            f"{fmt(ratio(r, 'triton'), '.2f')} | {fmt(pg, '.0f')} | {fmt(vg, '.0f')} | "
             f"{fmt(pf, '.1%')} | {fmt(vf, '.1%')} | "
-            f"{fmt(rate(r['flops'], r.get('plugin_us'), 1e12), '.1f')} | "
-            f"{fmt(rate(r['flops'], r.get('vllm_us'), 1e12), '.1f')} | {_diff_cells(r)} | "
-            f"{_timing_cell(r)} | {_status_cell(r)} |"
+            f"{fmt(rate(r['flops'], r.get('plugin_us'), 1e12), '.1f')} | {_diff_cells(r)} | "
+            f"{_timing_cell(r)} | {target_cell(met_decode(r))} | {_status_cell(r)} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + summary(rows, met_decode)
 
 
 def prefill_table(rows, matmul_rate: float | None) -> str:
+    """Rows beside FA3, with the summary line."""
     lines = [
-        "| case | tokens | plugin us | FA3 us | plugin/FA3 | plugin TFLOP/s | FA3 TFLOP/s "
-        "| plugin of matmul | FA3 of matmul | max abs diff | vs fp32 ref | timing | status |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
+        "| heads | case | tokens | plugin us | FA3 us | plugin/FA3 | plugin TFLOP/s "
+        "| FA3 TFLOP/s | plugin of matmul | FA3 of matmul | max abs diff | vs fp32 ref "
+        "| timing | target | status |",
+        "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|:---|",
     ]
     for r in rows:
         pt, vt, pf, vf = _rates(r, "flops", 1e12, matmul_rate)
         lines.append(
-            f"| {r['case']} | {r['tokens']} | {us_cell(r, 'plugin')} | {us_cell(r, 'vllm')} | "
-            f"{fmt(ratio(r), '.2f')} | {fmt(pt, '.0f')} | {fmt(vt, '.0f')} | "
-            f"{fmt(pf, '.1%')} | {fmt(vf, '.1%')} | {_diff_cells(r)} | {_timing_cell(r)} | "
-            f"{_status_cell(r)} |"
+            f"| {r['heads']} | {r['case']} | {r['tokens']} | {us_cell(r, 'plugin')} | "
+            f"{us_cell(r, 'vllm')} | {fmt(ratio(r), '.2f')} | {fmt(pt, '.0f')} | "
+            f"{fmt(vt, '.0f')} | {fmt(pf, '.1%')} | {fmt(vf, '.1%')} | {_diff_cells(r)} | "
+            f"{_timing_cell(r)} | {target_cell(met_ratio(r))} | {_status_cell(r)} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + summary(rows, met_ratio)
 
 
 def anchors_table(anchors: dict) -> str:

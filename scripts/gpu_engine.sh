@@ -70,7 +70,7 @@ for what in "$@"; do
       tar -czf "$OUT/engine_mla.tgz" -C /tmp/engine-mla --exclude shapes . ;;
     anchors)
       stage "kernels beside FlashMLA and FA3"
-      timeout 400 python3 -m benchmarks.kernels_vs_vllm --out "$OUT/kernels_vs_vllm.md" \
+      timeout 540 python3 -m benchmarks.kernels_vs_vllm --out "$OUT/kernels_vs_vllm.md" \
         ${ANCHOR_ARGS:-} 2>&1 | tee "$OUT/kernels_vs_vllm.log" || status=1 ;;
     profile)
       stage "Nsight Compute profiles beside FlashMLA and FA3"

@@ -1,8 +1,15 @@
 """benchmarks/kernels_vs_vllm.py: what runs without a GPU (flags, FLOP and byte accounting,
-the inputs and argument sets built for FlashMLA and FA3, checked against the torch
-references on tiny CPU inputs), and one short GPU run of each family."""
+the inputs and argument sets built for FlashMLA, FA3 and vLLM's Triton kernel, checked
+against the torch references on tiny CPU inputs and against vLLM's signatures), and one
+short GPU run of each family. The report's tables and targets: test_kernel_report.py."""
 
+import ast
+import importlib
+import importlib.util
+import inspect
+import itertools
 import math
+import pathlib
 
 import pytest
 import torch
@@ -13,7 +20,6 @@ from atom_plugin.attention.mla.plan import plan_mla_decode
 from atom_plugin.attention.mla.reference import mla_decode_reference
 from benchmarks import attention
 from benchmarks import kernel_problems as kp
-from benchmarks import kernel_tables as kt
 from benchmarks import kernels_vs_vllm as kv
 
 # ---------------------------------------------------------------- flags
@@ -57,10 +63,84 @@ def test_parse_args_defaults():
     cfg = kv.parse_args([])
     assert cfg.families == kv.FAMILIES
     assert cfg.mla_heads == (16, 64, 128) and cfg.mla_qlens == (1, 2)
-    assert cfg.mla_shapes == ((1, 16384), (8, 4096), (32, 8192), (128, 4096))
-    assert (1, 32768) in cfg.mha_shapes and (128, 1024) in cfg.mha_shapes
-    assert cfg.prefill == ((1, 8192), (4, 2048))
+    assert cfg.mla_dtypes == ("bf16", "fp8")
+    assert cfg.mla_shapes == ((1, 16384), (32, 8192), (128, 4096))
+    assert cfg.mha_shapes == tuple(
+        (b, c) for b in (1, 8, 32, 128, 256) for c in (1024, 4096, 16384, 65536)
+    )
+    assert cfg.decode_heads == (kp.Heads(32, 8, 128),) and cfg.kv_cap_gib == 40
+    assert cfg.prefill == (
+        kp.PrefillCase(1, 1024),
+        kp.PrefillCase(1, 8192),
+        kp.PrefillCase(1, 32768),
+        kp.PrefillCase(4, 2048),
+        kp.PrefillCase(4, 2048, 6144),
+    )
+    assert cfg.prefill_heads == (kp.Heads(32, 8, 128), kp.Heads(64, 8, 128), kp.Heads(32, 8, 64))
     assert cfg.out is None and cfg.iters == 20
+
+
+def grid_rows(cfg) -> tuple[int, int, int]:
+    """Rows a run of `cfg` makes: MLA, MHA decode (under the K/V cap), prefill."""
+    mla = len(cfg.mla_heads) * len(cfg.mla_qlens) * len(cfg.mla_shapes) * len(cfg.mla_dtypes)
+    dec = sum(len(kv.decode_plan(cfg.mha_shapes, h, cfg.kv_cap_gib)[0]) for h in cfg.decode_heads)
+    return mla, dec, len(cfg.prefill) * len(cfg.prefill_heads)
+
+
+def test_grids_row_counts_and_overrides():
+    assert grid_rows(kv.parse_args([])) == (36, 19, 15)  # as the docstring says
+    full = kv.parse_args(["--grid", "full"])
+    assert grid_rows(full) == (108, 59, 60)
+    assert (256, 65536) in full.mha_shapes and (8, 32768) in full.mha_shapes
+    assert kp.PrefillCase(4, 4096, 12288) in full.prefill
+    assert {h.d for h in full.prefill_heads} == {64, 128}
+    assert {h.q // h.kv for h in full.prefill_heads} == {4, 8}  # GQA 4 and 8
+    news = [c.tokens for c in full.prefill]
+    assert min(news) == 1024 and max(news) == 32768
+    mixed = kv.parse_args(["--grid", "full", "--prefill", "2x1K", "--mla-dtypes", "fp8"])
+    assert mixed.prefill == (kp.PrefillCase(2, 1024),) and mixed.mla_dtypes == ("fp8",)
+    assert mixed.mla_shapes == full.mla_shapes
+
+
+def test_heads_parse():
+    assert kv.parse_heads("32/8/128, 64/8/64,32/8/128", "--x") == (
+        kp.Heads(32, 8, 128),
+        kp.Heads(64, 8, 64),
+    )
+    h = kp.Heads(32, 4, 64)
+    assert str(h) == "32/4/64" and h.scale == pytest.approx(64**-0.5)
+
+
+@pytest.mark.parametrize("text", ["32/6/128", "32/8/96", "32/8", "32/0/128", "a/8/128", "32-8-128"])
+def test_bad_heads_name_the_value_and_the_form(text):
+    with pytest.raises(ValueError) as info:
+        kv.parse_heads(f"32/8/128,{text}", "--prefill-heads")
+    msg = str(info.value)
+    assert msg.startswith(f"--prefill-heads: {text!r} is not Q/KV/D")
+    assert "Q a positive multiple of KV, D one of 64, 128" in msg
+
+
+def test_prefill_cases_parse():
+    got = kv.parse_prefill("1x8K, 4x2K+6K,2X1k+512", "--prefill")
+    assert got == (
+        kp.PrefillCase(1, 8192),
+        kp.PrefillCase(4, 2048, 6144),
+        kp.PrefillCase(2, 1024, 512),
+    )
+    fresh, chunked = got[0], got[1]
+    assert str(fresh) == "1 x 8192 fresh" and fresh.reqs() == [(8192, 8192)]
+    assert str(chunked) == "4 x 2048 over 6144 cached"
+    assert chunked.reqs() == [(2048, 8192)] * 4 and chunked.tokens == 8192
+    assert chunked.seq_len == 8192
+
+
+@pytest.mark.parametrize("text", ["4x2K+", "4x2K+6K+1K", "4x", "x2K", "4x2K+-1", "4+6K", "4x2.5K"])
+def test_bad_prefill_names_the_value_and_the_form(text):
+    with pytest.raises(ValueError) as info:
+        kv.parse_prefill(f"1x8K,{text}", "--prefill")
+    msg = str(info.value)
+    assert msg.startswith(f"--prefill: {text!r} is not REQUESTSxNEW or REQUESTSxNEW+CACHED")
+    assert "4x2K+6K" in msg  # the example of the valid form
 
 
 @pytest.mark.parametrize(
@@ -70,7 +150,15 @@ def test_parse_args_defaults():
         (["--mla-heads", "8"], "--mla-heads: '8' is not one of 16, 64, 128"),
         (["--mla-qlens", "3"], "--mla-qlens: '3' is not one of 1, 2"),
         (["--mla-shapes", "8by4K"], "--mla-shapes: '8by4K' is not BATCHxCONTEXT"),
-        (["--prefill", "128x8K"], "--prefill: batch 128 in '128x8K' exceeds 64"),
+        (["--prefill", "128x8K"], "--prefill: 128 requests in '128x8K' exceed 64"),
+        (["--prefill", "1x64K"], "--prefill: 65536 new tokens in '1x64K' exceed 32768"),
+        (["--prefill", "1x32K+128K"], "--prefill: context 163840 in '1x32K+128K' exceeds"),
+        (["--prefill", "4x2K+"], "--prefill: '4x2K+' is not REQUESTSxNEW or REQUESTSxNEW+CACHED"),
+        (["--prefill-heads", "32/3/128"], "--prefill-heads: '32/3/128' is not Q/KV/D"),
+        (["--decode-heads", "32/8/256"], "--decode-heads: '32/8/256' is not Q/KV/D"),
+        (["--mla-dtypes", "fp16"], "--mla-dtypes: 'fp16' is not one of bf16, fp8"),
+        (["--grid", "huge"], "--grid: 'huge' is not one of default, full"),
+        (["--kv-cap-gib", "0"], "--kv-cap-gib: 0.0 must be positive"),
         (["--iters", "0"], "--iters: 0 must be at least 1"),
     ],
 )
@@ -94,10 +182,36 @@ def test_mla_flops_and_bytes():
     assert kp.mla_bytes(8, 4096, 128, 2) == 2 * (kv_rows + q + o)
 
 
+def test_mla_fp8_bytes_and_limit():
+    kv_rows = 8 * 4096 * 576
+    q, o = 8 * 128 * 576, 8 * 128 * 512
+    assert kp.mla_bytes(8, 4096, 128, 1, kv_elem=1) == kv_rows + 2 * (q + o)
+    # the larger of FLOP / matmul rate and bytes / copy bandwidth, in us
+    assert kp.limit_us(2e12, 1e9, copy_gbps=1000.0, mm_tflops=1000.0) == pytest.approx(2000.0)
+    assert kp.limit_us(1e12, 4e9, copy_gbps=1000.0, mm_tflops=1000.0) == pytest.approx(4000.0)
+    assert kp.limit_us(1, 1, None, 1000.0) is None
+
+
 def test_mha_flops_and_bytes():
     assert kp.mha_decode_flops(8, 4096) == 4 * 32 * 128 * 8 * 4096
     kv_bytes = 2 * 8 * 4096 * 8 * 128 * 2  # K and V, 8 KV heads, bf16
     assert kp.mha_decode_bytes(8, 4096) == kv_bytes + 2 * 8 * 32 * 128 * 2
+    h = kp.Heads(64, 4, 64)
+    assert kp.mha_decode_flops(8, 4096, h) == 4 * 64 * 64 * 8 * 4096
+    assert kp.mha_decode_bytes(8, 4096, h) == (2 * 8 * 4096 * 4 * 64 + 2 * 8 * 64 * 64) * 2
+    assert kp.prefill_flops([(4, 4)], h) == 4 * 64 * 64 * kp.causal_pairs([(4, 4)])
+    assert kp.mha_cache_bytes(2, 17, h, block_size=16) == 2 * 32 * 2 * 4 * 64 * 2  # 2 blocks
+
+
+def test_decode_cap_skips_with_a_note():
+    shapes = ((128, 65536), (256, 65536), (256, 1024))
+    keep, note = kv.decode_plan(shapes, kp.Heads(32, 8, 128), 40.0)
+    assert keep == [(128, 65536), (256, 1024)]  # 32 GiB and 1 GiB of K/V
+    assert note == (
+        "Skipped at 32/8/128 (K/V above the 40 GiB cap, --kv-cap-gib): 256 x 65536 (64 GiB)."
+    )
+    keep, note = kv.decode_plan(shapes, kp.Heads(32, 4, 128), 40.0)  # half the K/V
+    assert keep == list(shapes) and note == ""
 
 
 @pytest.mark.parametrize("reqs", [[(4, 4)], [(2, 10)], [(3, 3), (1, 9), (5, 7)]])
@@ -125,6 +239,23 @@ def test_pool_holds_the_largest_case():
     assert pool.num_blocks >= 56
     assert meta.block_table.shape == (8, 7)
     assert len(set(meta.block_table.flatten().tolist())) == 56  # no block shared
+
+
+@pytest.mark.parametrize("heads", [kp.Heads(32, 8, 128), kp.Heads(32, 4, 64)])
+def test_pool_per_head_config_holds_its_largest_case(heads):
+    """A chunked case needs blocks for its cached prefix too: 4 x (40 new + 60 cached)
+    is 4 requests of 7 blocks, more than 2 x 90 fresh (2 x 6) or a decode 3 x 80."""
+    cases = [kp.PrefillCase(2, 90), kp.PrefillCase(4, 40, 60), (3, 80)]
+    tokens = kp.pool_tokens(cases, block_size=16)
+    assert tokens == 4 * 7 * 16
+    pool = attention.KVPool(tokens, 16, device="cpu", hkv=heads.kv, d=heads.d)
+    assert pool.raw.shape == (28, heads.kv, 16, 2 * heads.d)
+    assert pool.key_cache.shape == (28, 16, heads.kv, heads.d)
+    meta = pool.meta(cases[1].reqs())
+    assert meta.block_table.shape == (4, 7)
+    assert len(set(meta.block_table.flatten().tolist())) == 28  # no block shared
+    assert meta.query_start_loc.tolist() == [0, 40, 80, 120, 160]
+    assert meta.seq_lens.tolist() == [100] * 4
 
 
 # ---------------------------------------------------------------- FlashMLA inputs
@@ -175,6 +306,29 @@ def test_flashmla_arguments_pose_the_plugins_problem(q_len):
     torch.testing.assert_close(got, mla_reference(shape), atol=1e-4, rtol=1e-4)
 
 
+def test_fp8_mla_check_poses_the_same_problem():
+    """An fp8 row's check: FlashMLA's arguments over the cache dequantized to bf16 give
+    the plugin's problem on the fp8 cache (the reference reading it with its scale)."""
+    shape = kp.make_mla_shape(2, 150, 16, 1, device="cpu", seed=4, cache="fp8")
+    assert shape.kv.dtype == torch.float8_e4m3fn and shape.kv_scale is not None
+    latents = kp.bf16_latents(shape)
+    assert latents.dtype == torch.bfloat16 and latents.shape == shape.kv.shape
+    torch.testing.assert_close(
+        latents.float(), shape.kv.float() * shape.kv_scale, rtol=1e-2, atol=0
+    )
+    args = kp.flashmla_kwargs(shape, latents)
+    assert args["k_cache"].data_ptr() == latents.data_ptr()
+    T = shape.batch * shape.q_len
+    plan = plan_mla_decode(shape.meta, T, shape.heads, kernel_impl="torch")
+    ref = torch.zeros(T, shape.heads, kp.LORA)
+    mla_decode_reference(
+        shape.q, shape.kv, shape.meta, plan, scale=shape.scale, output=ref, kv_scale=shape.kv_scale
+    )
+    kp.assert_close(flashmla_semantics(**args).to(torch.bfloat16), ref, "dequantized check")
+    bf16 = kp.make_mla_shape(2, 150, 16, 1, device="cpu", seed=4)
+    assert kp.bf16_latents(bf16) is bf16.kv
+
+
 def test_mla_queries_are_peaked():
     shape = kp.make_mla_shape(2, 512, 16, 1, device="cpu")
     logits = torch.einsum("thd,kd->thk", shape.q.float(), shape.kv.flatten(0, 1).float())
@@ -212,11 +366,12 @@ def test_assert_close_rejects_non_finite_and_shape():
 # ---------------------------------------------------------------- FA3 inputs
 
 
-def fa3_semantics(q, k, v, cu_seqlens_q, seqused_k, block_table, softmax_scale, causal,
-                  window_size, softcap, alibi_slopes, s_aux, **_):  # fmt: skip
-    """flash_attn_varlen_func over a paged cache as its docstring defines it."""
-    assert causal and window_size == [-1, -1] and softcap == 0
-    assert alibi_slopes is None and s_aux is None
+def varlen_semantics(q, k, v, cu_seqlens_q, seqused_k, block_table, softmax_scale, causal,
+                     window_size, softcap, alibi_slopes, **kw):  # fmt: skip
+    """flash_attn_varlen_func (and vLLM's unified_attention, the same arguments) over a
+    paged cache as its docstring defines it."""
+    assert causal and list(window_size) == [-1, -1] and softcap == 0
+    assert alibi_slopes is None and kw.get("s_aux") is None and kw.get("sinks") is None
     out = torch.zeros(q.shape)
     bs, hkv = k.shape[1], k.shape[2]
     group = q.shape[1] // hkv
@@ -235,35 +390,125 @@ def fa3_semantics(q, k, v, cu_seqlens_q, seqused_k, block_table, softmax_scale, 
     return out
 
 
-@pytest.mark.parametrize(
-    "reqs, splits", [([(1, 40), (1, 17), (1, 64)], 32), ([(24, 24), (16, 16)], 0)]
-)
-def test_fa3_arguments_pose_the_plugins_problem(reqs, splits):
+def mha_problem(reqs, heads, seed=1):
     torch.manual_seed(0)
-    pool = attention.KVPool(kp.mha_pool_tokens([(len(reqs), 64)], []), 16, device="cpu")
-    meta = pool.meta(reqs, seed=1)
-    q = kp.peaked_mha_query(meta.num_actual_tokens, device="cpu")
+    cap = max(s for _, s in reqs)
+    pool = attention.KVPool(
+        kp.mha_pool_tokens([(len(reqs), cap)], []), 16, device="cpu", hkv=heads.kv, d=heads.d
+    )
+    meta = pool.meta(reqs, seed=seed)
+    q = kp.peaked_mha_query(meta.num_actual_tokens, device="cpu", heads=heads)
+    ref = torch.zeros(q.shape)
+    params = AttentionParams(scale=heads.scale)
+    reference.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, ref)
+    return pool, meta, q, ref
+
+
+def vllm_parameters(module_path: str, name: str) -> set[str]:
+    """The parameter names of `name` in the installed vLLM's source (read, not imported:
+    the CUDA kernels' modules do not import without a GPU build)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vLLM not installed")
+    src = pathlib.Path(spec.origin).parent / module_path
+    fn = next(
+        n for n in ast.walk(ast.parse(src.read_text()))
+        if isinstance(n, ast.FunctionDef) and n.name == name
+    )  # fmt: skip
+    args = fn.args
+    return {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+
+
+CHUNKED = [(24, 64), (16, 40), (1, 33)]  # new tokens over a cached prefix, mixed with decode
+
+
+@pytest.mark.parametrize(
+    "reqs, splits, heads",
+    [
+        ([(1, 40), (1, 17), (1, 64)], 32, kp.DEFAULT_HEADS),
+        ([(24, 24), (16, 16)], 0, kp.DEFAULT_HEADS),
+        (CHUNKED, 0, kp.DEFAULT_HEADS),
+        (CHUNKED, 0, kp.Heads(32, 4, 64)),
+        ([(40, 40), (8, 56)], 0, kp.Heads(64, 8, 128)),
+    ],
+)
+def test_fa3_arguments_pose_the_plugins_problem(reqs, splits, heads):
+    pool, meta, q, ref = mha_problem(reqs, heads)
     out = torch.empty_like(q)
     args = kp.fa3_kwargs(pool, meta, q, out, splits)
-    assert args["k"].shape == (pool.num_blocks, 16, 8, 128)  # vLLM's K view of its layout
+    # vLLM's K view of its layout
+    assert args["k"].shape == (pool.num_blocks, 16, heads.kv, heads.d)
     assert args["k"].data_ptr() == pool.raw.data_ptr()
-    assert args["v"].data_ptr() == pool.raw.data_ptr() + 128 * 2  # V: the second half
+    assert args["v"].data_ptr() == pool.raw.data_ptr() + heads.d * 2  # V: the second half
     assert args["block_table"].dtype == torch.int32
     assert args["block_table"].shape == (len(reqs), -(-max(s for _, s in reqs) // 16))
     assert args["cu_seqlens_q"].dtype == torch.int32 and args["seqused_k"].dtype == torch.int32
     assert args["max_seqlen_q"] == max(q for q, _ in reqs)
     assert args["max_seqlen_k"] == max(s for _, s in reqs)
+    assert args["cu_seqlens_q"].tolist() == [0, *itertools.accumulate(ql for ql, _ in reqs)]
+    assert args["seqused_k"].tolist() == [s for _, s in reqs]  # full lengths, cached included
+    assert args["softmax_scale"] == pytest.approx(heads.d**-0.5)
     assert args["fa_version"] == 3 and args["num_splits"] == splits and args["out"] is out
-    sched = kp.fa3_scheduler_kwargs(pool, meta, splits)
-    assert (sched["num_heads_q"], sched["num_heads_kv"], sched["headdim"]) == (32, 8, 128)
+    sched = kp.fa3_scheduler_kwargs(pool, meta, splits, heads.q)
+    assert (sched["num_heads_q"], sched["num_heads_kv"], sched["headdim"]) == (
+        heads.q,
+        heads.kv,
+        heads.d,
+    )
     assert sched["page_size"] == 16 and sched["batch_size"] == len(reqs)
+    assert sched["max_seqlen_q"] == max(ql for ql, _ in reqs)
     assert sched["num_splits"] == splits and sched["causal"] is True
     assert sched["cache_seqlens"] is meta.seq_lens
     assert sched["cu_seqlens_q"] is meta.query_start_loc
-    ref = torch.zeros(q.shape)
-    params = AttentionParams(scale=kp.MHA_SCALE)
-    reference.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, ref)
-    torch.testing.assert_close(fa3_semantics(**args), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(varlen_semantics(**args), ref, atol=1e-4, rtol=1e-4)
+    interface = "vllm_flash_attn/flash_attn_interface.py"
+    assert set(args) | {"scheduler_metadata"} <= vllm_parameters(
+        interface, "flash_attn_varlen_func"
+    )
+    assert set(sched) <= vllm_parameters(interface, "get_scheduler_metadata")
+
+
+@pytest.mark.parametrize(
+    "reqs, heads",
+    [
+        ([(1, 40), (1, 17), (1, 64)], kp.DEFAULT_HEADS),
+        ([(1, 50)] * 3, kp.Heads(32, 4, 64)),
+        (CHUNKED, kp.DEFAULT_HEADS),
+    ],
+)
+def test_triton_arguments_pose_the_plugins_problem(reqs, heads):
+    """vLLM's unified_attention arguments as TritonAttentionImpl.forward passes them:
+    the scratch its metadata builder makes (threshold 128 // KV heads, 16 segments,
+    head size padded to a power of two), unit descales [requests, KV heads]."""
+    from vllm.v1.attention.backends import triton_attn
+
+    pool, meta, q, ref = mha_problem(reqs, heads)
+    scratch = kp.triton_scratch(
+        heads.q,
+        pool,
+        triton_attn.MIN_LAUNCH_GRID_SIZE_2D,
+        triton_attn.NUM_PAR_SOFTMAX_SEGMENTS,
+        "cpu",
+    )
+    rows = 128 // heads.kv
+    assert scratch["seq_threshold_3D"] == rows and scratch["num_par_softmax_segments"] == 16
+    assert scratch["softmax_segm_output"].shape == (rows, heads.q, 16, heads.d)
+    assert scratch["softmax_segm_max"].shape == (rows, heads.q, 16)
+    assert scratch["softmax_segm_expsum"].dtype == torch.float32
+    out = torch.empty_like(q)
+    args = kp.triton_kwargs(pool, meta, q, out, scratch)
+    assert args["k"].shape == (pool.num_blocks, 16, heads.kv, heads.d) and args["out"] is out
+    assert args["k_descale"].shape == (len(reqs), heads.kv) and args["q_descale"] is None
+    assert args["k_descale"].dtype == torch.float32 and bool((args["v_descale"] == 1).all())
+    assert args["window_size"] == (-1, -1) and args["causal"] is True
+    assert args["softmax_scale"] == pytest.approx(heads.d**-0.5)
+    torch.testing.assert_close(varlen_semantics(**args), ref, atol=1e-4, rtol=1e-4)
+    sig = inspect.signature(
+        importlib.import_module("vllm.v1.attention.ops.triton_unified_attention").unified_attention
+    )
+    assert set(args) <= set(sig.parameters)
+    required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
+    assert required <= set(args)
 
 
 def test_mha_queries_are_peaked():
@@ -276,30 +521,6 @@ def test_mha_queries_are_peaked():
     assert math.isclose(kp.peaked_std(128, 128**-0.5), kp.LOGIT_STD)
 
 
-# ---------------------------------------------------------------- report
-
-
-def test_tables_and_exit_status_for_failed_and_error_rows():
-    ok = {"heads": 16, "q_len": 1, "batch": 1, "context": 1024, "status": "ok"}
-    ok.update(flops=kp.mla_flops(1, 1024, 16, 1), bytes=kp.mla_bytes(1, 1024, 16, 1))
-    ok.update(plugin_us=10.0, vllm_us=8.0, plugin_timing="graph", vllm_timing="graph")
-    ok.update(kernel="gluon/lockstep", maxdiff=0.01)
-    err = dict(ok, status="ERROR: vllm: RuntimeError: nope", vllm_error="RuntimeError: nope")
-    del err["vllm_us"]
-    text = kt.mla_table([ok, err], copy_gbps=4000.0)
-    assert "| 1.25 |" in text  # plugin / FlashMLA
-    assert "| error |" in text and "ERROR: vllm" in text
-    assert kt.exit_status([ok]) == 0
-    assert kt.exit_status([ok, err]) == 3
-    assert kt.exit_status([err, dict(ok, status="FAILED: plugin vs FlashMLA: ...")]) == 1
-    dec = dict(ok, batch=8, context=4096)
-    dec.update(flops=kp.mha_decode_flops(8, 4096), bytes=kp.mha_decode_bytes(8, 4096))
-    assert "| 8 | 4096 | 10.0 | 8.0 | 1.25 |" in kt.mha_decode_table([dec], 4000.0)
-    pre = dict(ok, case="1 x 8192 fresh", tokens=8192, flops=kp.prefill_flops([(8192, 8192)]))
-    assert "| 1 x 8192 fresh | 8192 | 10.0 | 8.0 | 1.25 |" in kt.prefill_table([pre], 800.0)
-    assert "GB/s" in kt.anchors_table({"copy_gbps": 4000.0, "matmul_tflops": 700.0})
-
-
 # ---------------------------------------------------------------- GPU
 
 
@@ -307,8 +528,10 @@ def test_tables_and_exit_status_for_failed_and_error_rows():
 def test_short_gpu_run(tmp_path):
     out = tmp_path / "k.md"
     argv = ["--out", str(out), "--mla-heads", "16", "--mla-qlens", "1,2", "--iters", "3"]
-    argv += ["--mla-shapes", "2x1K", "--mha-shapes", "2x1K", "--prefill", "1x1K"]
+    argv += ["--mla-shapes", "2x1K", "--mla-dtypes", "bf16,fp8", "--mha-shapes", "2x1K,32x1K"]
+    argv += ["--decode-heads", "32/8/128", "--prefill", "1x1K,2x512+512"]
+    argv += ["--prefill-heads", "32/8/128,32/4/64"]
     status = kv.main(argv)
     text = out.read_text()
-    assert "FAILED" not in text
+    assert "FAILED" not in text and text.count("Target: ") == 4
     assert status == 0, text

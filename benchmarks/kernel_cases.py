@@ -1,0 +1,216 @@
+"""One row of `benchmarks.kernels_vs_vllm`: each side run once (its output kept), then
+timed from a CUDA graph; the outputs asserted against each other and against the float32
+reference where the case is small enough."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from benchmarks import attention_mla
+from benchmarks._timing import graphed, time_us
+from benchmarks.kernel_problems import (
+    LORA,
+    Heads,
+    OutputMismatch,
+    assert_close,
+    bf16_latents,
+    fa3_call,
+    flashmla_call,
+    make_mla_shape,
+    mha_meta,
+    peaked_mha_query,
+    plugin_mha_call,
+    plugin_mla_call,
+    short_error,
+    triton_call,
+)
+
+REFERENCE_MAX_KEYS = 65536  # float32 reference checks where batch * context is at most this
+REFERENCE_MAX_LOGITS = 1 << 28  # ... and one request's logits fit in 1 GiB of float32
+FA3_DECODE_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph default
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def timed(fn, flush, iters: int = 20) -> tuple[float, str]:
+    """Median us of `fn` replayed from a CUDA graph (eagerly when capture fails)."""
+    run = graphed(fn)
+    mode = "graph" if run is not fn else "eager (capture failed)"
+    return time_us(run, flush=flush, iters=iters, graph=False), mode
+
+
+def _output(row: dict, key: str, fn) -> torch.Tensor | None:
+    """`fn`'s output (a copy); an error lands in row[key + '_error']."""
+    try:
+        out = fn().clone()
+        torch.cuda.synchronize()
+    except Exception as exc:
+        row[f"{key}_error"] = short_error(exc)
+        progress(f"  {key} error: {row[f'{key}_error']}")
+        return None
+    return out
+
+
+def _side(row: dict, key: str, fn, flush, iters) -> torch.Tensor | None:
+    """Run `fn` (returns its output), then time it into row[key + '_us']."""
+    out = _output(row, key, fn)
+    if out is None:
+        return None
+    try:
+        row[f"{key}_us"], row[f"{key}_timing"] = timed(fn, flush, iters)
+    except Exception as exc:  # ran, but timing failed: still compare the output
+        row[f"{key}_error"] = f"timing: {short_error(exc)}"
+        progress(f"  {key} timing error: {row[f'{key}_error']}")
+    return out
+
+
+def _built(row: dict, key: str, build):
+    """`build()` (a side's call, made before any run), or None with row[key + '_error']."""
+    try:
+        return build()
+    except Exception as exc:
+        row[f"{key}_error"] = short_error(exc)
+        progress(f"  {key} error: {row[f'{key}_error']}")
+        return None
+
+
+def max_abs_diff(a, b) -> float | None:
+    if tuple(a.shape) != tuple(b.shape) or a.numel() == 0:
+        return None
+    return (a.float() - b.float()).abs().max().item()
+
+
+def judge(row: dict, outs: dict, ref_fn=None) -> None:
+    """Assert the plugin's output close to each other side's, and every output close to
+    the reference where one is computed; every check runs, so a FAILED row says which
+    side is off. `outs`: row key -> (name, output or None), the plugin's first. Sets
+    row['status']: 'ok', 'FAILED: <each mismatch>' or 'ERROR: <each error>'."""
+    errors = [
+        f"{name}: {row[f'{k}_error']}" for k, (name, _) in outs.items() if f"{k}_error" in row
+    ]
+    (_, plugin_out), *others = outs.values()
+    pairs, diffs = [], []
+    for name, out in others:
+        if plugin_out is not None and out is not None:
+            pairs.append((plugin_out, out, f"plugin vs {name}"))
+            diffs.append(max_abs_diff(plugin_out, out))
+    if diffs:
+        row["maxdiff"] = max((d for d in diffs if d is not None), default=None)
+    ran = [(o, n) for n, o in outs.values() if o is not None]
+    if ref_fn is not None and ran:
+        try:
+            ref = ref_fn()
+        except Exception as exc:  # the reference itself failed
+            errors.append(f"reference: {short_error(exc)}")
+        else:
+            ref_diffs = [max_abs_diff(o, ref) for o, _ in ran]
+            row["ref_maxdiff"] = max((d for d in ref_diffs if d is not None), default=None)
+            pairs += [(o, ref, f"{n} vs fp32 reference") for o, n in ran]
+    failures = []
+    for got, want, what in pairs:
+        try:
+            assert_close(got, want, what)
+        except OutputMismatch as exc:
+            failures.append(str(exc))
+    if failures:
+        row["status"] = "FAILED: " + "; ".join(failures)
+    elif errors:
+        row["status"] = "ERROR: " + "; ".join(errors)
+    else:
+        row["status"] = "ok"
+
+
+def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16") -> dict:
+    """One MLA decode row. bf16: the plugin and FlashMLA, both timed. fp8: the plugin
+    timed; FlashMLA over the cache dequantized to bf16 run once, as the output check."""
+    row = {"heads": heads, "q_len": q_len, "batch": batch, "context": context, "cache": cache}
+    seed = batch * 131 + heads + q_len
+    shape = make_mla_shape(batch, context, heads, q_len, seed=seed, cache=cache)
+    out = shape.new_out()
+    plan = None
+    try:
+        plan = shape.plan()
+        row["kernel"] = attention_mla.kernel_name(plan.launch)
+    except Exception as exc:
+        row["plugin_error"] = f"plan: {short_error(exc)}"
+
+    plugin = plugin_mla_call(shape, plan, out)
+    plugin_out = _side(row, "plugin", plugin, flush, iters) if plan is not None else None
+
+    if cache == "bf16":
+        key, name = "vllm", "FlashMLA"
+        call = _built(row, key, lambda: flashmla_call(shape))
+        vllm_out = _side(row, key, call, flush, iters) if call else None
+    else:
+        key, name = "check", "FlashMLA (dequantized bf16 cache)"
+        call = _built(row, key, lambda: flashmla_call(shape, bf16_latents(shape)))
+        vllm_out = _output(row, key, call) if call else None
+
+    ref_fn = None
+    if batch * context <= REFERENCE_MAX_KEYS:
+
+        def ref_fn():
+            from atom_plugin.attention.mla.reference import mla_decode_reference
+
+            ref = torch.zeros(
+                batch * q_len, heads, LORA, dtype=torch.float32, device=shape.q.device
+            )
+            mla_decode_reference(
+                shape.q,
+                shape.kv,
+                shape.meta,
+                scale=shape.scale,
+                output=ref,
+                kv_lora_rank=LORA,
+                kv_scale=shape.kv_scale,
+            )
+            return ref
+
+    judge(row, {"plugin": ("plugin", plugin_out), key: (name, vllm_out)}, ref_fn)
+    return row  # the caller empties the allocator cache once the inputs are gone
+
+
+def mha_case(
+    pool, reqs, flush, iters=20, num_splits=FA3_DECODE_SPLITS, seed=0, *, hq, triton=False
+) -> dict:
+    """One MHA row over `reqs` [(query_len, seq_len)] with `hq` query heads on `pool`:
+    the plugin's paged_attention, FA3 and (`triton`) vLLM's Triton kernel on the same
+    query and cache."""
+    from atom_plugin.attention.mha.params import AttentionParams
+
+    row: dict = {}
+    heads = Heads(hq, pool.hkv, pool.d)
+    torch.manual_seed(seed)
+    meta = mha_meta(pool, reqs, seed)
+    q = peaked_mha_query(meta.num_actual_tokens, heads=heads)
+    out = torch.empty_like(q)
+
+    plugin_out = _side(row, "plugin", plugin_mha_call(pool, meta, q, out), flush, iters)
+    outs = {"plugin": ("plugin", plugin_out)}
+    call = _built(row, "vllm", lambda: fa3_call(pool, meta, q, num_splits))
+    outs["vllm"] = ("FA3", _side(row, "vllm", call, flush, iters) if call else None)
+    if triton:
+        call = _built(row, "triton", lambda: triton_call(pool, meta, q))
+        outs["triton"] = ("vLLM Triton", _side(row, "triton", call, flush, iters) if call else None)
+
+    ref_fn = None
+    biggest = max(ql * s for ql, s in reqs) * hq
+    if sum(s for _, s in reqs) <= REFERENCE_MAX_KEYS and biggest <= REFERENCE_MAX_LOGITS:
+
+        def ref_fn():
+            from atom_plugin.attention.mha import reference
+
+            ref = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            params = AttentionParams(scale=heads.scale)
+            reference.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, ref)
+            return ref
+
+    judge(row, outs, ref_fn)
+    return row  # the caller empties the allocator cache once the inputs are gone

@@ -1,0 +1,189 @@
+"""benchmarks/kernels_vs_vllm.py's report without a GPU: the tables, the target rules and
+their summary lines, the output judgement, and a whole run with stand-in kernels."""
+
+import functools
+
+import pytest
+import torch
+
+from atom_plugin.attention.mha import reference
+from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mla.reference import mla_decode_reference
+from benchmarks import attention
+from benchmarks import kernel_cases as kc
+from benchmarks import kernel_problems as kp
+from benchmarks import kernel_tables as kt
+from benchmarks import kernels_vs_vllm as kv
+
+# ---------------------------------------------------------------- report
+
+
+def test_tables_and_exit_status_for_failed_and_error_rows():
+    ok = {"heads": 16, "q_len": 1, "batch": 1, "context": 1024, "status": "ok"}
+    ok.update(flops=kp.mla_flops(1, 1024, 16, 1), bytes=kp.mla_bytes(1, 1024, 16, 1))
+    ok.update(plugin_us=10.0, vllm_us=8.0, plugin_timing="graph", vllm_timing="graph")
+    ok.update(kernel="gluon/lockstep", maxdiff=0.01)
+    err = dict(ok, status="ERROR: vllm: RuntimeError: nope", vllm_error="RuntimeError: nope")
+    del err["vllm_us"]
+    text = kt.mla_table([ok, err], copy_gbps=4000.0)
+    assert "| 1.25 |" in text  # plugin / FlashMLA
+    assert "| graph | missed | ok |" in text
+    assert "| error |" in text and "| - | ERROR: vllm" in text  # not judged
+    assert text.endswith(
+        "\n\nTarget: 0 of 2 met (1 not judged: outputs not ok or a side not timed)."
+    )
+    assert kt.exit_status([ok]) == 0
+    assert kt.exit_status([ok, err]) == 3
+    assert kt.exit_status([err, dict(ok, status="FAILED: plugin vs FlashMLA: ...")]) == 1
+    h = kp.DEFAULT_HEADS
+    dec = dict(ok, heads=h, batch=8, context=4096, triton_us=12.5, triton_timing="graph")
+    dec.update(flops=kp.mha_decode_flops(8, 4096), bytes=kp.mha_decode_bytes(8, 4096))
+    text = kt.mha_decode_table([dec, dict(dec, plugin_us=8.0)], 4000.0)
+    assert "| 32/8/128 | 8 | 4096 | 10.0 | 8.0 | 12.5 | 1.25 | 0.80 |" in text
+    assert "| 32/8/128 | 8 | 4096 | 8.0 | 8.0 | 12.5 | 1.00 | 0.64 |" in text
+    assert text.endswith("Target: 1 of 2 met.")
+    case = kp.PrefillCase(4, 2048, 6144)
+    pre = dict(ok, heads=kp.Heads(64, 8, 128), case=str(case), tokens=case.tokens)
+    pre["flops"] = kp.prefill_flops(case.reqs(), pre["heads"])
+    text = kt.prefill_table([pre], 800.0)
+    assert "| 64/8/128 | 4 x 2048 over 6144 cached | 8192 | 10.0 | 8.0 | 1.25 |" in text
+    assert text.endswith("Target: 0 of 1 met.")
+    fp8 = dict(ok, heads=128, batch=32, context=8192, cache="fp8", check_error=None)
+    del fp8["vllm_us"], fp8["vllm_timing"], fp8["check_error"]
+    fp8.update(flops=kp.mla_flops(32, 8192, 128, 1), limit_us=7.0, ref_maxdiff=None)
+    fp8["bytes"] = kp.mla_bytes(32, 8192, 128, 1, kv_elem=1)
+    text = kt.mla_fp8_table([fp8])
+    assert "| 128 | 1 | 32 | 8192 | gluon/lockstep | 10.0 | 7.0 | 70.0% |" in text
+    assert "| graph | met | ok |" in text and text.endswith("Target: 1 of 1 met.")
+    assert "GB/s" in kt.anchors_table({"copy_gbps": 4000.0, "matmul_tflops": 700.0})
+
+
+@pytest.mark.parametrize(
+    "plugin, others, want",
+    [
+        (8.0, {"vllm": 8.0}, True),  # exactly 1.0: met
+        (8.0, {"vllm": 7.999}, False),
+        (7.0, {"vllm": 8.0}, True),
+        (8.0, {"vllm": 8.0, "triton": 8.0}, True),  # both edges: met
+        (8.0, {"vllm": 9.0, "triton": 7.9}, False),  # faster than FA3, slower than Triton
+        (8.0, {"vllm": 7.9, "triton": 9.0}, False),
+        (8.0, {"vllm": 9.0}, None),  # Triton not timed: not judged
+        (None, {"vllm": 9.0, "triton": 9.0}, None),
+    ],
+)
+def test_ratio_targets(plugin, others, want):
+    row = {"status": "ok", **{f"{k}_us": v for k, v in others.items()}}
+    if plugin is not None:
+        row["plugin_us"] = plugin
+    sides = ("vllm", "triton") if "triton" in others or want is None else ("vllm",)
+    assert kt.met_ratio(row, sides) is want
+    if sides == ("vllm", "triton"):
+        assert kt.met_decode(row) is want
+
+
+def test_ratio_target_needs_ok_outputs():
+    row = {"plugin_us": 1.0, "vllm_us": 9.0}
+    assert kt.met_ratio(dict(row, status="ok")) is True
+    assert kt.met_ratio(dict(row, status="FAILED: plugin vs FA3: ...")) is None
+    assert kt.met_ratio(dict(row, status="ERROR: FA3: ...")) is None
+    assert kt.target_cell(None) == "-" and kt.target_cell(False) == "missed"
+
+
+@pytest.mark.parametrize(
+    "us, want",
+    [(10.0, True), (7.0 / 0.7 + 1e-6, False), (7.0, True), (20.0, False), (None, None)],
+)
+def test_fp8_limit_target(us, want):
+    """Met at 70% of the limit or better: time <= limit / 0.7 (10.0 us for a 7.0 us limit,
+    the edge included)."""
+    row = {"status": "ok", "limit_us": 7.0}
+    if us is not None:
+        row["plugin_us"] = us
+    assert kt.met_limit(row) is want
+    assert kt.met_limit(dict(row, limit_us=None)) is None
+
+
+def test_summary_line():
+    rows = [{"v": True}, {"v": False}, {"v": None}, {"v": True}]
+    line = kt.summary(rows, lambda r: r["v"])
+    assert line == "Target: 2 of 4 met (1 not judged: outputs not ok or a side not timed)."
+    assert kt.summary(rows[:2], lambda r: r["v"]) == "Target: 1 of 2 met."
+    assert kt.summary([], lambda r: r["v"]) == "Target: 0 of 0 met."
+
+
+def test_judge_names_the_side_that_is_off():
+    good = torch.randn(4, 8)
+    off = good + 1.0
+    row = {}
+    outs = {
+        "plugin": ("plugin", good),
+        "vllm": ("FA3", good.clone()),
+        "triton": ("vLLM Triton", off),
+    }
+    kc.judge(row, outs, ref_fn=lambda: good.double())
+    assert row["status"].startswith("FAILED: plugin vs vLLM Triton:")
+    assert "vLLM Triton vs fp32 reference" in row["status"] and "FA3 vs" not in row["status"]
+    assert row["maxdiff"] == pytest.approx(1.0)
+    row = {"triton_error": "RuntimeError: nope"}
+    outs["triton"] = ("vLLM Triton", None)
+    kc.judge(row, outs)
+    assert row["status"] == "ERROR: vLLM Triton: RuntimeError: nope"
+    row = {}
+    kc.judge(
+        row, {"plugin": ("plugin", good), "check": ("FlashMLA (dequantized bf16 cache)", good)}
+    )
+    assert row["status"] == "ok" and row["maxdiff"] == 0.0
+
+
+# ---------------------------------------------------------------- a whole run
+
+
+def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
+    """The whole run, flags to report, with every kernel replaced by the float32
+    reference rounded to bf16 on CPU and every time set to 10 us: each family's table,
+    its target line, the skip note, progress on stderr and the exit status."""
+
+    def mla_out(shape):
+        ref = torch.zeros(shape.batch * shape.q_len, shape.heads, kp.LORA)
+        mla_decode_reference(
+            shape.q, shape.kv, shape.meta, scale=shape.scale, output=ref, kv_scale=shape.kv_scale
+        )
+        return lambda: ref.to(torch.bfloat16)
+
+    def mha_out(pool, meta, q, *_):
+        ref = torch.zeros(q.shape)
+        params = AttentionParams(scale=q.shape[-1] ** -0.5)
+        reference.paged_attention(q, pool.key_cache, pool.value_cache, meta, params, ref)
+        return lambda: ref.to(torch.bfloat16)
+
+    cpu = dict(device="cpu")
+    monkeypatch.setattr(kc, "make_mla_shape", functools.partial(kp.make_mla_shape, **cpu))
+    monkeypatch.setattr(kc, "peaked_mha_query", functools.partial(kp.peaked_mha_query, **cpu))
+    monkeypatch.setattr(kc, "plugin_mla_call", lambda shape, plan, out: mla_out(shape))
+    monkeypatch.setattr(kc, "flashmla_call", lambda shape, kv=None: mla_out(shape))
+    for name in ("plugin_mha_call", "fa3_call", "triton_call"):
+        monkeypatch.setattr(kc, name, mha_out)
+    monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
+    monkeypatch.setattr(attention, "KVPool", functools.partial(attention.KVPool, **cpu))
+    monkeypatch.setattr(kv, "L2Flusher", lambda: None)
+    monkeypatch.setattr(kv, "copy_bandwidth_gbps", lambda: 4000.0)
+    monkeypatch.setattr(kv, "matmul_tflops", lambda: 800.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "CPU stand-in")
+    out = tmp_path / "k.md"
+    argv = ["--out", str(out), "--mla-heads", "16", "--mla-qlens", "1", "--mla-shapes", "2x100"]
+    argv += ["--mha-shapes", "2x100,256x64K", "--prefill", "1x64,2x32+40", "--iters", "2"]
+    argv += ["--prefill-heads", "32/8/128,32/4/64"]
+    assert kv.main(argv) == 0
+    text = out.read_text()
+    assert text.count("| ok |") == 2 + 1 + 4  # MLA bf16 and fp8, decode, 2 x 2 prefill
+    assert "Target: 1 of 1 met." in text  # MLA bf16: 10 us against 10 us
+    assert "Target: 0 of 1 met." in text  # MLA fp8: 10 us against a limit of ~0.05 us
+    assert "| 32/8/128 | 2 | 100 | 10.0 | 10.0 | 10.0 | 1.00 | 1.00 |" in text
+    assert "Skipped at 32/8/128 (K/V above the 40 GiB cap, --kv-cap-gib): 256 x 65536" in text
+    assert "| 32/4/64 | 2 x 32 over 40 cached | 64 | 10.0 | 10.0 | 1.00 |" in text
+    assert "Target: 4 of 4 met." in text and text.endswith("Result: all rows ok.\n")
+    err = capsys.readouterr().err
+    assert "prefill 32/4/64 [2/2] 2 x 32 over 40 cached" in err and "MLA fp8 [1/1]" in err
