@@ -6,10 +6,11 @@ vLLM's FLASH_ATTN backend calls it, num_splits=0) on issue 26's problems: 32 que
 Every output is checked against FA3's (or the Triton kernel's where FA3 fails); a
 side that fails to compile, launch or match gets an ERROR cell and the run goes on.
 The Gluon kernel is timed in the configurations of GLUON ('gluon' is its default; 'seq'
-without the S / P V overlap; 'n64' with 64-key tiles, 3 stages), after the Triton kernel
-and FA3 (a fault in an untried kernel cannot hide their numbers); gluon/fa3 and
-gluon/triton compare the default. Timing: the median of 20 CUDA-graph replays after an
-L2 flush. Progress goes to stderr, the markdown table to stdout (and `--out`).
+without the S / P V overlap; 'n64' with 64-key tiles, 3 stages; 'ws' warp-specialized),
+after the Triton kernel and FA3 (a fault in an untried kernel cannot hide their
+numbers); gluon/fa3 and gluon/triton compare the default. Timing: the median of 20
+CUDA-graph replays after an L2 flush. Progress goes to stderr, the markdown table to
+stdout (and `--out`).
 
     python -m benchmarks.gluon_prefill [--out table.md] [--config '{"BLOCK_N": 64}']
 """
@@ -51,6 +52,7 @@ GLUON = {
     "gluon": {},
     "gluon seq": {"OVERLAP": False},
     "gluon n64": {"BLOCK_N": 64, "STAGES": 3},
+    "gluon ws": {"WS": True},
 }
 _T0 = time.monotonic()
 

@@ -179,6 +179,9 @@ def compile_triton_case(heads: int, q_len: int, fp8: bool, splits: int, config: 
 PREFILL_CASES = (
     (32, 8, 128, 16, {}),
     (32, 8, 128, 16, {"OVERLAP": False}),
+    (32, 8, 128, 16, {"WS": True}),
+    (32, 8, 128, 16, {"WS": True, "BLOCK_N": 64, "STAGES": 3}),
+    (16, 2, 64, 16, {"WS": True}),
     (32, 8, 128, 16, {"STAGES": 3}),
     (32, 8, 128, 16, {"BLOCK_N": 64, "STAGES": 3}),
     (32, 8, 128, 16, {"BLOCK_N": 64, "STAGES": 3, "OVERLAP": False}),
@@ -285,7 +288,7 @@ def main(argv=None) -> int:
 
 def check_prefill(ptx_dir: str | None) -> int:
     """Compile PREFILL_CASES and print each variant's shared memory, registers, spills."""
-    from atom_plugin.attention.mha import gluon_prefill_kernel
+    from atom_plugin.attention.mha import gluon_prefill_kernel, gluon_prefill_ws
 
     failed = False
     for case in PREFILL_CASES:
@@ -294,17 +297,20 @@ def check_prefill(ptx_dir: str | None) -> int:
         except Exception as e:  # noqa: BLE001 - report every case
             failed = True
             print(f"prefill {case}: COMPILE ERROR {type(e).__name__}: {e}")
-    for compiled in gluon_prefill_kernel.prefill_kernel.device_caches[0][0].values():
+    variants = [
+        (kernel, compiled)
+        for kernel in (gluon_prefill_kernel.prefill_kernel, gluon_prefill_ws.prefill_ws_kernel)
+        for compiled in kernel.device_caches[0][0].values()
+    ]
+    for kernel, compiled in variants:
         smem = compiled.metadata.shared
         report = ptxas_report(compiled.asm["ptx"])
         failed |= smem > SMEM_LIMIT or not re.search(r"\b0 bytes spill stores", report)
         over = " OVER THE LIMIT" if smem > SMEM_LIMIT else ""
         c = compiled.src.constants
         names = compiled.src.fn.arg_names
-        spec = " ".join(
-            f"{k}={c[(names.index(k),)]}"
-            for k in ("GROUP", "HEAD", "PAGE", "BLOCK_N", "STAGES", "OVERLAP")
-        )
+        keys = [k for k in ("GROUP", "HEAD", "PAGE", "BLOCK_N", "STAGES", "OVERLAP") if k in names]
+        spec = " ".join([kernel.__name__] + [f"{k}={c[(names.index(k),)]}" for k in keys])
         print(f"prefill {spec}: shared {smem} B{over}; {report}")
         if ptx_dir:
             write_ptx(ptx_dir, "prefill_" + spec.replace(" ", "_").replace("=", ""), compiled)

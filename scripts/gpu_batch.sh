@@ -70,9 +70,9 @@ for what in "$@"; do
         --sweep --json "$OUT/mla.json" --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
     gluon_prefill)
       stage gluon_prefill "Hopper Gluon MHA prefill prototype: tests, then vs Triton and FA3"
-      timeout 240 python3 -m pytest -q -p no:cacheprovider -rA tests/test_gluon_prefill.py \
+      timeout 180 python3 -m pytest -q -p no:cacheprovider -rA tests/test_gluon_prefill.py \
         2>&1 | tee "$OUT/gluon_prefill_tests.log" || status=1
-      timeout 300 python3 -m benchmarks.gluon_prefill --out "$OUT/gluon_prefill.md" \
+      timeout 240 python3 -m benchmarks.gluon_prefill --out "$OUT/gluon_prefill.md" \
         2>&1 | tee "$OUT/gluon_prefill.log" || status=1 ;;
     *) echo "unknown stage '$what'; stages: tests k3 tbo tbo_prefill attention mla dp gluon_prefill" >&2; exit 2 ;;
   esac

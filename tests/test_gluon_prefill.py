@@ -108,8 +108,8 @@ CASES = [
 @pytest.mark.parametrize("layout", ["flash", "pool"])
 @pytest.mark.parametrize(
     "config",
-    [{}, {"OVERLAP": False}, {"BLOCK_N": 64, "STAGES": 3}],
-    ids=["n128-overlap", "n128-sequential", "n64-s3-overlap"],
+    [{}, {"OVERLAP": False}, {"BLOCK_N": 64, "STAGES": 3}, {"WS": True}],
+    ids=["n128-overlap", "n128-sequential", "n64-s3-overlap", "n128-warp-specialized"],
 )
 def test_gpu_matches_reference_and_triton(reqs, layout, config):
     from atom_plugin.attention.mha.triton_prefill import paged_prefill
@@ -129,9 +129,17 @@ def test_gpu_matches_reference_and_triton(reqs, layout, config):
 @pytest.mark.parametrize(
     "hq, hkv, d, dtype", [(8, 8, 128, torch.float16), (16, 2, 64, torch.bfloat16)]
 )
-def test_gpu_other_groups_heads_dtypes(hq, hkv, d, dtype):
+@pytest.mark.parametrize("ws", [False, True])
+def test_gpu_other_groups_heads_dtypes(hq, hkv, d, dtype, ws):
     q, k, v, meta = make_batch([(300, 500), (77, 77)], hq, hkv, d, dtype, device="cuda")
     params = AttentionParams(scale=d**-0.5)
-    got = gluon_paged_prefill(q, k, v, meta, params, torch.zeros_like(q))
+    got = gluon_paged_prefill(q, k, v, meta, params, torch.zeros_like(q), config={"WS": ws})
     want = reference.paged_attention(q, k, v, meta, params, torch.zeros_like(q))
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("config", [{"BLOCK_N": 32}, {"STAGE": 2}])
+def test_bad_configs_raise(config):
+    q, k, v, meta = make_batch([(20, 40)])
+    with pytest.raises(ValueError, match="config"):
+        gluon_paged_prefill(q, k, v, meta, PARAMS, torch.empty_like(q), config=config)

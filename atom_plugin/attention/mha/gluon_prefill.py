@@ -1,7 +1,8 @@
 """A Hopper Gluon MHA causal prefill (`gluon_prefill_kernel`), a prototype beside
 `triton_prefill.paged_prefill` with its semantics for what it supports, not wired into
 the plan: `gluon_problems` says why inputs cannot take it (without importing Gluon), and
-`gluon_paged_prefill` launches it, importing the kernel module at its first launch.
+`gluon_paged_prefill` launches it (or its warp-specialized schedule, `gluon_prefill_ws`,
+with config WS), importing the kernel modules at its first launch.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import torch
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.params import AttentionParams
 
-# keys per tile, tiles in flight, S of tile i beside P V of tile i - 1 (untimed yet)
-CONFIG = {"BLOCK_N": 128, "STAGES": 2, "OVERLAP": True}
+# keys per tile, tiles in flight, S of tile i beside P V of tile i - 1, the warp-specialized
+# schedule (`gluon_prefill_ws`, which always overlaps); none timed on a GPU yet
+CONFIG = {"BLOCK_N": 128, "STAGES": 2, "OVERLAP": True, "WS": False}
 HEAD_SIZES = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -78,6 +80,10 @@ def gluon_paged_prefill(
     from atom_plugin.attention.mha import gluon_prefill_kernel
 
     cfg = {**CONFIG, **(config or {})}
+    page = key_cache.shape[1]
+    if set(cfg) != set(CONFIG) or cfg["BLOCK_N"] not in (64, 128) or cfg["BLOCK_N"] % page:
+        raise ValueError(f"gluon_paged_prefill config {config} (keys {list(CONFIG)}, BLOCK_N 64 "
+                         f"or 128 and a multiple of the block size {page})")  # fmt: skip
     gluon_prefill_kernel.launch(
         query, key_cache, value_cache, output, meta, params.scale, first, num, cfg
     )

@@ -12,7 +12,10 @@ whole group, as in the Triton kernel.
   (the cache viewed as rows [pages * page rows, kv heads, head size]), STAGES tiles ahead, into
   rings with one mbarrier per stage and tensor (S starts before V lands);
 - S = Q K^T and O += P V are `warpgroup_mma` (P from registers); the online softmax stays
-  in registers, in the exp2 domain, with one FMA per score;
+  in registers, in the exp2 domain, with one FMA per score; with OVERLAP, S of tile i is
+  issued before P V of tile i - 1 and the softmax of tile i runs while P V does (FA3's
+  intra-warpgroup overlap); both warpgroups release a stage through one CTA barrier
+  (`gluon_prefill_ws` has the warp-specialized schedule);
 - tiles wholly below the program's first query position skip the causal mask;
 - the last tile's V rows at or past seq_len are zeroed in shared memory (stale, even NaN,
   cache rows never reach P @ V).
@@ -68,9 +71,9 @@ def _issue(k_desc, v_desc, table, page_rows, seq_len, kvh, n0, k_ring, v_ring, k
 
 
 @gluon.jit
-def _scores(q_smem, k_tile, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """S = Q K^T, issued (async: wait on it)."""
-    s_zero = gl.zeros([128, BLOCK_N], gl.float32, layout=s_layout)
+def _scores(q_smem, k_tile, BM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """S = Q K^T (BM rows), issued (async: wait on it)."""
+    s_zero = gl.zeros([BM, BLOCK_N], gl.float32, layout=s_layout)
     return warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
 
 
@@ -184,7 +187,7 @@ def prefill_kernel(
         # S of tile i runs beside P V of tile i - 1 (FA3's intra-warpgroup overlap)
         if num_tiles > 0:
             mbarrier.wait(k_bars.index(0), 0)
-            sc = _scores(q_smem, k_ring.index(0), BLOCK_N, s_layout)
+            sc = _scores(q_smem, k_ring.index(0), BM, BLOCK_N, s_layout)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             if 0 < unmasked:
                 p, m_i, l_i, alpha = _softmax(sc, 0, qpos, seq_len, qk_scale, m_i, l_i, False,
@@ -197,7 +200,7 @@ def prefill_kernel(
                 st = i % STAGES
                 prev = (i - 1) % STAGES
                 mbarrier.wait(k_bars.index(st), (i // STAGES) & 1)
-                sc = _scores(q_smem, k_ring.index(st), BLOCK_N, s_layout)
+                sc = _scores(q_smem, k_ring.index(st), BM, BLOCK_N, s_layout)
                 mbarrier.wait(v_bars.index(prev), ((i - 1) // STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
                 sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
@@ -230,7 +233,7 @@ def prefill_kernel(
             phase = (i // STAGES) & 1
             n0 = i * BLOCK_N
             mbarrier.wait(k_bars.index(st), phase)
-            sc = _scores(q_smem, k_ring.index(st), BLOCK_N, s_layout)
+            sc = _scores(q_smem, k_ring.index(st), BM, BLOCK_N, s_layout)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             if i < unmasked:
                 p, m_i, l_i, alpha = _softmax(sc, n0, qpos, seq_len, qk_scale, m_i, l_i, False,
@@ -285,7 +288,7 @@ def launch(query, key_cache, value_cache, output, meta, scale, first, num, cfg) 
     group = hq // hkv
     block_g = next_power_of_2(group)
     grid = (hkv, cdiv(meta.max_query_len, 128 // block_g), num)
-    prefill_kernel[grid](
+    args = (
         query,
         _descriptor(key_cache),
         _descriptor(value_cache),
@@ -301,12 +304,12 @@ def launch(query, key_cache, value_cache, output, meta, scale, first, num, cfg) 
         output.stride(0),
         output.stride(1),
         meta.block_table.stride(0),
-        GROUP=group,
-        BLOCK_G=block_g,
-        HEAD=d,
-        PAGE=page,
-        BLOCK_N=cfg["BLOCK_N"],
-        STAGES=cfg["STAGES"],
-        OVERLAP=cfg["OVERLAP"],
-        num_warps=8,
     )
+    shape = dict(GROUP=group, BLOCK_G=block_g, HEAD=d, PAGE=page)
+    shape.update(BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"])
+    if cfg["WS"]:
+        from atom_plugin.attention.mha.gluon_prefill_ws import prefill_ws_kernel
+
+        prefill_ws_kernel[grid](*args, **shape, num_warps=4)
+    else:
+        prefill_kernel[grid](*args, **shape, OVERLAP=cfg["OVERLAP"], num_warps=8)
