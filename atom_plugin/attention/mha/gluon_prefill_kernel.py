@@ -38,11 +38,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import builtin
 
 from atom_plugin.attention.triton_common import LOG2E, cdiv, next_power_of_2
 
 # The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
 thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@builtin
+def _as_box(mem, dtype, shape, layout, _semantic=None):
+    """`mem` viewed as a TMA box (Gluon's `_reinterpret`, `reinterpret` in newer Tritons)."""
+    view = getattr(mem, "reinterpret", None) or mem._reinterpret
+    return view(dtype, shape, layout, _semantic=_semantic)
 
 
 @gluon.jit
@@ -64,8 +72,8 @@ def _issue(k_desc, v_desc, table, page_rows, seq_len, kvh, n0, k_ring, v_ring, k
             # one swizzle-wide column chunk of the page's rows: a contiguous box in the ring
             dst_k = k_ring.index(st).slice(j * PAGE, PAGE, dim=0).slice(c * 64, 64, dim=1)
             dst_v = v_ring.index(st).slice(j * PAGE, PAGE, dim=0).slice(c * 64, 64, dim=1)
-            dst_k = dst_k._reinterpret(k_desc.dtype, box, k_desc.layout)
-            dst_v = dst_v._reinterpret(v_desc.dtype, box, v_desc.layout)
+            dst_k = _as_box(dst_k, k_desc.dtype, box, k_desc.layout)
+            dst_v = _as_box(dst_v, v_desc.dtype, box, v_desc.layout)
             tma.async_copy_global_to_shared(k_desc, [row, kvh, c * 64], kb, dst_k)
             tma.async_copy_global_to_shared(v_desc, [row, kvh, c * 64], vb, dst_v)
 
