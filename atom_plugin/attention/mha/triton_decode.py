@@ -17,6 +17,7 @@ import triton.language as tl
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.params import AttentionParams
+from atom_plugin.attention.mha.triton_prefill import kv_blocks, variant_flags
 from atom_plugin.attention.triton_common import (
     LOG2E,
     MAX_SPLITS,
@@ -25,6 +26,9 @@ from atom_plugin.attention.triton_common import (
     mm,
     next_power_of_2,
 )
+
+# opt-in kernel variant (config key, off by default): the block-table gather per cache block
+VARIANT_KEYS = {"table_blocks": "TABLE_BLOCKS"}
 
 
 # Values that change from step to step are not specialized on: each new specialization
@@ -71,6 +75,7 @@ def _decode_split_kernel(
     DIRECT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    TABLE_BLOCKS: tl.constexpr = False,
 ):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -98,9 +103,12 @@ def _decode_split_kernel(
     start = 0
     if HAS_WINDOW:
         start = tl.maximum(seq_len - window, 0)
-    span = seq_len - start
+    first = start
+    if TABLE_BLOCKS:  # tiles start on a cache block; keys before `start` are masked
+        first = start // KV_BLOCK * KV_BLOCK
+    span = seq_len - first
     chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
-    s0 = start + split * chunk
+    s0 = first + split * chunk
     s1 = tl.minimum(s0 + chunk, seq_len)
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -110,7 +118,12 @@ def _decode_split_kernel(
     for n in range(s0, s1, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
         pmask = pos < s1
-        blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
+        if TABLE_BLOCKS:
+            if HAS_WINDOW:
+                pmask = pmask & (pos >= start)
+            blk = kv_blocks(table, n, pmask, s1, KV_BLOCK, BLOCK_N, True, True)
+        else:
+            blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
         off = pos % KV_BLOCK
         kv_mask = pmask[:, None] & dmask[None, :]
         k = tl.load(
@@ -279,6 +292,7 @@ def paged_decode(
         HAS_SINKS=sinks is not None,
         DIRECT=direct,
         **dot_flags(query),
+        **variant_flags(cfg, kv_block, VARIANT_KEYS),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
