@@ -43,6 +43,8 @@ DECODE_CANDIDATES = [
     ("bn128 table_blocks", dict(DECODE_BASE, BLOCK_N=128, table_blocks=True)),
     ("bn128 w8 table_blocks", dict(DECODE_BASE, BLOCK_N=128, num_warps=8, table_blocks=True)),
     ("bn32 w2 s4 table_blocks", dict(BLOCK_N=32, num_warps=2, num_stages=4, table_blocks=True)),
+    ("full_tiles", dict(DECODE_BASE, full_tiles=True)),
+    ("full_tiles+table_blocks", dict(DECODE_BASE, full_tiles=True, table_blocks=True)),
 ]
 # name -> [(query_len, seq_len)] per request
 PREFILL_CASES = {

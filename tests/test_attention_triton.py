@@ -343,11 +343,19 @@ def test_prefill_tiles_below_the_diagonal(block_size, config, window, d):
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("window", [None, 50])
-def test_decode_table_blocks(window, block_size):
-    """The decode split kernel's opt-in block-table gather (triton_decode.VARIANT_KEYS), split
-    and not, over contexts not a multiple of the tile, a window starting mid-block."""
+@pytest.mark.parametrize(
+    "variant, d",
+    [
+        (dict(table_blocks=True), 40),
+        (dict(full_tiles=True), 32),
+        (dict(full_tiles=True, table_blocks=True), 32),
+    ],
+)
+def test_decode_variants(variant, d, window, block_size):
+    """The decode split kernel's opt-in variants (triton_decode.VARIANT_KEYS), split and
+    not, over contexts not a multiple of the tile, a window starting mid-block."""
     b = make_batch(
-        [(1, 150), (1, 90), (1, 33), (1, 1)], hq=8, hkv=2, d=40, block_size=block_size,
+        [(1, 150), (1, 90), (1, 33), (1, 1)], hq=8, hkv=2, d=d, block_size=block_size,
         device=DEV, seed=5,
     )  # fmt: skip
     win = params(sliding_window=window)
@@ -355,7 +363,7 @@ def test_decode_table_blocks(window, block_size):
     reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, win, want)
     for splits in (1, 3):
         got = torch.zeros_like(b.query)
-        config = dict(BLOCK_N=32, num_warps=4, num_stages=1, table_blocks=True)
+        config = dict(BLOCK_N=32, num_warps=4, num_stages=1, **variant)
         paged_decode(
             b.query, b.key_cache, b.value_cache, b.meta, win, got, num_splits=splits, config=config
         )
@@ -376,6 +384,12 @@ def test_variant_keys_are_checked():
         paged_decode(
             b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=1,
             config=dict(BLOCK_N=32, num_warps=4, num_stages=1, tabel_blocks=True),
+        )  # fmt: skip
+    b = make_batch([(1, 40)], hq=4, hkv=1, d=40, block_size=32, device=DEV, seed=1)
+    with pytest.raises(ValueError, match="power-of-two head size"):
+        paged_decode(
+            b.query, b.key_cache, b.value_cache, b.meta, params(), b.query, num_splits=1,
+            config=dict(BLOCK_N=32, num_warps=4, num_stages=1, full_tiles=True),
         )  # fmt: skip
 
 
