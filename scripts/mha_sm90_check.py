@@ -1,0 +1,111 @@
+"""Compile the MHA prefill and decode split kernels for sm_90 without a GPU, for every
+candidate of `benchmarks.mha_variants`, and print ptxas' registers / spills and the
+shared memory of each (the compile-only driver of `gluon_sm90_check`; run it with the
+GPU machine's Triton 3.6, as that script says):
+
+    /tmp/t36/bin/python scripts/mha_sm90_check.py [--ptx DIR]
+
+`--ptx DIR` writes each candidate's instructions, to diff the default's across commits;
+`--defaults` compiles only the production configs (what an older commit has).
+
+The kernels compile as on the GPU (bf16 MMAs), not with the float32 products the launchers
+pick for CPU tensors (`triton_common.dot_flags`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from triton.runtime import driver
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from atom_plugin.attention.metadata import PagedAttentionMetadata  # noqa: E402
+from atom_plugin.attention.mha import triton_decode, triton_prefill  # noqa: E402
+from atom_plugin.attention.mha.params import AttentionParams  # noqa: E402
+from benchmarks import mha_variants  # noqa: E402
+from scripts.gluon_sm90_check import (  # noqa: E402
+    SMEM_LIMIT,
+    CompileOnlyDriver,
+    instructions,
+    ptxas_report,
+)
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 16
+
+
+def _meta(q_len: int, seq_len: int) -> PagedAttentionMetadata:
+    blocks = -(-seq_len // BLOCK)
+    return PagedAttentionMetadata(
+        num_reqs=1,
+        num_actual_tokens=q_len,
+        max_query_len=q_len,
+        max_seq_len=seq_len,
+        num_decodes=1 if q_len == 1 else 0,
+        num_decode_tokens=1 if q_len == 1 else 0,
+        query_start_loc=torch.tensor([0, q_len], dtype=torch.int32),
+        seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+        block_table=torch.zeros(1, blocks, dtype=torch.int32),
+        slot_mapping=torch.zeros(q_len, dtype=torch.int64),
+    )
+
+
+def compile_one(decode: bool, cfg: dict | None):
+    """Compile one candidate (None: the production config) and return the kernel."""
+    raw = torch.zeros(64, HKV, BLOCK, 2 * D, dtype=torch.bfloat16)
+    kc, vc = raw.transpose(1, 2).split(D, dim=-1)
+    params = AttentionParams(scale=D**-0.5)
+    q_len = 1 if decode else 256
+    q = torch.zeros(q_len, HQ, D, dtype=torch.bfloat16)
+    out = torch.zeros_like(q)
+    meta = _meta(q_len, 512)
+    kernel = triton_decode._decode_split_kernel if decode else triton_prefill._prefill_kernel
+    kernel.device_caches.clear()
+    if decode:
+        triton_decode.paged_decode(q, kc, vc, meta, params, out, num_splits=2, config=cfg)
+    else:
+        triton_prefill.paged_prefill(q, kc, vc, meta, params, out, config=cfg)
+    *_, compiled = kernel.device_caches[0][0].values()  # the last: the one that fit
+    return compiled
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ptx", help="write each candidate's instructions here")
+    p.add_argument("--defaults", action="store_true", help="only the production configs")
+    args = p.parse_args(argv)
+    driver.set_active(CompileOnlyDriver())
+    gpu_flags = lambda query: dict(UPCAST=False, PRECISION=None)  # noqa: E731
+    triton_prefill.dot_flags = triton_decode.dot_flags = gpu_flags
+    failed = False
+    for fam, cands, decode in (
+        ("prefill", mha_variants.PREFILL_CANDIDATES, False),
+        ("decode", mha_variants.DECODE_CANDIDATES, True),
+    ):
+        for name, cfg in cands:
+            if args.defaults and cfg is not None:
+                continue
+            try:
+                compiled = compile_one(decode, cfg)
+            except Exception as exc:  # report and go on
+                failed = True
+                print(f"{fam} {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            smem = compiled.metadata.shared
+            failed |= smem > SMEM_LIMIT
+            over = " OVER THE LIMIT" if smem > SMEM_LIMIT else ""
+            report = ptxas_report(compiled.asm["ptx"])
+            print(f"{fam} {name}: shared {smem} B{over}; {report}")
+            if args.ptx:
+                os.makedirs(args.ptx, exist_ok=True)
+                path = os.path.join(args.ptx, f"{fam}_{name.replace(' ', '_')}.ptx")
+                with open(path, "w") as f:
+                    f.write(instructions(compiled.asm["ptx"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
