@@ -418,3 +418,26 @@ def test_host_int_helpers_match_triton():
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
         for d in (1, 3, 16, 64, 256):
             assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+def test_production_configs():
+    """On CUDA the prefill's first candidate is the register-capped 128-row program; the
+    decode reads the block table per cache block where its 64-key tile covers whole blocks."""
+    from atom_plugin.attention.mha import triton_decode, triton_prefill
+
+    first = triton_prefill._configs(128, 4, cuda=True)[0]
+    assert first["maxnreg"] == 128 and first["BLOCK_Q"] * 4 == 128
+    assert all("maxnreg" not in c for c in triton_prefill._configs(128, 4, cuda=False))
+    assert triton_prefill._configs(256, 4, cuda=True) == triton_prefill._configs(256, 4, False)
+    assert triton_decode._config(128, 16)["table_blocks"]
+    assert not triton_decode._config(128, 128)["table_blocks"]
+    assert "table_blocks" not in triton_decode._config(256, 16)
+
+
+def test_decode_config_must_be_whole():
+    b = make_batch([(1, 40)], hq=4, hkv=1, d=32, block_size=32, device=DEV, seed=1)
+    with pytest.raises(ValueError, match="lacks \\['num_stages', 'num_warps'\\]"):
+        paged_decode(
+            b.query, b.key_cache, b.value_cache, b.meta, params(), torch.zeros_like(b.query),
+            num_splits=1, config=dict(BLOCK_N=32),
+        )  # fmt: skip

@@ -27,8 +27,9 @@ from atom_plugin.attention.triton_common import (
     next_power_of_2,
 )
 
-# opt-in kernel variants (config keys, off by default): the block-table gather per cache
-# block; full tiles in a loop without masks (head sizes of a power of two)
+# kernel variants (config keys): the block-table gather per cache block (the production
+# config's up to head size 128); full tiles in a loop without masks (head sizes of a power
+# of two; opt-in)
 VARIANT_KEYS = {"table_blocks": "TABLE_BLOCKS", "full_tiles": "FULL_TILES"}
 
 
@@ -278,8 +279,12 @@ def _decode_reduce_kernel(
     )
 
 
-def _config(head_size: int) -> dict:
-    return dict(BLOCK_N=64 if head_size <= 128 else 32, num_warps=4, num_stages=2)
+def _config(head_size: int, kv_block: int) -> dict:
+    """The production config (H200 sweeps, docs/benchmarks.md): up to head size 128, 64-key
+    tiles three stages deep whose block-table reads go one per cache block."""
+    if head_size > 128:
+        return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=3, table_blocks=64 % kv_block == 0)
 
 
 def paged_decode(
@@ -306,7 +311,10 @@ def paged_decode(
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
     sliding_window, sinks = params.sliding_window, params.sinks
-    cfg = dict(_config(d), **(config or {}))
+    cfg = _config(d, kv_block) if config is None else config
+    missing = {"BLOCK_N", "num_warps", "num_stages"} - set(cfg)
+    if missing:
+        raise ValueError(f"config {config!r} lacks {sorted(missing)}")
     block_d = next_power_of_2(d)
     if cfg.get("full_tiles") and d != block_d:
         raise ValueError(f"full_tiles needs a power-of-two head size, got {d}")

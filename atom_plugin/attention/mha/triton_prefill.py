@@ -279,18 +279,24 @@ def _prefill_kernel(
     )
 
 
-def _configs(head_size: int, block_g: int) -> list[dict]:
-    """Candidates, fastest first (H200 sweep, docs/benchmarks.md).
+def _configs(head_size: int, block_g: int, cuda: bool) -> list[dict]:
+    """Candidates, fastest first (H200 sweeps, docs/benchmarks.md); a GPU with too little
+    shared memory for one falls back to the next.
 
-    The first (256 rows, 16 warps, 5 stages: K/V prefetched two tiles ahead)
-    needs ~161 KB of shared memory at head size 128, so GPUs with less fall
-    back to the second.
+    On CUDA the first holds 128 rows on 8 warps with 3 stages and caps its registers at
+    128 (`maxnreg`), so two programs (~98 KB of shared memory each at head size 128)
+    share an SM and one's softmax runs beside the other's matmuls. The next (256 rows,
+    16 warps, 5 stages: K/V prefetched two tiles ahead) needs ~161 KB.
     """
     small = dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=32, num_warps=4, num_stages=2)
     if head_size > 128:
         return [small]
     big = dict(BLOCK_Q=max(1, 256 // block_g), BLOCK_N=64, num_warps=16, num_stages=5)
-    return [big, dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=64, num_warps=4, num_stages=2), small]
+    mid = dict(BLOCK_Q=max(1, 64 // block_g), BLOCK_N=64, num_warps=4, num_stages=2)
+    if not cuda:
+        return [big, mid, small]
+    paired = dict(BLOCK_Q=max(1, 128 // block_g), BLOCK_N=64, num_warps=8, num_stages=3)
+    return [dict(paired, maxnreg=128), big, mid, small]
 
 
 # (device, head_size, block_g) -> index of the first config that fit
@@ -325,7 +331,7 @@ def paged_prefill(
         _launch(query, key_cache, value_cache, meta, params, output, first, num, config)
         return output
     key = (str(query.device), d, block_g)
-    candidates = _configs(d, block_g)
+    candidates = _configs(d, block_g, query.device.type == "cuda" and not torch.version.hip)
     for i in range(_FITTING.get(key, 0), len(candidates)):
         try:
             _launch(query, key_cache, value_cache, meta, params, output, first, num, candidates[i])
@@ -400,8 +406,7 @@ VARIANT_KEYS = {"table_blocks": "TABLE_BLOCKS", "k_t": "K_T"}
 
 
 def variant_flags(cfg: dict, kv_block: int, keys: dict = VARIANT_KEYS) -> dict:
-    """The constexprs a config's variant keys turn on; none for the production configs,
-    so their compiled kernel is the one without the switches."""
+    """The constexprs a config's variant keys turn on (a key absent or false: none)."""
     unknown = set(cfg) - set(keys) - {"BLOCK_Q", "BLOCK_N", "num_warps", "num_stages"}
     unknown -= {"maxnreg"} if keys is VARIANT_KEYS else set()
     if unknown:
