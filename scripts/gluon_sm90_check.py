@@ -39,8 +39,6 @@ from triton.runtime import driver
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata  # noqa: E402
-from atom_plugin.attention.mha import gluon_prefill  # noqa: E402
-from atom_plugin.attention.mha.params import AttentionParams  # noqa: E402
 from atom_plugin.attention.mla import triton as triton_mla  # noqa: E402
 from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels  # noqa: E402
 from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # noqa: E402
@@ -175,44 +173,6 @@ def compile_triton_case(heads: int, q_len: int, fp8: bool, splits: int, config: 
     )
 
 
-# (query heads, kv heads, head size, block size, config) of the MHA Gluon prefill
-PREFILL_CASES = (
-    (32, 8, 128, 16, {}),
-    (32, 8, 128, 16, {"OVERLAP": False}),
-    (32, 8, 128, 16, {"WS": True}),
-    (32, 8, 128, 16, {"WS": True, "BLOCK_N": 64, "STAGES": 3}),
-    (16, 2, 64, 16, {"WS": True}),
-    (32, 8, 128, 16, {"STAGES": 3}),
-    (32, 8, 128, 16, {"BLOCK_N": 64, "STAGES": 3}),
-    (32, 8, 128, 16, {"BLOCK_N": 64, "STAGES": 3, "OVERLAP": False}),
-    (32, 32, 128, 16, {}),
-    (8, 1, 128, 16, {}),
-    (16, 2, 64, 16, {}),
-)
-
-
-def compile_prefill_case(hq: int, hkv: int, d: int, page: int, config: dict):
-    """One chunked prefill of two requests through `gluon_paged_prefill` (bf16)."""
-    # vLLM's layout as benchmarks.attention.KVPool makes it: [blocks, kv heads, page, 2 * d]
-    cache = torch.zeros(64, hkv, page, 2 * d, dtype=torch.bfloat16).transpose(1, 2)[..., :d]
-    q = torch.zeros(96, hq, d, dtype=torch.bfloat16)
-    meta = PagedAttentionMetadata(
-        num_reqs=2,
-        num_actual_tokens=96,
-        max_query_len=64,
-        max_seq_len=512,
-        num_decodes=0,
-        num_decode_tokens=0,
-        query_start_loc=torch.tensor([0, 32, 96], dtype=torch.int32),
-        seq_lens=torch.tensor([32, 512], dtype=torch.int32),
-        block_table=torch.zeros(2, 32, dtype=torch.int32),
-        slot_mapping=torch.zeros(96, dtype=torch.int64),
-    )
-    gluon_prefill.gluon_paged_prefill(
-        q, cache, cache, meta, AttentionParams(scale=0.1), torch.empty_like(q), config=config
-    )
-
-
 TRITON_KERNELS = (
     mla_triton_kernels._mla_write_kernel,
     mla_triton_kernels._mla_decode_stage1,
@@ -246,15 +206,10 @@ def main(argv=None) -> int:
         "--ptx",
         help="write each variant's instructions here (`instructions`), to diff a refactor's",
     )
-    p.add_argument(
-        "--prefill", action="store_true", help="the MHA Gluon prefill only (PREFILL_CASES)"
-    )
     args = p.parse_args(argv)
     if triton.__version__.split(".")[:2] != ["3", "6"]:
         print(f"warning: Triton {triton.__version__}; the GPU machine runs 3.6", file=sys.stderr)
     driver.set_active(CompileOnlyDriver())
-    if args.prefill:
-        return check_prefill(args.ptx)
     for schedule, dtype in CASES:
         for block_h, tokens in PACKINGS:
             compile_case(schedule, dtype, block_h, tokens)
@@ -283,37 +238,6 @@ def main(argv=None) -> int:
                 spec = variant_spec(compiled)
                 name = f"{fn.__name__.lstrip('_')}_{hashlib.sha1(spec.encode()).hexdigest()[:10]}"
                 write_ptx(args.ptx, name, compiled, spec)
-    return 1 if failed else 0
-
-
-def check_prefill(ptx_dir: str | None) -> int:
-    """Compile PREFILL_CASES and print each variant's shared memory, registers, spills."""
-    from atom_plugin.attention.mha import gluon_prefill_kernel, gluon_prefill_ws
-
-    failed = False
-    for case in PREFILL_CASES:
-        try:
-            compile_prefill_case(*case)
-        except Exception as e:  # noqa: BLE001 - report every case
-            failed = True
-            print(f"prefill {case}: COMPILE ERROR {type(e).__name__}: {e}")
-    variants = [
-        (kernel, compiled)
-        for kernel in (gluon_prefill_kernel.prefill_kernel, gluon_prefill_ws.prefill_ws_kernel)
-        for compiled in kernel.device_caches[0][0].values()
-    ]
-    for kernel, compiled in variants:
-        smem = compiled.metadata.shared
-        report = ptxas_report(compiled.asm["ptx"])
-        failed |= smem > SMEM_LIMIT or not re.search(r"\b0 bytes spill stores", report)
-        over = " OVER THE LIMIT" if smem > SMEM_LIMIT else ""
-        c = compiled.src.constants
-        names = compiled.src.fn.arg_names
-        keys = [k for k in ("GROUP", "HEAD", "PAGE", "BLOCK_N", "STAGES", "OVERLAP") if k in names]
-        spec = " ".join([kernel.__name__] + [f"{k}={c[(names.index(k),)]}" for k in keys])
-        print(f"prefill {spec}: shared {smem} B{over}; {report}")
-        if ptx_dir:
-            write_ptx(ptx_dir, "prefill_" + spec.replace(" ", "_").replace("=", ""), compiled)
     return 1 if failed else 0
 
 

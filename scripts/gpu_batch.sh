@@ -2,7 +2,6 @@
 # The H200 batch behind docs/benchmarks.md and the `gpu` tests: run from the repo
 # root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
 #   bash scripts/gpu_batch.sh tests k3 tbo tbo_prefill attention mla (any subset, in order)
-#   bash scripts/gpu_batch.sh gluon_prefill              (issue 26's Gluon prefill prototype)
 #   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
 # The tbo stage runs benchmarks/tbo.py as one rank of 1 and of 8 expert-parallel
 # ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192, communication off,
@@ -68,13 +67,7 @@ for what in "$@"; do
       stage mla "MLA decode at 16/64/128 heads, bf16/fp8, 1-2 tokens, and launch alternatives"
       timeout 500 python3 -m benchmarks.attention_mla ${MLA_BASELINE:+--baseline "$MLA_BASELINE"} \
         --sweep --json "$OUT/mla.json" --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
-    gluon_prefill)
-      stage gluon_prefill "Hopper Gluon MHA prefill prototype: tests, then vs Triton and FA3"
-      timeout 180 python3 -m pytest -q -p no:cacheprovider -rA tests/test_gluon_prefill.py \
-        2>&1 | tee "$OUT/gluon_prefill_tests.log" || status=1
-      timeout 240 python3 -m benchmarks.gluon_prefill --out "$OUT/gluon_prefill.md" \
-        2>&1 | tee "$OUT/gluon_prefill.log" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: tests k3 tbo tbo_prefill attention mla dp gluon_prefill" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: tests k3 tbo tbo_prefill attention mla dp" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
