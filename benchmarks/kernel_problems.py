@@ -189,12 +189,9 @@ def peaked_mha_query(tokens: int, device="cuda", heads: Heads = DEFAULT_HEADS) -
     return (torch.randn(tokens, heads.q, heads.d, device=device) * std).to(DTYPE)
 
 
-def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
-    """flash_attn_varlen_func's arguments as vLLM's FlashAttentionImpl.forward passes them
-    (bf16 cache, no window, no softcap, no sinks), less scheduler_metadata; softmax scale
-    head_size^-0.5. A chunked prefill is the same call: cu_seqlens_q counts the new
-    tokens, seqused_k the full lengths. The descales vLLM passes are left out: FA3 reads
-    them for fp8 inputs only."""
+def varlen_args(pool, meta, q, out) -> dict:
+    """The arguments FA3's and vLLM's Triton varlen calls share: the paged bf16 cache, the
+    step's lengths and table, causal, softmax scale head_size^-0.5, no alibi, no softcap."""
     return dict(
         q=q,
         k=pool.key_cache,
@@ -207,9 +204,20 @@ def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
         softmax_scale=q.shape[-1] ** -0.5,
         causal=True,
         alibi_slopes=None,
-        window_size=[-1, -1],
         block_table=meta.block_table,
         softcap=0,
+    )
+
+
+def fa3_kwargs(pool, meta, q, out, num_splits: int) -> dict:
+    """flash_attn_varlen_func's arguments as vLLM's FlashAttentionImpl.forward passes them
+    (bf16 cache, no window, no softcap, no sinks), less scheduler_metadata; softmax scale
+    head_size^-0.5. A chunked prefill is the same call: cu_seqlens_q counts the new
+    tokens, seqused_k the full lengths. The descales vLLM passes are left out: FA3 reads
+    them for fp8 inputs only."""
+    return dict(
+        varlen_args(pool, meta, q, out),
+        window_size=[-1, -1],
         fa_version=3,
         num_splits=num_splits,
         s_aux=None,
@@ -262,20 +270,8 @@ def triton_kwargs(pool, meta, q, out, scratch: dict) -> dict:
     threshold in `scratch`."""
     descale = torch.ones(1, dtype=torch.float32, device=q.device).expand(meta.num_reqs, pool.hkv)
     return dict(
-        q=q,
-        k=pool.key_cache,
-        v=pool.value_cache,
-        out=out,
-        cu_seqlens_q=meta.query_start_loc,
-        max_seqlen_q=meta.max_query_len,
-        seqused_k=meta.seq_lens,
-        max_seqlen_k=meta.max_seq_len,
-        softmax_scale=q.shape[-1] ** -0.5,
-        causal=True,
-        alibi_slopes=None,
+        varlen_args(pool, meta, q, out),
         window_size=(-1, -1),
-        block_table=meta.block_table,
-        softcap=0,
         q_descale=None,
         k_descale=descale,
         v_descale=descale,
