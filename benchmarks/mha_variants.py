@@ -18,21 +18,15 @@ import time
 
 from atom_plugin.attention.mha import triton_decode, triton_prefill
 
-PREFILL_BASE = dict(BLOCK_Q=64, BLOCK_N=64, num_warps=16, num_stages=5)  # the production pick
+PREFILL_BASE = dict(BLOCK_Q=64, BLOCK_N=64, num_warps=16, num_stages=5)  # CUDA: the 2nd pick
 BQ32 = dict(PREFILL_BASE, BLOCK_Q=32, num_warps=8)  # 128 rows, 8 warps
-DECODE_BASE = dict(BLOCK_N=64, num_warps=4, num_stages=2)  # the production config
+DECODE_BASE = dict(BLOCK_N=64, num_warps=4, num_stages=2)  # the production config until 0ac1006
 
 # (name, config); None: the production path (ops.paged_attention with the step's plan)
 PREFILL_CANDIDATES = [
     ("default", None),
     ("base", PREFILL_BASE),
-    ("table_blocks", dict(PREFILL_BASE, table_blocks=True)),
-    ("k_t", dict(PREFILL_BASE, k_t=True)),
-    ("table_blocks s7", dict(PREFILL_BASE, num_stages=7, table_blocks=True)),
-    ("bq32 w8 table_blocks", dict(BQ32, table_blocks=True)),
-    ("bq32 w8 s3 table_blocks", dict(BQ32, num_stages=3, table_blocks=True)),
     # 128-row CTAs capped at 128 registers: two per SM, one's softmax beside the other's MMAs
-    ("bq32 w8 s3 r128 table_blocks", dict(BQ32, num_stages=3, maxnreg=128, table_blocks=True)),
     ("bq32 w8 s3 r128", dict(BQ32, num_stages=3, maxnreg=128)),
 ]
 DECODE_CANDIDATES = [
@@ -43,8 +37,6 @@ DECODE_CANDIDATES = [
     ("bn128 table_blocks", dict(DECODE_BASE, BLOCK_N=128, table_blocks=True)),
     ("bn128 w8 table_blocks", dict(DECODE_BASE, BLOCK_N=128, num_warps=8, table_blocks=True)),
     ("bn32 w2 s4 table_blocks", dict(BLOCK_N=32, num_warps=2, num_stages=4, table_blocks=True)),
-    ("full_tiles", dict(DECODE_BASE, full_tiles=True)),
-    ("full_tiles+table_blocks", dict(DECODE_BASE, full_tiles=True, table_blocks=True)),
 ]
 # name -> [(query_len, seq_len)] per request
 PREFILL_CASES = {
@@ -66,9 +58,9 @@ DOC_HEAD = (
 )
 
 
-def validate(candidates, variant_keys: dict, required: tuple) -> None:
+def validate(candidates, valid_keys: tuple, required: tuple) -> None:
     """Raise ValueError unless names are unique, the first is the production path (None)
-    and every other config has the `required` keys and only known variant keys."""
+    and every other config has the `required` keys and only `valid_keys`."""
     names = [n for n, _ in candidates]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate candidate names in {names}")
@@ -76,14 +68,14 @@ def validate(candidates, variant_keys: dict, required: tuple) -> None:
         raise ValueError("the first candidate must be the production path (config None)")
     for name, cfg in candidates[1:]:
         missing = [k for k in required if k not in cfg]
-        unknown = set(cfg) - set(required) - set(variant_keys) - {"maxnreg"}
+        unknown = set(cfg) - set(valid_keys)
         if missing or unknown or cfg is None:
             raise ValueError(f"{name}: missing {missing}, unknown {sorted(unknown)}")
 
 
 def validate_all() -> None:
-    validate(PREFILL_CANDIDATES, triton_prefill.VARIANT_KEYS, tuple(PREFILL_BASE))
-    validate(DECODE_CANDIDATES, triton_decode.VARIANT_KEYS, tuple(DECODE_BASE))
+    validate(PREFILL_CANDIDATES, triton_prefill.CONFIG_KEYS, tuple(PREFILL_BASE))
+    validate(DECODE_CANDIDATES, triton_decode.CONFIG_KEYS, tuple(DECODE_BASE))
 
 
 def pick(table: dict | list, text: str | None, flag: str):

@@ -317,10 +317,8 @@ def test_gpu_fp8_realistic():
     [
         (16, dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1)),
         (32, dict(BLOCK_Q=8, BLOCK_N=64, num_warps=4, num_stages=1)),
-        # the opt-in kernel variants (triton_prefill.VARIANT_KEYS)
-        (16, dict(BLOCK_Q=4, BLOCK_N=32, num_warps=4, num_stages=1, table_blocks=True)),
-        (32, dict(BLOCK_Q=8, BLOCK_N=64, num_warps=4, num_stages=1, table_blocks=True)),
-        (16, dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1, k_t=True, maxnreg=128)),
+        # the register cap the CUDA production config takes
+        (16, dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1, maxnreg=128)),
     ],
 )
 def test_prefill_tiles_below_the_diagonal(block_size, config, window, d):
@@ -351,19 +349,11 @@ def test_prefill_tiles_below_the_diagonal(block_size, config, window, d):
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("window", [None, 50])
-@pytest.mark.parametrize(
-    "variant, d",
-    [
-        (dict(table_blocks=True), 40),
-        (dict(full_tiles=True), 32),
-        (dict(full_tiles=True, table_blocks=True), 32),
-    ],
-)
-def test_decode_variants(variant, d, window, block_size):
-    """The decode split kernel's opt-in variants (triton_decode.VARIANT_KEYS), split and
-    not, over contexts not a multiple of the tile, a window starting mid-block."""
+def test_decode_table_blocks(window, block_size):
+    """The decode split kernel's one block-table read per cache block (`table_blocks`),
+    split and not, over contexts not a multiple of the tile, a window starting mid-block."""
     b = make_batch(
-        [(1, 150), (1, 90), (1, 33), (1, 1)], hq=8, hkv=2, d=d, block_size=block_size,
+        [(1, 150), (1, 90), (1, 33), (1, 1)], hq=8, hkv=2, d=40, block_size=block_size,
         device=DEV, seed=5,
     )  # fmt: skip
     win = params(sliding_window=window)
@@ -371,33 +361,32 @@ def test_decode_variants(variant, d, window, block_size):
     reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, win, want)
     for splits in (1, 3):
         got = torch.zeros_like(b.query)
-        config = dict(BLOCK_N=32, num_warps=4, num_stages=1, **variant)
+        config = dict(BLOCK_N=32, num_warps=4, num_stages=1, table_blocks=True)
         paged_decode(
             b.query, b.key_cache, b.value_cache, b.meta, win, got, num_splits=splits, config=config
         )
         torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
-def test_variant_keys_are_checked():
+def test_config_keys_are_checked():
     b = make_batch([(3, 40)], hq=4, hkv=1, d=32, block_size=32, device=DEV, seed=1)
     out = torch.zeros_like(b.query)
-    bad = dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1)
-    with pytest.raises(ValueError, match="multiple of the cache block"):
+    valid = r"valid keys: \['BLOCK_Q', 'BLOCK_N', 'num_warps', 'num_stages', 'maxnreg'\]"
+    with pytest.raises(ValueError, match=r"unknown config keys \['table_blocks'\]; " + valid):
         paged_prefill(
             b.query, b.key_cache, b.value_cache, b.meta, params(), out,
-            config=dict(bad, table_blocks=True),
+            config=dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1, table_blocks=True),
         )  # fmt: skip
     b = make_batch([(1, 40)], hq=4, hkv=1, d=32, block_size=32, device=DEV, seed=1)
-    with pytest.raises(ValueError, match="unknown config keys"):
+    with pytest.raises(ValueError, match=r"unknown config keys \['tabel_blocks'\]; valid keys"):
         paged_decode(
             b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=1,
             config=dict(BLOCK_N=32, num_warps=4, num_stages=1, tabel_blocks=True),
         )  # fmt: skip
-    b = make_batch([(1, 40)], hq=4, hkv=1, d=40, block_size=32, device=DEV, seed=1)
-    with pytest.raises(ValueError, match="power-of-two head size"):
+    with pytest.raises(ValueError, match="multiple of the cache block"):
         paged_decode(
-            b.query, b.key_cache, b.value_cache, b.meta, params(), b.query, num_splits=1,
-            config=dict(BLOCK_N=32, num_warps=4, num_stages=1, full_tiles=True),
+            b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=1,
+            config=dict(BLOCK_N=16, num_warps=4, num_stages=1, table_blocks=True),
         )  # fmt: skip
 
 

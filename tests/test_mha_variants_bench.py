@@ -16,7 +16,7 @@ def test_candidate_lists_are_valid():
     [
         ([("a", dict(mv.DECODE_BASE))], "first candidate"),
         ([("default", None), ("a", dict(BLOCK_N=64))], "missing"),
-        ([("default", None), ("a", dict(mv.DECODE_BASE, k_t=True))], "unknown"),
+        ([("default", None), ("a", dict(mv.DECODE_BASE, maxnreg=128))], "unknown"),
         ([("default", None), ("a", dict(mv.DECODE_BASE)), ("a", mv.DECODE_BASE)], "duplicate"),
     ],
 )
@@ -24,7 +24,7 @@ def test_bad_candidate_lists_are_refused(cands, match):
     from atom_plugin.attention.mha import triton_decode
 
     with pytest.raises(ValueError, match=match):
-        mv.validate(cands, triton_decode.VARIANT_KEYS, tuple(mv.DECODE_BASE))
+        mv.validate(cands, triton_decode.CONFIG_KEYS, tuple(mv.DECODE_BASE))
 
 
 def test_flags_pick_cases_and_variants():
@@ -99,7 +99,7 @@ def test_run_case_checks_every_candidate_on_cpu(monkeypatch):
         ("broken", "ERROR"),
     ]
     small = dict(BLOCK_Q=4, BLOCK_N=16, num_warps=4, num_stages=1)
-    pre = [("default", None), ("k_t", dict(small, k_t=True, table_blocks=True))]
+    pre = [("default", None), ("r128", dict(small, maxnreg=128))]
     rows = mv.run_case(pool, [(5, 20), (3, 3)], pre, False, None, 1, float("inf"), 0)
     assert [r["status"] for r in rows] == ["ok"] * 3
     skipped = mv.run_case(pool, [(1, 40)], cands[:1], True, None, 1, 0.0, 0)

@@ -77,6 +77,13 @@ def mm_acc(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
+def check_config_keys(cfg: dict, valid: tuple) -> None:
+    """Raise ValueError naming the keys of a kernel config that are not in `valid`."""
+    unknown = set(cfg) - set(valid)
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}; valid keys: {list(valid)}")
+
+
 def dot_flags(query: torch.Tensor) -> dict:
     """Constexprs for `mm`: exact float32 products for float32 inputs and on the interpreter."""
     return dict(

@@ -17,90 +17,31 @@ import triton.language as tl
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.mha.triton_prefill import kv_blocks, variant_flags
 from atom_plugin.attention.triton_common import (
     LOG2E,
     MAX_SPLITS,
+    check_config_keys,
     dot_flags,
     fold_sinks,
     mm,
     next_power_of_2,
 )
 
-# kernel variants (config keys): the block-table gather per cache block (the production
-# config's up to head size 128); full tiles in a loop without masks (head sizes of a power
-# of two; opt-in)
-VARIANT_KEYS = {"table_blocks": "TABLE_BLOCKS", "full_tiles": "FULL_TILES"}
+# what a config may hold; `table_blocks`: one block-table read per cache block (the
+# production config's up to head size 128)
+CONFIG_KEYS = ("BLOCK_N", "num_warps", "num_stages", "table_blocks")
 
 
 @triton.jit
-def _split_tile(
-    q,
-    K,
-    V,
-    table,
-    n,
-    s1,
-    start,
-    kvh,
-    d,
-    dmask,
-    scale,
-    m,
-    l_sum,
-    acc,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    KV_BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    TABLE_BLOCKS: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """Keys n .. n + BLOCK_N - 1 into (m, l_sum, acc); not MASKED: all of them inside
-    [start, s1) and head_size == BLOCK_D, so no load and no score is masked."""
-    pos = n + tl.arange(0, BLOCK_N)
-    if MASKED:
-        pmask = pos < s1
-        if TABLE_BLOCKS:
-            if HAS_WINDOW:
-                pmask = pmask & (pos >= start)
-            blk = kv_blocks(table, n, pmask, s1, KV_BLOCK, BLOCK_N, True, True)
-        else:
-            blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
-        off = pos % KV_BLOCK
-        kv_mask = pmask[:, None] & dmask[None, :]
-        k = tl.load(
-            K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION) * scale
-        qk = tl.where(pmask[None, :], qk, float("-inf"))
-    else:
-        blk = kv_blocks(table, n, None, s1, KV_BLOCK, BLOCK_N, False, TABLE_BLOCKS)
-        off = pos % KV_BLOCK
-        k = tl.load(
-            K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :]
-        )
-        qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION) * scale
-    m_new = tl.maximum(m, tl.max(qk, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_sum = l_sum * alpha + tl.sum(p, 1)
-    vptr = V + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :]
-    if MASKED:
-        v = tl.load(vptr, mask=kv_mask, other=0.0)
-    else:
-        v = tl.load(vptr)
-    acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), UPCAST, PRECISION)
-    return m_new, l_sum, acc
+def kv_blocks(table, n, seq_len, KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Cache block (int64) of keys n .. n + BLOCK_N - 1 (n a multiple of KV_BLOCK, BLOCK_N
+    of KV_BLOCK): one table load per cache block, broadcast over its rows, instead of one
+    load per key; blocks from seq_len on read 0."""
+    NB: tl.constexpr = BLOCK_N // KV_BLOCK
+    bi = n // KV_BLOCK + tl.arange(0, NB)
+    blk = tl.load(table + bi, mask=bi * KV_BLOCK < seq_len, other=0)
+    blk = tl.broadcast_to(blk.to(tl.int64)[:, None], (NB, KV_BLOCK))
+    return tl.reshape(blk, (BLOCK_N,))
 
 
 # Values that change from step to step are not specialized on: each new specialization
@@ -147,8 +88,7 @@ def _decode_split_kernel(
     DIRECT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-    TABLE_BLOCKS: tl.constexpr = False,
-    FULL_TILES: tl.constexpr = False,
+    TABLE_BLOCKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -188,23 +128,35 @@ def _decode_split_kernel(
     l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     table = block_table + req.to(tl.int64) * stride_bt
-    if FULL_TILES:  # tiles wholly inside [start, s1) first, with no mask at all
-        full_end = s0 + (s1 - s0) // BLOCK_N * BLOCK_N
-        if HAS_WINDOW:
-            full_end = tl.where(s0 < start, s0, full_end)
-        for n in range(s0, full_end, BLOCK_N):
-            m, l_sum, acc = _split_tile(
-                q, K, V, table, n, s1, start, kvh, d, dmask, scale, m, l_sum, acc,
-                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                KV_BLOCK, BLOCK_N, HAS_WINDOW, UPCAST, PRECISION, TABLE_BLOCKS, False,
-            )  # fmt: skip
-        s0 = full_end
     for n in range(s0, s1, BLOCK_N):
-        m, l_sum, acc = _split_tile(
-            q, K, V, table, n, s1, start, kvh, d, dmask, scale, m, l_sum, acc,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            KV_BLOCK, BLOCK_N, HAS_WINDOW, UPCAST, PRECISION, TABLE_BLOCKS, True,
-        )  # fmt: skip
+        pos = n + tl.arange(0, BLOCK_N)
+        pmask = pos < s1
+        if TABLE_BLOCKS:
+            if HAS_WINDOW:
+                pmask = pmask & (pos >= start)
+            blk = kv_blocks(table, n, s1, KV_BLOCK, BLOCK_N)
+        else:
+            blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
+        off = pos % KV_BLOCK
+        kv_mask = pmask[:, None] & dmask[None, :]
+        k = tl.load(
+            K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION) * scale
+        qk = tl.where(pmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + mm(p.to(q.dtype), v.to(q.dtype), UPCAST, PRECISION)
+        m = m_new
 
     if IS_FP8:
         acc = acc * tl.load(v_scale)
@@ -315,9 +267,11 @@ def paged_decode(
     missing = {"BLOCK_N", "num_warps", "num_stages"} - set(cfg)
     if missing:
         raise ValueError(f"config {config!r} lacks {sorted(missing)}")
+    check_config_keys(cfg, CONFIG_KEYS)
+    table_blocks = bool(cfg.get("table_blocks"))
+    if table_blocks and cfg["BLOCK_N"] % kv_block:
+        raise ValueError(f"table_blocks needs BLOCK_N a multiple of the cache block {kv_block}")
     block_d = next_power_of_2(d)
-    if cfg.get("full_tiles") and d != block_d:
-        raise ValueError(f"full_tiles needs a power-of-two head size, got {d}")
     direct = num_splits == 1
     parts = 0 if direct else n * hq * num_splits
     o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
@@ -362,7 +316,7 @@ def paged_decode(
         HAS_SINKS=sinks is not None,
         DIRECT=direct,
         **dot_flags(query),
-        **variant_flags(cfg, kv_block, VARIANT_KEYS),
+        TABLE_BLOCKS=table_blocks,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

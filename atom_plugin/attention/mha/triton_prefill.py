@@ -21,6 +21,7 @@ from atom_plugin.attention.mha.params import AttentionParams
 from atom_plugin.attention.triton_common import (
     LOG2E,
     cdiv,
+    check_config_keys,
     dot_flags,
     fold_sinks,
     mm,
@@ -42,50 +43,6 @@ def _load_kv(ptr, pmask, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
     else:
         x = tl.load(ptr, mask=dmask[None, :], other=0.0)
     return x
-
-
-@triton.jit
-def _load_kt(ptr, pmask, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
-    """A K tile as [D, BLOCK_N], with `_load_kv`'s masks."""
-    if MASKED:
-        if EVEN_D:
-            x = tl.load(ptr, mask=pmask[None, :], other=0.0)
-        else:
-            x = tl.load(ptr, mask=pmask[None, :] & dmask[:, None], other=0.0)
-    elif EVEN_D:
-        x = tl.load(ptr)
-    else:
-        x = tl.load(ptr, mask=dmask[:, None], other=0.0)
-    return x
-
-
-@triton.jit
-def kv_blocks(
-    table,
-    n,
-    pmask,
-    seq_len,
-    KV_BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    TABLE_BLOCKS: tl.constexpr,
-):
-    """Cache block (int64) of keys n .. n + BLOCK_N - 1. TABLE_BLOCKS (n a multiple of
-    KV_BLOCK, BLOCK_N of KV_BLOCK): one table load per cache block, broadcast over its
-    rows, instead of one load per key."""
-    if TABLE_BLOCKS:
-        NB: tl.constexpr = BLOCK_N // KV_BLOCK
-        bi = n // KV_BLOCK + tl.arange(0, NB)
-        if MASKED:
-            blk = tl.load(table + bi, mask=bi * KV_BLOCK < seq_len, other=0)
-        else:
-            blk = tl.load(table + bi)
-        blk = tl.broadcast_to(blk.to(tl.int64)[:, None], (NB, KV_BLOCK))
-        return tl.reshape(blk, (BLOCK_N,))
-    pos = n + tl.arange(0, BLOCK_N)
-    if MASKED:
-        return tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
-    return tl.load(table + pos // KV_BLOCK).to(tl.int64)
 
 
 @triton.jit
@@ -118,27 +75,19 @@ def _tile(
     EVEN_D: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-    TABLE_BLOCKS: tl.constexpr,
-    K_T: tl.constexpr,
 ):
     pos = n + tl.arange(0, BLOCK_N)
     pmask = pos < seq_len  # only MASKED tiles reach past seq_len
-    blk = kv_blocks(table, n, pmask, seq_len, KV_BLOCK, BLOCK_N, MASKED, TABLE_BLOCKS)
+    if MASKED:
+        blk = tl.load(table + pos // KV_BLOCK, mask=pmask, other=0).to(tl.int64)
+    else:
+        blk = tl.load(table + pos // KV_BLOCK).to(tl.int64)
     off = pos % KV_BLOCK
-    # K_T: K loaded as [D, BLOCK_N], the layout q.k takes, not transposed after the load
-    if K_T:
-        kptr = K + blk[None, :] * stride_kb + off[None, :] * stride_ks + kvh * stride_kh
-        kptr = kptr + d[:, None]
-    else:
-        kptr = K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh
-        kptr = kptr + d[None, :]
+    kptr = K + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :]
     vptr = V + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :]
+    k = _load_kv(kptr, pmask, dmask, MASKED, EVEN_D)
     # qk stays unscaled: scale > 0 commutes with the row max, and qk * scale - m becomes one FMA
-    if K_T:
-        qk = mm(q, _load_kt(kptr, pmask, dmask, MASKED, EVEN_D).to(q.dtype), UPCAST, PRECISION)
-    else:
-        k = _load_kv(kptr, pmask, dmask, MASKED, EVEN_D)
-        qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION)
+    qk = mm(q, tl.trans(k.to(q.dtype)), UPCAST, PRECISION)
     if MASKED:
         visible = pos[None, :] <= qpos[:, None]
         if HAS_WINDOW:
@@ -195,8 +144,6 @@ def _prefill_kernel(
     EVEN_D: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-    TABLE_BLOCKS: tl.constexpr = False,
-    K_T: tl.constexpr = False,
 ):
     req = first_req + tl.program_id(0)
     qblock = tl.num_programs(1) - 1 - tl.program_id(1)  # longest causal rows launch first
@@ -247,8 +194,6 @@ def _prefill_kernel(
     table = block_table + req.to(tl.int64) * stride_bt
     if HAS_WINDOW:
         lo = tl.maximum(p_first - window + 1, 0)
-        if TABLE_BLOCKS:  # tiles start on a cache block; the window mask hides the keys before lo
-            lo = lo // KV_BLOCK * KV_BLOCK
         unmasked_end = lo
     else:
         lo = 0
@@ -258,13 +203,13 @@ def _prefill_kernel(
         m, l_sum, acc = _tile(
             q, K, V, table, n, kvh, d, dmask, qpos, seq_len, window, scale, m, l_sum, acc,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            KV_BLOCK, BLOCK_N, False, HAS_WINDOW, EVEN_D, UPCAST, PRECISION, TABLE_BLOCKS, K_T,
+            KV_BLOCK, BLOCK_N, False, HAS_WINDOW, EVEN_D, UPCAST, PRECISION,
         )  # fmt: skip
     for n in range(unmasked_end, hi, BLOCK_N):
         m, l_sum, acc = _tile(
             q, K, V, table, n, kvh, d, dmask, qpos, seq_len, window, scale, m, l_sum, acc,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            KV_BLOCK, BLOCK_N, True, HAS_WINDOW, EVEN_D, UPCAST, PRECISION, TABLE_BLOCKS, K_T,
+            KV_BLOCK, BLOCK_N, True, HAS_WINDOW, EVEN_D, UPCAST, PRECISION,
         )  # fmt: skip
 
     if HAS_SINKS:
@@ -298,6 +243,9 @@ def _configs(head_size: int, block_g: int, cuda: bool) -> list[dict]:
     paired = dict(BLOCK_Q=max(1, 128 // block_g), BLOCK_N=64, num_warps=8, num_stages=3)
     return [dict(paired, maxnreg=128), big, mid, small]
 
+
+# what a config may hold; `maxnreg` caps each program's registers (two CTAs an SM)
+CONFIG_KEYS = ("BLOCK_Q", "BLOCK_N", "num_warps", "num_stages", "maxnreg")
 
 # (device, head_size, block_g) -> index of the first config that fit
 _FITTING: dict[tuple, int] = {}
@@ -349,6 +297,7 @@ def _launch(query, key_cache, value_cache, meta, params, output, first, num, cfg
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
     block_g = next_power_of_2(group)
+    check_config_keys(cfg, CONFIG_KEYS)
     cfg = dict(cfg)
     # tl.dot needs at least 16 rows
     cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], cdiv(16, block_g))
@@ -393,25 +342,7 @@ def _launch(query, key_cache, value_cache, meta, params, output, first, num, cfg
         HAS_SINKS=sinks is not None,
         EVEN_D=d == block_d,
         **dot_flags(query),
-        **variant_flags(cfg, kv_block),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **{k: cfg[k] for k in ("maxnreg",) if k in cfg},
     )
-
-
-# opt-in kernel variants (config keys, off by default): the block-table gather per cache
-# block, K loaded transposed; `maxnreg` (prefill only) caps registers, e.g. for two CTAs an SM
-VARIANT_KEYS = {"table_blocks": "TABLE_BLOCKS", "k_t": "K_T"}
-
-
-def variant_flags(cfg: dict, kv_block: int, keys: dict = VARIANT_KEYS) -> dict:
-    """The constexprs a config's variant keys turn on (a key absent or false: none)."""
-    unknown = set(cfg) - set(keys) - {"BLOCK_Q", "BLOCK_N", "num_warps", "num_stages"}
-    unknown -= {"maxnreg"} if keys is VARIANT_KEYS else set()
-    if unknown:
-        raise ValueError(f"unknown config keys {sorted(unknown)}")
-    flags = {keys[k]: True for k in keys if cfg.get(k)}
-    if "TABLE_BLOCKS" in flags and cfg["BLOCK_N"] % kv_block:
-        raise ValueError(f"table_blocks needs BLOCK_N a multiple of the cache block {kv_block}")
-    return flags
