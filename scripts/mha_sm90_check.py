@@ -6,7 +6,8 @@ GPU machine's Triton 3.6, as that script says):
     /tmp/t36/bin/python scripts/mha_sm90_check.py [--ptx DIR]
 
 `--ptx DIR` writes each candidate's instructions, to diff the default's across commits;
-`--defaults` compiles only the production configs (what an older commit has).
+`--defaults` compiles only the production configs (what an older commit has): the
+prefill's is the first CUDA candidate of `triton_prefill._configs`, as on the GPU.
 
 The kernels compile as on the GPU (bf16 MMAs), not with the float32 products the launchers
 pick for CPU tensors (`triton_common.dot_flags`).
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
     driver.set_active(CompileOnlyDriver())
     gpu_flags = lambda query: dict(UPCAST=False, PRECISION=None)  # noqa: E731
     triton_prefill.dot_flags = triton_decode.dot_flags = gpu_flags
+    # the prefill launcher picks its candidates by the tensors' device: CUDA's, as on the GPU
+    configs = triton_prefill._configs
+    triton_prefill._configs = lambda head_size, block_g, cuda: configs(head_size, block_g, True)
     failed = False
     for fam, cands, decode in (
         ("prefill", mha_variants.PREFILL_CANDIDATES, False),
