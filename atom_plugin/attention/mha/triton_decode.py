@@ -10,6 +10,8 @@ count is correct for any context (a CUDA graph may bake the count in).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -231,12 +233,26 @@ def _decode_reduce_kernel(
     )
 
 
+@functools.cache
 def _config(head_size: int, kv_block: int) -> dict:
     """The production config (H200 sweeps, docs/benchmarks.md): up to head size 128, 64-key
-    tiles three stages deep whose block-table reads go one per cache block."""
+    tiles three stages deep whose block-table reads go one per cache block. Read only:
+    every call of a shape shares it."""
     if head_size > 128:
         return dict(BLOCK_N=32, num_warps=4, num_stages=2)
     return dict(BLOCK_N=64, num_warps=4, num_stages=3, table_blocks=64 % kv_block == 0)
+
+
+def _checked(config: dict, kv_block: int) -> dict:
+    """An explicit config, whole and holding only CONFIG_KEYS (the production one is by
+    construction)."""
+    missing = {"BLOCK_N", "num_warps", "num_stages"} - set(config)
+    if missing:
+        raise ValueError(f"config {config!r} lacks {sorted(missing)}")
+    check_config_keys(config, CONFIG_KEYS)
+    if config.get("table_blocks") and config["BLOCK_N"] % kv_block:
+        raise ValueError(f"table_blocks needs BLOCK_N a multiple of the cache block {kv_block}")
+    return config
 
 
 def paged_decode(
@@ -263,14 +279,8 @@ def paged_decode(
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
     sliding_window, sinks = params.sliding_window, params.sinks
-    cfg = _config(d, kv_block) if config is None else config
-    missing = {"BLOCK_N", "num_warps", "num_stages"} - set(cfg)
-    if missing:
-        raise ValueError(f"config {config!r} lacks {sorted(missing)}")
-    check_config_keys(cfg, CONFIG_KEYS)
+    cfg = _config(d, kv_block) if config is None else _checked(config, kv_block)
     table_blocks = bool(cfg.get("table_blocks"))
-    if table_blocks and cfg["BLOCK_N"] % kv_block:
-        raise ValueError(f"table_blocks needs BLOCK_N a multiple of the cache block {kv_block}")
     block_d = next_power_of_2(d)
     direct = num_splits == 1
     parts = 0 if direct else n * hq * num_splits

@@ -276,6 +276,7 @@ def paged_prefill(
     d = query.shape[2]
     block_g = next_power_of_2(query.shape[1] // key_cache.shape[2])
     if config is not None:
+        check_config_keys(config, CONFIG_KEYS)
         _launch(query, key_cache, value_cache, meta, params, output, first, num, config)
         return output
     key = (str(query.device), d, block_g)
@@ -297,7 +298,6 @@ def _launch(query, key_cache, value_cache, meta, params, output, first, num, cfg
     _, kv_block, hkv, _ = key_cache.shape
     group = hq // hkv
     block_g = next_power_of_2(group)
-    check_config_keys(cfg, CONFIG_KEYS)
     cfg = dict(cfg)
     # tl.dot needs at least 16 rows
     cfg["BLOCK_Q"] = max(cfg["BLOCK_Q"], cdiv(16, block_g))

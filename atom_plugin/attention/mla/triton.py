@@ -14,7 +14,6 @@ from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, 
 from atom_plugin.attention.mla.checks import check_mla_shapes
 from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
-from atom_plugin.attention.mla.launch_plan import MERGE_BLOCK_S, MERGE_MIN_BLOCK_S
 from atom_plugin.attention.mla.plan import TritonMLAPlan
 from atom_plugin.attention.mla.triton_kernels import (
     _mla_decode_per_token,
@@ -200,10 +199,6 @@ def mla_decode_triton(
         return lse
     dv = next_power_of_2(kv_lora_rank)
     block_s = launch.merge_block_s  # the plan's split tile (`launch_plan.merge_block_s`)
-    if block_s & (block_s - 1) or not MERGE_MIN_BLOCK_S <= block_s <= MERGE_BLOCK_S:
-        raise ValueError(
-            f"merge_block_s={block_s}: a power of two in [{MERGE_MIN_BLOCK_S}, {MERGE_BLOCK_S}]"
-        )
     block_dv = min(dv, launch.merge_block_dv)
     _mla_decode_stage2[(H, T, dv // block_dv)](
         mid_o,
