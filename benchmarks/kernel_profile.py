@@ -66,8 +66,8 @@ NOT_STALLS = ("selected", "not_selected")  # issuing, or eligible and passed ove
 
 @dataclass(frozen=True)
 class Problem:
-    """One profiled shape: `kind` 'mla' (batch, context, heads, q_len) or 'mha' (reqs as
-    (query_len, seq_len) pairs, FA3 num_splits, seed)."""
+    """One profiled shape: `kind` 'mla' (batch, context, heads, q_len, cache) or 'mha'
+    (reqs as (query_len, seq_len) pairs, FA3 num_splits, seed, heads)."""
 
     name: str
     kind: str
@@ -76,46 +76,45 @@ class Problem:
     args: tuple
 
 
+def _mla(name, batch, context, heads, q_len, cache="bf16") -> Problem:
+    anchor = "FlashMLA" if cache == "bf16" else "FlashMLA (bf16 copy of the cache)"
+    what = (
+        f"MLA decode, {cache} cache, {heads} heads, {batch} requests x {context // 1024}K "
+        f"context, {q_len} query token{'s' if q_len > 1 else ''}"
+    )
+    return Problem(name, "mla", anchor, what, (batch, context, heads, q_len, cache))
+
+
+def _mha(name, reqs, heads: str = "32/8/128") -> Problem:
+    q, kv, d = (int(x) for x in heads.split("/"))
+    decode = reqs[0][0] == 1
+    splits = FA3_DECODE_SPLITS if decode else 0
+    n, (new, seq) = len(reqs), reqs[0]
+    if decode:
+        what = f"MHA decode, {n} requests x {seq // 1024}K context"
+    elif new == seq:
+        what = f"MHA causal fresh prefill, {n} x {new // 1024}K tokens"
+    else:
+        what = f"MHA causal chunked prefill, {n} x {new} new tokens over {seq - new} cached"
+    what += f", {q} q / {kv} kv heads, head {d}, bf16, block 16; FA3 num_splits={splits}"
+    return Problem(name, "mha", "FA3", what, (tuple(reqs), splits, n * 7 + seq, (q, kv, d)))
+
+
 SHAPES = {
     p.name: p
     for p in (
-        Problem(
-            "mla-h128-32x8k",
-            "mla",
-            "FlashMLA",
-            "MLA decode, bf16 cache, 128 heads, 32 requests x 8K context, 1 query token",
-            (32, 8192, 128, 1),
-        ),
-        Problem(
-            "mla-h128-128x4k",
-            "mla",
-            "FlashMLA",
-            "MLA decode, bf16 cache, 128 heads, 128 requests x 4K context, 1 query token",
-            (128, 4096, 128, 1),
-        ),
-        Problem(
-            "mla-h64-q2-32x8k",
-            "mla",
-            "FlashMLA",
-            "MLA decode, bf16 cache, 64 heads, 32 requests x 8K context, 2 query tokens",
-            (32, 8192, 64, 2),
-        ),
-        Problem(
-            "prefill-1x8k",
-            "mha",
-            "FA3",
-            "MHA causal fresh prefill, 1 x 8K tokens, 32 q / 8 kv heads, head 128, bf16, "
-            "block 16; FA3 num_splits=0",
-            (((8192, 8192),), 0, 1 * 13 + 8192),
-        ),
-        Problem(
-            "mha-decode-8x16k",
-            "mha",
-            "FA3",
-            "MHA decode, 8 requests x 16K context, 32 q / 8 kv heads, head 128, bf16, "
-            f"block 16; FA3 num_splits={FA3_DECODE_SPLITS}",
-            (((1, 16384),) * 8, FA3_DECODE_SPLITS, 8 * 7 + 16384),
-        ),
+        _mla("mla-h128-32x8k", 32, 8192, 128, 1),
+        _mla("mla-h128-128x4k", 128, 4096, 128, 1),
+        _mla("mla-h64-q2-32x8k", 32, 8192, 64, 2),
+        _mla("mla-h128-q2-32x8k", 32, 8192, 128, 2),
+        _mla("mla-fp8-h128-32x8k", 32, 8192, 128, 1, "fp8"),
+        _mla("mla-fp8-h64-32x8k", 32, 8192, 64, 1, "fp8"),
+        _mha("prefill-1x8k", [(8192, 8192)]),
+        _mha("prefill-h64-1x8k", [(8192, 8192)], "32/8/64"),
+        _mha("prefill-8x1k-over-7k", [(1024, 8192)] * 8),
+        _mha("mha-decode-8x16k", [(1, 16384)] * 8),
+        _mha("mha-decode-1x1k", [(1, 1024)]),
+        _mha("mha-decode-gqa8-256x4k", [(1, 4096)] * 256, "32/4/128"),
     )
 }
 
@@ -157,18 +156,22 @@ def build_calls(problem: Problem):
     from benchmarks import kernel_problems as kp
 
     if problem.kind == "mla":
-        batch, context, heads, q_len = problem.args
-        shape = kp.make_mla_shape(batch, context, heads, q_len, seed=batch * 131 + heads + q_len)
+        batch, context, heads, q_len, cache = problem.args
+        seed = batch * 131 + heads + q_len
+        shape = kp.make_mla_shape(batch, context, heads, q_len, seed=seed, cache=cache)
         plugin = kp.plugin_mla_call(shape, shape.plan(), shape.new_out())
-        return plugin, kp.flashmla_call(shape)
-    reqs, num_splits, seed = problem.args
+        return plugin, kp.flashmla_call(shape, kp.bf16_latents(shape))
+    reqs, num_splits, seed, (hq, hkv, d) = problem.args
+    heads = kp.Heads(hq, hkv, d)
     decode = [(len(reqs), reqs[0][1])] if reqs[0][0] == 1 else []
     prefill = [] if decode else [(len(reqs), reqs[0][1])]
     torch.manual_seed(1)
-    pool = attention.KVPool(kp.mha_pool_tokens(decode, prefill), kp.MHA_BLOCK_SIZE)
+    pool = attention.KVPool(
+        kp.mha_pool_tokens(decode, prefill), kp.MHA_BLOCK_SIZE, hkv=heads.kv, d=heads.d
+    )
     torch.manual_seed(seed)
     meta = kp.mha_meta(pool, list(reqs), seed)
-    q = kp.peaked_mha_query(meta.num_actual_tokens)
+    q = kp.peaked_mha_query(meta.num_actual_tokens, heads=heads)
     plugin = kp.plugin_mha_call(pool, meta, q, torch.empty_like(q))
     return plugin, kp.fa3_call(pool, meta, q, num_splits)
 

@@ -28,8 +28,13 @@ from atom_plugin.attention.mha.triton import paged_attention, write_kv  # noqa: 
 from atom_plugin.attention.mha.triton_decode import paged_decode  # noqa: E402
 from atom_plugin.attention.mha.triton_prefill import paged_prefill  # noqa: E402
 from atom_plugin.attention.triton_common import (  # noqa: E402
+    DECODE_PROGRAMS_PER_SM,
+    MAX_SPLITS,
+    MIN_TOKENS_PER_SPLIT,
+    WAVE_FILL_TOLERANCE,
     choose_num_splits,
     device_sm_count,
+    occupancy,
 )
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -261,14 +266,99 @@ def test_ubatch_halves_through_triton():
         torch.testing.assert_close(part, whole[lo:hi], **tolerance(torch.float32))
 
 
-def test_split_choice_fills_the_gpu():
-    assert choose_num_splits(1, 8, 65536, 132) * 8 >= 2 * 132
-    assert choose_num_splits(256, 8, 65536, 132) == 1
-    assert choose_num_splits(1, 8, 300, 132) == 2  # no split under 256 tokens
-    assert choose_num_splits(1, 1, 10**7, 10**4) == 64  # bounded
+@pytest.mark.parametrize(
+    "rows, groups, context, want",
+    [  # the H200 sweep's best counts (benchmarks/decode_splits.py; 132 SMs, 3 programs each)
+        (1, 8, 16384, 47),  # measured best 48; 33 (two programs an SM) 1.03x slower
+        (8, 8, 16384, 6),  # 384 programs; 8 splits (512: a second, thin wave) 1.25x slower
+        (32, 8, 16384, 3),  # two full waves; 2 splits 1.29x slower
+        (8, 4, 65536, 12),
+        (32, 4, 16384, 3),
+        (256, 4, 4096, 1),  # the programs fill a wave unsplit
+        (1, 8, 1024, 4),  # 256 keys a split at least
+        (1, 8, 300, 2),
+        (1, 1, 10**7, 61),  # bounded by 64 splits, of which 61 fill within 5%
+    ],
+)
+def test_split_choice_fills_whole_waves(rows, groups, context, want):
+    assert choose_num_splits(rows, groups, context, 132) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 512),
+    groups=st.integers(1, 16),
+    context=st.integers(1, 1 << 17),
+    sms=st.integers(1, 200),
+)
+def test_split_choice_is_the_fewest_splits_filling_waves_nearly_best(rows, groups, context, sms):
+    splits = choose_num_splits(rows, groups, context, sms)
+    cap = max(1, min(MAX_SPLITS, -(-context // MIN_TOKENS_PER_SPLIT)))
+    assert 1 <= splits <= cap
+    programs, slots = rows * groups, DECODE_PROGRAMS_PER_SM * sms
+    if programs >= slots:
+        assert splits == 1
+        return
+
+    def fill(s):
+        return programs * s / (-(-programs * s // slots) * slots)
+
+    fullest = max(fill(s) for s in range(1, cap + 1))
+    assert fill(splits) * WAVE_FILL_TOLERANCE >= fullest
+    assert all(fill(s) * WAVE_FILL_TOLERANCE < fullest for s in range(1, splits))
+
+
+@pytest.mark.parametrize(
+    "n_regs, shared, num_warps, want",
+    [
+        (139, 38928, 4, 3),  # the decode's production config compiled by Triton 3.6 (sm_90)
+        (91, 38928, 4, 5),  # the same by Triton 3.7.1: the shared memory holds five
+        (32, 0, 16, 4),  # threads: 2048 an SM
+        (255, 200_000, 8, 1),  # at least one
+    ],
+)
+def test_occupancy_of_a_compiled_kernel(n_regs, shared, num_warps, want):
+    assert occupancy(n_regs, shared, num_warps, 2048, 233472) == want
+
+
+def test_plan_fills_the_waves_the_measured_occupancy_gives(monkeypatch):
+    from atom_plugin.attention import triton_common
+    from atom_plugin.attention.mha import planner, triton_decode
+
+    b = make_batch([(1, 16384)] * 8, hq=32, hkv=8, d=16, block_size=16, device="cpu")
+    monkeypatch.setattr(triton_common, "device_sm_count", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+
+    def splits():
+        return planner.plan_mha(b.meta, device=gpu, num_kv_heads=8, block_size=16, impl="triton")
+
+    monkeypatch.setattr(triton_decode, "_programs_per_sm", {})  # no launch seen: the default
+    assert splits() == TritonPlan(num_splits=6)  # 384 of 396 places
+    monkeypatch.setattr(triton_decode, "_programs_per_sm", {0: 5})
+    assert splits() == TritonPlan(num_splits=10)  # 640 of 660
 
 
 # --- realistic sizes on the GPU ------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_first_split_launch_records_the_occupancy(monkeypatch):
+    from atom_plugin.attention.mha import triton_decode
+
+    monkeypatch.setattr(triton_decode, "_programs_per_sm", {})
+    b = make_batch(
+        [(1, 3000)] * 4, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16, device="cuda"
+    )
+    explicit = dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    out = torch.zeros_like(b.query)
+    paged_decode(b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=2,
+                 config=explicit)  # fmt: skip
+    paged_decode(b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=1)
+    assert triton_decode._programs_per_sm == {}  # only the production config's split launch
+    paged_decode(b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=2)
+    index = b.query.device.index
+    assert 1 <= triton_decode._programs_per_sm[index] <= 16
+    assert triton_decode.programs_per_sm(b.query.device) == triton_decode._programs_per_sm[index]
 
 
 @pytest.mark.gpu

@@ -12,7 +12,11 @@ import triton.language as tl
 LOG2E = math.log2(math.e)
 MAX_SPLITS = 64
 MIN_TOKENS_PER_SPLIT = 256  # below this, partial-result traffic costs more than the split wins
-WAVES = 2
+# Programs of the MHA split-KV decode one SM holds at once, until a launch has shown the
+# device's own figure (`triton_decode.programs_per_sm`): the H200's with Triton 3.6
+DECODE_PROGRAMS_PER_SM = 3
+WAVE_FILL_TOLERANCE = 1.05
+REGISTERS_PER_SM = 65536  # every NVIDIA GPU since Maxwell
 
 
 def cdiv(a: int, b: int) -> int:
@@ -26,13 +30,39 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-def choose_num_splits(num_rows: int, num_head_groups: int, max_seq_len: int, num_sms: int) -> int:
-    """KV splits per row so that rows x head groups x splits >= WAVES * num_sms programs,
-    each split >= MIN_TOKENS_PER_SPLIT keys, at most MAX_SPLITS."""
+def choose_num_splits(
+    num_rows: int,
+    num_head_groups: int,
+    max_seq_len: int,
+    num_sms: int,
+    programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
+) -> int:
+    """KV splits per row of the split-KV decode, whose rows x head groups x splits programs
+    run in waves of programs_per_sm x num_sms. A last wave partly filled costs nearly a
+    full one (the H200 sweep, docs/benchmarks.md), so the count is the smallest whose
+    waves are within WAVE_FILL_TOLERANCE as full as the fullest count's; no split once the
+    programs fill a wave unsplit; each split >= MIN_TOKENS_PER_SPLIT keys, at most
+    MAX_SPLITS."""
     programs = max(1, num_rows * num_head_groups)
-    want = cdiv(WAVES * num_sms, programs)
-    cap = max(1, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT))
-    return max(1, min(want, cap, MAX_SPLITS))
+    slots = programs_per_sm * num_sms
+    cap = max(1, min(MAX_SPLITS, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
+    if programs >= slots or cap == 1:
+        return 1
+    fill = [programs * s / (cdiv(programs * s, slots) * slots) for s in range(1, cap + 1)]
+    fullest = max(fill)
+    return next(s for s, f in enumerate(fill, 1) if f * WAVE_FILL_TOLERANCE >= fullest)
+
+
+def occupancy(
+    n_regs: int, shared: int, num_warps: int, max_threads: int, shared_per_sm: int
+) -> int:
+    """Programs of one compiled kernel an NVIDIA SM holds at once: the least that its
+    threads, registers (allocated 256 a warp) and shared memory (1 KB reserved a program)
+    allow; at least 1."""
+    by_threads = max_threads // (32 * num_warps)
+    by_registers = REGISTERS_PER_SM // (cdiv(n_regs * 32, 256) * 256 * num_warps)
+    by_shared = shared_per_sm // (shared + 1024)
+    return max(1, min(by_threads, by_registers, by_shared))
 
 
 def device_sm_count(device: torch.device) -> int:

@@ -58,11 +58,16 @@ def plan_for_caches(
 def _decode_splits(meta: PagedAttentionMetadata, num_kv_heads: int, device: torch.device) -> int:
     if meta.num_decodes == 0:
         return 1
-    # Imported here: triton_common imports triton, which the torch path does not need.
+    # Imported here: the Triton modules import triton, which the torch path does not need.
+    from atom_plugin.attention.mha.triton_decode import programs_per_sm
     from atom_plugin.attention.triton_common import choose_num_splits, device_sm_count
 
     return choose_num_splits(
-        meta.num_decodes, num_kv_heads, meta.max_seq_len, device_sm_count(device)
+        meta.num_decodes,
+        num_kv_heads,
+        meta.max_seq_len,
+        device_sm_count(device),
+        programs_per_sm(device),
     )
 
 

@@ -3,7 +3,7 @@
 One program of the split kernel handles (request, kv head, split): all query
 heads of the kv head's group share each K/V tile, so KV is read once. The
 context is cut into `num_splits` chunks; the step's plan chooses the count so
-that small batches still put at least two waves of programs on the GPU. Chunk
+that the programs fill whole waves of the GPU (`programs_per_sm`). Chunk
 bounds are computed on the device from each request's seq_len, so any split
 count is correct for any context (a CUDA graph may bake the count in).
 """
@@ -20,6 +20,7 @@ from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.params import AttentionParams
 from atom_plugin.attention.triton_common import (
+    DECODE_PROGRAMS_PER_SM,
     LOG2E,
     MAX_SPLITS,
     check_config_keys,
@@ -27,7 +28,14 @@ from atom_plugin.attention.triton_common import (
     fold_sinks,
     mm,
     next_power_of_2,
+    occupancy,
 )
+
+# Programs of the split kernel an SM of each CUDA device holds, read off the first split
+# launch there with the production config: registers and shared memory follow the Triton
+# version (on the H200, 3 with Triton 3.6 and 5 with 3.7.1), and the step plan's split
+# count fills waves of them.
+_programs_per_sm: dict[int, int] = {}
 
 # what a config may hold; `table_blocks`: one block-table read per cache block (the
 # production config's up to head size 128)
@@ -255,6 +263,26 @@ def _checked(config: dict, kv_block: int) -> dict:
     return config
 
 
+def programs_per_sm(device: torch.device) -> int:
+    """Split-kernel programs one SM of `device` holds: measured at its first split launch
+    there, DECODE_PROGRAMS_PER_SM before that and off CUDA."""
+    if device.type != "cuda":
+        return DECODE_PROGRAMS_PER_SM
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _programs_per_sm.get(index, DECODE_PROGRAMS_PER_SM)
+
+
+def _record_occupancy(kernel, device: torch.device) -> None:
+    props = torch.cuda.get_device_properties(device)
+    _programs_per_sm[device.index] = occupancy(
+        kernel.n_regs,
+        kernel.metadata.shared,
+        kernel.metadata.num_warps,
+        props.max_threads_per_multi_processor,
+        props.shared_memory_per_multiprocessor,
+    )
+
+
 def paged_decode(
     query,
     key_cache,
@@ -287,7 +315,7 @@ def paged_decode(
     o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
     l_part = torch.empty(parts, dtype=torch.float32, device=query.device)
     fp8 = is_fp8(key_cache.dtype)
-    _decode_split_kernel[(n, hkv, num_splits)](
+    kernel = _decode_split_kernel[(n, hkv, num_splits)](
         query,
         key_cache,
         value_cache,
@@ -332,6 +360,10 @@ def paged_decode(
     )
     if direct:
         return output
+    dev = query.device
+    if config is None and dev.type == "cuda" and dev.index not in _programs_per_sm:
+        if not torch.version.hip:  # the occupancy rule is NVIDIA's
+            _record_occupancy(kernel, dev)
     _decode_reduce_kernel[(n, hq)](
         o_part,
         l_part,
