@@ -362,7 +362,8 @@ def paged_decode(
         return output
     dev = query.device
     if config is None and dev.type == "cuda" and dev.index not in _programs_per_sm:
-        if not torch.version.hip:  # the occupancy rule is NVIDIA's
+        # the occupancy rule is NVIDIA's; the interpreter returns no compiled kernel
+        if kernel is not None and not torch.version.hip:
             _record_occupancy(kernel, dev)
     _decode_reduce_kernel[(n, hq)](
         o_part,
