@@ -15,7 +15,10 @@ MIN_TOKENS_PER_SPLIT = 256  # below this, partial-result traffic costs more than
 # Programs of the MHA split-KV decode one SM holds at once, until a launch has shown the
 # device's own figure (`triton_decode.programs_per_sm`): the H200's with Triton 3.6
 DECODE_PROGRAMS_PER_SM = 3
-WAVE_FILL_TOLERANCE = 1.05
+# Decode programs an SM needs in flight to keep DRAM busy: a wave with fewer takes as long
+# as one with this many (the H200 sweeps with 3 and 5 programs an SM, docs/benchmarks.md)
+SATURATING_PROGRAMS_PER_SM = 3
+SPLIT_COST_TOLERANCE = 1.05
 REGISTERS_PER_SM = 65536  # every NVIDIA GPU since Maxwell
 
 
@@ -37,20 +40,31 @@ def choose_num_splits(
     num_sms: int,
     programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
 ) -> int:
-    """KV splits per row of the split-KV decode, whose rows x head groups x splits programs
-    run in waves of programs_per_sm x num_sms. A last wave partly filled costs nearly a
-    full one (the H200 sweep, docs/benchmarks.md), so the count is the smallest whose
-    waves are within WAVE_FILL_TOLERANCE as full as the fullest count's; no split once the
-    programs fill a wave unsplit; each split >= MIN_TOKENS_PER_SPLIT keys, at most
-    MAX_SPLITS."""
+    """KV splits per row of the split-KV decode: the fewest whose estimated time is within
+    SPLIT_COST_TOLERANCE of the least; each split >= MIN_TOKENS_PER_SPLIT keys, at most
+    MAX_SPLITS.
+
+    Its rows x head groups x splits programs run in waves of programs_per_sm x num_sms,
+    and a wave takes time in proportion to its programs an SM, but never less than
+    SATURATING_PROGRAMS_PER_SM's: so a thin last wave costs nearly a full one, and
+    splitting further once every SM holds enough programs only adds partial results. No
+    split once the unsplit programs fill a wave: over several waves programs no longer
+    start together, and a partial last wave costs less than this estimate says.
+    """
     programs = max(1, num_rows * num_head_groups)
-    slots = programs_per_sm * num_sms
     cap = max(1, min(MAX_SPLITS, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
-    if programs >= slots or cap == 1:
+    slots = programs_per_sm * num_sms
+    if programs >= slots:
         return 1
-    fill = [programs * s / (cdiv(programs * s, slots) * slots) for s in range(1, cap + 1)]
-    fullest = max(fill)
-    return next(s for s, f in enumerate(fill, 1) if f * WAVE_FILL_TOLERANCE >= fullest)
+    cost = []
+    for splits in range(1, cap + 1):
+        full, rest = divmod(programs * splits, slots)
+        waves = full * programs_per_sm
+        if rest:
+            waves += max(rest / num_sms, SATURATING_PROGRAMS_PER_SM)
+        cost.append(waves / (programs * splits))  # a program's share of the time
+    least = min(cost)
+    return next(s for s, c in enumerate(cost, 1) if c <= least * SPLIT_COST_TOLERANCE)
 
 
 def occupancy(

@@ -3,7 +3,7 @@
 One program of the split kernel handles (request, kv head, split): all query
 heads of the kv head's group share each K/V tile, so KV is read once. The
 context is cut into `num_splits` chunks; the step's plan chooses the count so
-that the programs fill whole waves of the GPU (`programs_per_sm`). Chunk
+that its waves of programs keep every SM busy (`triton_common.choose_num_splits`). Chunk
 bounds are computed on the device from each request's seq_len, so any split
 count is correct for any context (a CUDA graph may bake the count in).
 """
@@ -34,7 +34,7 @@ from atom_plugin.attention.triton_common import (
 # Programs of the split kernel an SM of each CUDA device holds, read off the first split
 # launch there with the production config: registers and shared memory follow the Triton
 # version (on the H200, 3 with Triton 3.6 and 5 with 3.7.1), and the step plan's split
-# count fills waves of them.
+# count is chosen for waves of them.
 _programs_per_sm: dict[int, int] = {}
 
 # what a config may hold; `table_blocks`: one block-table read per cache block (the
