@@ -33,6 +33,7 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+@functools.lru_cache(maxsize=4096)  # planned every step: a few tens of microseconds a miss
 def choose_num_splits(
     num_rows: int,
     num_head_groups: int,
@@ -56,13 +57,14 @@ def choose_num_splits(
     slots = programs_per_sm * num_sms
     if programs >= slots:
         return 1
+    floor = min(SATURATING_PROGRAMS_PER_SM, programs_per_sm)
     cost = []
     for splits in range(1, cap + 1):
         full, rest = divmod(programs * splits, slots)
         waves = full * programs_per_sm
         if rest:
-            waves += max(rest / num_sms, SATURATING_PROGRAMS_PER_SM)
-        cost.append(waves / (programs * splits))  # a program's share of the time
+            waves += max(rest / num_sms, floor)
+        cost.append(waves / (programs * splits))  # the time over the whole work
     least = min(cost)
     return next(s for s, c in enumerate(cost, 1) if c <= least * SPLIT_COST_TOLERANCE)
 
