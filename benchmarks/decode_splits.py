@@ -6,7 +6,8 @@ Every row runs the production kernel and config (`triton_decode.paged_decode`, c
 None) with `num_splits` forced; its output is checked against the row with one split
 (no partials, no reduction). Times are medians of CUDA-graph replays after an L2 flush.
 Counts above the context's cap (`MIN_TOKENS_PER_SPLIT` keys a split) or MAX_SPLITS are
-not run; neither are counts the rule could not pick.
+not run. The rule's own count is run too when `--splits` lacks it (it reads the occupancy
+that the shape's first split launch measured, so it is known only after the listed counts).
 
     PYTHONPATH=$PWD python -m benchmarks.decode_splits --out decode_splits.md \
         [--shapes 32/8/128:8x16384,...] [--splits 1,2,4,...] [--iters 20]
@@ -140,11 +141,12 @@ def sweep_shape(heads: Heads, batch: int, context: int, splits, flush, iters, sm
     q = kp.peaked_mha_query(batch, heads=heads)
     params = AttentionParams(scale=heads.scale)
     nbytes = kp.mha_decode_bytes(batch, context, heads)
-    rows, want = [], None
-    for s in runnable_splits(splits, context):
+    rows, ref = [], {}  # ref: the first count's output, the one the others are checked against
+
+    def measure(s: int) -> None:
         out = torch.empty_like(q)
 
-        def call(s=s, out=out):
+        def call():
             triton_decode.paged_decode(
                 q, pool.key_cache, pool.value_cache, meta, params, out, num_splits=s
             )
@@ -156,23 +158,26 @@ def sweep_shape(heads: Heads, batch: int, context: int, splits, flush, iters, sm
         try:
             got = call().clone()
             torch.cuda.synchronize()
-            if want is None:
-                want = got
+            if ref:
+                kp.assert_close(got, ref["out"], f"{s} splits vs {ref['splits']}")
             else:
-                kp.assert_close(got, want, f"{s} splits vs {rows[0]['splits']}")
+                ref.update(out=got, splits=s)
             row["us"] = time_us(call, flush=flush, iters=iters)
         except Exception as exc:
             row["status"] = f"FAILED: {kp.short_error(exc)}"
         progress(f"  {s} splits: {row.get('us', 0):.1f} us {row['status'][:80]}")
         rows.append(row)
-    # picked after the launches: the rule reads the occupancy the first split launch measured
+
+    for s in runnable_splits(splits, context):
+        measure(s)
     pick = triton_common.choose_num_splits(
         batch, heads.kv, context, sms, triton_decode.programs_per_sm(q.device)
     )
+    if pick not in [r["splits"] for r in rows]:
+        measure(pick)
+        rows.sort(key=lambda r: r["splits"])
     for row in rows:
         row["rule"] = row["splits"] == pick
-    if pick not in [r["splits"] for r in rows]:
-        progress(f"  the rule's pick ({pick}) is not in --splits")
     return rows  # the caller empties the allocator cache once the pool is gone
 
 
