@@ -274,12 +274,15 @@ def programs_per_sm(device: torch.device) -> int:
 
 def _record_occupancy(kernel, device: torch.device) -> None:
     props = torch.cuda.get_device_properties(device)
+    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", None)  # not in old torch
+    if shared_per_sm is None:
+        return  # the plan keeps DECODE_PROGRAMS_PER_SM
     _programs_per_sm[device.index] = occupancy(
         kernel.n_regs,
         kernel.metadata.shared,
         kernel.metadata.num_warps,
         props.max_threads_per_multi_processor,
-        props.shared_memory_per_multiprocessor,
+        shared_per_sm,
     )
 
 
