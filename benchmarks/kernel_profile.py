@@ -91,7 +91,7 @@ def _mha(name, reqs, heads: str = "32/8/128") -> Problem:
     splits = FA3_DECODE_SPLITS if decode else 0
     n, (new, seq) = len(reqs), reqs[0]
     if decode:
-        what = f"MHA decode, {n} requests x {seq // 1024}K context"
+        what = f"MHA decode, {n} request{'s' if n > 1 else ''} x {seq // 1024}K context"
     elif new == seq:
         what = f"MHA causal fresh prefill, {n} x {new // 1024}K tokens"
     else:
@@ -109,10 +109,13 @@ SHAPES = {
         _mla("mla-h128-q2-32x8k", 32, 8192, 128, 2),
         _mla("mla-fp8-h128-32x8k", 32, 8192, 128, 1, "fp8"),
         _mla("mla-fp8-h64-32x8k", 32, 8192, 64, 1, "fp8"),
+        _mla("mla-h16-q2-128x4k", 128, 4096, 16, 2),
+        _mla("mla-fp8-h16-32x32k", 32, 32768, 16, 1, "fp8"),
         _mha("prefill-1x8k", [(8192, 8192)]),
         _mha("prefill-h64-1x8k", [(8192, 8192)], "32/8/64"),
         _mha("prefill-8x1k-over-7k", [(1024, 8192)] * 8),
         _mha("mha-decode-8x16k", [(1, 16384)] * 8),
+        _mha("mha-decode-128x16k", [(1, 16384)] * 128),
         _mha("mha-decode-1x1k", [(1, 1024)]),
         _mha("mha-decode-gqa8-256x4k", [(1, 4096)] * 256, "32/4/128"),
     )
