@@ -33,21 +33,23 @@ DEFAULT_SPLITS = "1,2,3,4,5,6,8,9,10,12,16,24,32,33,48,64"
 
 
 def parse_shapes(text: str) -> list[tuple[Heads, int, int]]:
-    """'Q/KV/D:BxC,...' -> [(Heads, batch, context)]; ValueError names the bad item."""
+    """'Q/KV/D:BxC,...' -> [(Heads, batch, context)] (kernels_vs_vllm's heads and
+    BATCHxCONTEXT); ValueError names the bad item."""
+    from benchmarks.kernels_vs_vllm import parse_heads
+    from benchmarks.kernels_vs_vllm import parse_shapes as parse_sizes
+
     out = []
     for item in (t.strip() for t in text.split(",")):
         try:
             heads_text, size = item.split(":")
-            q, kv, d = (int(x) for x in heads_text.split("/"))
-            batch, context = (int(x) for x in size.lower().split("x"))
-            if min(q, kv, d, batch, context) < 1 or q % kv:
-                raise ValueError
+            (heads,) = parse_heads(heads_text, "--shapes", head_sizes=None)
+            ((batch, context),) = parse_sizes(size, "--shapes")
         except ValueError:
             raise ValueError(
                 f"--shapes: bad item {item!r}; want Q/KV/D:BATCHxCONTEXT with Q a multiple "
                 f"of KV, e.g. 32/8/128:8x16384"
             ) from None
-        out.append((Heads(q, kv, d), batch, context))
+        out.append((heads, batch, context))
     return out
 
 
@@ -62,12 +64,10 @@ def parse_splits(text: str) -> list[int]:
 
 
 def runnable_splits(splits, context: int) -> list[int]:
-    """The counts of `splits` the decode takes for this context: at most MAX_SPLITS and
-    at least MIN_TOKENS_PER_SPLIT keys a split (1 always)."""
-    from atom_plugin.attention.triton_common import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, cdiv
+    """The counts of `splits` the decode takes for this context (`split_cap`)."""
+    from atom_plugin.attention.triton_common import split_cap
 
-    cap = min(MAX_SPLITS, max(1, cdiv(context, MIN_TOKENS_PER_SPLIT)))
-    return [s for s in splits if s <= cap]
+    return [s for s in splits if s <= split_cap(context)]
 
 
 def summary(shape_rows: dict) -> str:
@@ -183,7 +183,9 @@ def sweep_shape(heads: Heads, batch: int, context: int, splits, flush, iters, sm
 
 def run(shapes, splits, iters) -> tuple[str, int]:
     import torch
+    import triton
 
+    from atom_plugin.attention.mha.triton_decode import programs_per_sm
     from atom_plugin.attention.triton_common import device_sm_count
     from benchmarks._timing import L2Flusher, copy_bandwidth_gbps
 
@@ -199,10 +201,6 @@ def run(shapes, splits, iters) -> tuple[str, int]:
         shape_rows[(heads, batch, context)] = rows
         sections.append(f"### {heads}, {batch} x {context}\n\n" + shape_table(rows, copy))
     bad = sum(r["status"] != "ok" for rows in shape_rows.values() for r in rows)
-    import triton
-
-    from atom_plugin.attention.mha.triton_decode import programs_per_sm
-
     per_sm = programs_per_sm(torch.device("cuda"))
     head = (
         f"{torch.cuda.get_device_name()}, {sms} SMs; torch {torch.__version__}, Triton "

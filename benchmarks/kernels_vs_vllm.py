@@ -202,19 +202,22 @@ def parse_choices(text: str, flag: str, choices: tuple) -> tuple:
     return tuple(picked)
 
 
-def parse_heads(text: str, flag: str) -> tuple[Heads, ...]:
+def parse_heads(text: str, flag: str, head_sizes: tuple | None = HEAD_SIZES) -> tuple[Heads, ...]:
     """'32/8/128,64/8/64' -> Heads(32, 8, 128), Heads(64, 8, 64): query heads / KV heads
-    / head size, the query heads a multiple of the KV heads."""
+    / head size, the query heads a multiple of the KV heads, the head size one of
+    `head_sizes` (None: any)."""
     picked = []
     for token in text.split(","):
         parts = token.strip().split("/")
         valid = len(parts) == 3 and all(p.isdigit() and int(p) > 0 for p in parts)
         heads = Heads(*map(int, parts)) if valid else None
-        if heads is None or heads.q % heads.kv or heads.d not in HEAD_SIZES:
-            sizes = ", ".join(map(str, HEAD_SIZES))
+        if heads is None or heads.q % heads.kv or head_sizes and heads.d not in head_sizes:
+            sizes = (
+                "positive" if head_sizes is None else "one of " + ", ".join(map(str, head_sizes))
+            )
             raise ValueError(
                 f"{flag}: {token!r} is not Q/KV/D (query heads / KV heads / head size, e.g. "
-                f"32/8/128): Q a positive multiple of KV, D one of {sizes}"
+                f"32/8/128): Q a positive multiple of KV, D {sizes}"
             )
         if heads not in picked:
             picked.append(heads)

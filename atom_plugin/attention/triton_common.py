@@ -33,6 +33,12 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def split_cap(max_seq_len: int) -> int:
+    """The most KV splits a decode row of `max_seq_len` keys takes: MIN_TOKENS_PER_SPLIT
+    keys a split at least, MAX_SPLITS at most, 1 always."""
+    return max(1, min(MAX_SPLITS, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
+
+
 @functools.lru_cache(maxsize=4096)  # planned every step: a few tens of microseconds a miss
 def choose_num_splits(
     num_rows: int,
@@ -53,7 +59,7 @@ def choose_num_splits(
     start together, and a partial last wave costs less than this estimate says.
     """
     programs = max(1, num_rows * num_head_groups)
-    cap = max(1, min(MAX_SPLITS, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
+    cap = split_cap(max_seq_len)
     slots = programs_per_sm * num_sms
     if programs >= slots:
         return 1

@@ -273,6 +273,12 @@ def programs_per_sm(device: torch.device) -> int:
 
 
 def _record_occupancy(kernel, device: torch.device) -> None:
+    """Remember the occupancy of a CUDA device's first split launch. Not on ROCm (the rule
+    is NVIDIA's), nor from the interpreter (it returns no compiled kernel)."""
+    if device.type != "cuda" or torch.version.hip or kernel is None:
+        return
+    if device.index in _programs_per_sm:
+        return
     props = torch.cuda.get_device_properties(device)
     shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", None)  # not in old torch
     if shared_per_sm is None:
@@ -363,11 +369,8 @@ def paged_decode(
     )
     if direct:
         return output
-    dev = query.device
-    if config is None and dev.type == "cuda" and dev.index not in _programs_per_sm:
-        # the occupancy rule is NVIDIA's; the interpreter returns no compiled kernel
-        if kernel is not None and not torch.version.hip:
-            _record_occupancy(kernel, dev)
+    if config is None:  # the production config's occupancy is what the plan reads
+        _record_occupancy(kernel, query.device)
     _decode_reduce_kernel[(n, hq)](
         o_part,
         l_part,
