@@ -1,7 +1,10 @@
 """Triton paged decode: split-KV partial attention, then a reduction over the splits.
 
 One program of the split kernel handles (request, kv head, split): all query
-heads of the kv head's group share each K/V tile, so KV is read once. The
+heads of the kv head's group share each K/V tile, so KV is read once. A request's kv
+heads are adjacent in launch order: the paged cache stores a token's heads side by
+side, so programs that run together read neighbouring bytes (DRAM rows) rather than
+one head's slice of many blocks. The
 context is cut into `num_splits` chunks; the step's plan chooses the count so
 that its waves of programs keep every SM busy (`triton_common.choose_num_splits`). Chunk
 bounds are computed on the device from each request's seq_len, so any split
@@ -100,9 +103,11 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     TABLE_BLOCKS: tl.constexpr,
 ):
-    req = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    # a request's kv heads are adjacent in launch order (see the module docstring)
+    num_kv_heads = num_q_heads // GROUP
+    req = tl.program_id(0) // num_kv_heads
+    kvh = tl.program_id(0) % num_kv_heads
+    split = tl.program_id(1)
     t = tl.load(query_start_loc + req)
     q_len = tl.load(query_start_loc + req + 1) - t
     if q_len == 0:
@@ -324,7 +329,7 @@ def paged_decode(
     o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
     l_part = torch.empty(parts, dtype=torch.float32, device=query.device)
     fp8 = is_fp8(key_cache.dtype)
-    kernel = _decode_split_kernel[(n, hkv, num_splits)](
+    kernel = _decode_split_kernel[(n * hkv, num_splits)](
         query,
         key_cache,
         value_cache,
