@@ -91,6 +91,7 @@ def _decode_split_kernel(
     num_splits,
     head_size,
     GROUP: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     KV_BLOCK: tl.constexpr,
@@ -104,9 +105,8 @@ def _decode_split_kernel(
     TABLE_BLOCKS: tl.constexpr,
 ):
     # a request's kv heads are adjacent in launch order (see the module docstring)
-    num_kv_heads = num_q_heads // GROUP
-    req = tl.program_id(0) // num_kv_heads
-    kvh = tl.program_id(0) % num_kv_heads
+    req = tl.program_id(0) // KV_HEADS
+    kvh = tl.program_id(0) % KV_HEADS
     split = tl.program_id(1)
     t = tl.load(query_start_loc + req)
     q_len = tl.load(query_start_loc + req + 1) - t
@@ -359,6 +359,7 @@ def paged_decode(
         num_splits,
         d,
         GROUP=group,
+        KV_HEADS=hkv,
         BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=block_d,
         KV_BLOCK=kv_block,
