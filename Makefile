@@ -18,7 +18,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check atom_plugin tests benchmarks scripts
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 clean:
 	rm -rf $(VENV) .demo
