@@ -4,11 +4,11 @@ One program of the split kernel handles (request, kv head, split): all query
 heads of the kv head's group share each K/V tile, so KV is read once. A request's kv
 heads are adjacent in launch order: the paged cache stores a token's heads side by
 side, so programs that run together read neighbouring bytes (DRAM rows) rather than
-one head's slice of many blocks. The
-context is cut into `num_splits` chunks; the step's plan chooses the count so
-that its waves of programs keep every SM busy (`triton_common.choose_num_splits`). Chunk
-bounds are computed on the device from each request's seq_len, so any split
-count is correct for any context (a CUDA graph may bake the count in).
+one head's slice of many blocks. The context is cut into `num_splits` chunks; the
+step's plan chooses the count so that its waves of programs keep every SM busy
+(`triton_common.choose_num_splits`). Chunk bounds are computed on the device from each
+request's seq_len, so any split count is correct for any context (a CUDA graph may
+bake the count in).
 """
 
 from __future__ import annotations
