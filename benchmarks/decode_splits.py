@@ -23,6 +23,8 @@ import sys
 import time
 
 from benchmarks.kernel_problems import Heads
+from benchmarks.kernels_vs_vllm import parse_heads
+from benchmarks.kernels_vs_vllm import parse_shapes as parse_sizes
 
 DEFAULT_SHAPES = (
     "32/8/128:1x1024,32/8/128:1x16384,32/8/128:1x65536,32/8/128:8x4096,32/8/128:8x16384,"
@@ -35,9 +37,6 @@ DEFAULT_SPLITS = "1,2,3,4,5,6,8,9,10,12,16,24,32,33,48,64"
 def parse_shapes(text: str) -> list[tuple[Heads, int, int]]:
     """'Q/KV/D:BxC,...' -> [(Heads, batch, context)] (kernels_vs_vllm's heads and
     BATCHxCONTEXT); ValueError names the bad item."""
-    from benchmarks.kernels_vs_vllm import parse_heads
-    from benchmarks.kernels_vs_vllm import parse_shapes as parse_sizes
-
     out = []
     for item in (t.strip() for t in text.split(",")):
         try:

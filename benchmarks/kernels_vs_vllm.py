@@ -211,7 +211,7 @@ def parse_heads(text: str, flag: str, head_sizes: tuple | None = HEAD_SIZES) -> 
         parts = token.strip().split("/")
         valid = len(parts) == 3 and all(p.isdigit() and int(p) > 0 for p in parts)
         heads = Heads(*map(int, parts)) if valid else None
-        if heads is None or heads.q % heads.kv or head_sizes and heads.d not in head_sizes:
+        if heads is None or heads.q % heads.kv or (head_sizes and heads.d not in head_sizes):
             sizes = (
                 "positive" if head_sizes is None else "one of " + ", ".join(map(str, head_sizes))
             )
