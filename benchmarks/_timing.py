@@ -31,12 +31,7 @@ def _no_flush() -> None:
 
 
 def graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """`fn` captured in a CUDA graph (its launches replayed), or `fn` when capture fails.
-
-    Warm-up and capture share one stream, as in vLLM's model runners: what `fn` sets up
-    per stream on its first call (the decode's split tickets) then happens outside the
-    capture, and no set-up kernel is recorded into the replays.
-    """
+    """`fn` captured in a CUDA graph (its launches replayed), or `fn` when capture fails."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -45,7 +40,7 @@ def graphed(fn: Callable[[], object]) -> Callable[[], object]:
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
+        with torch.cuda.graph(graph):
             fn()
     except Exception as exc:  # report eager timing rather than nothing
         print(f"# graph capture failed ({exc!r:.120}); timing eagerly", file=sys.stderr)

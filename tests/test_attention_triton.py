@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from tbo_harness.ubatch_metadata import prepare_ubatch_decode  # noqa: E402
 
-from atom_plugin.attention import split_tickets as split_tickets_module  # noqa: E402
 from atom_plugin.attention.mha import (
     ops,  # noqa: E402
     reference,  # noqa: E402
@@ -28,7 +27,6 @@ from atom_plugin.attention.mha.planner import plan_for_caches  # noqa: E402
 from atom_plugin.attention.mha.triton import paged_attention, write_kv  # noqa: E402
 from atom_plugin.attention.mha.triton_decode import paged_decode  # noqa: E402
 from atom_plugin.attention.mha.triton_prefill import paged_prefill  # noqa: E402
-from atom_plugin.attention.split_tickets import split_tickets  # noqa: E402
 from atom_plugin.attention.triton_common import (  # noqa: E402
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
@@ -81,37 +79,12 @@ def test_decode_context_edges(block_size, group):
     check(b, num_splits=3)
 
 
-@pytest.mark.parametrize(
-    "group,splits", [(4, s) for s in (2, 3, 4, 5, 8, 9, 17, 33, 64)] + [(1, 33), (8, 5)]
-)
-def test_decode_merge_holds_every_split_count(group, splits):
-    """The merging program reads MERGE_TILE // group splits at a time (8 at group 4, 32 at
-    1, 4 at 8): every count at and past a chunk boundary merges all its splits."""
-    reqs = [(1, 64 * 70), (1, 300), (1, 1)]
-    b = make_batch(reqs, hq=group, hkv=1, d=16, block_size=16, device=DEV, seed=splits)
+@pytest.mark.parametrize("splits", [2, 3, 4, 5, 8, 9, 17, 33, 64])
+def test_decode_reduce_tile_holds_every_split(splits):
+    """The reduce's split tile is sized to the split count (the next power of two): every
+    split count at and past each tile boundary merges all its splits."""
+    b = make_batch([(1, 64 * 70), (1, 300), (1, 1)], hq=4, hkv=1, d=16, block_size=16, device=DEV)
     check(b, num_splits=splits)
-
-
-def test_split_programs_leave_their_tickets_at_zero():
-    """The program that merges sets its counter back to zero: the next launch, with
-    another split count, counts from zero too (a stale count would merge too early)."""
-    reqs = [(1, 900), (1, 40), (1, 513)]
-    b = make_batch(reqs, hq=8, hkv=2, d=16, block_size=16, device=DEV, seed=3)
-    for splits in (3, 2, 5):
-        check(b, num_splits=splits)
-        assert not split_tickets(b.query.device, 1).any()
-
-
-def test_split_tickets_grow_and_keep_what_they_outgrew(monkeypatch):
-    monkeypatch.setattr(split_tickets_module, "_buffers", {})
-    monkeypatch.setattr(split_tickets_module, "_outgrown", [])
-    cpu = torch.device("cpu")
-    first = split_tickets(cpu, 3)
-    assert first.numel() == split_tickets_module.MIN_TICKETS and not first.any()
-    assert split_tickets(cpu, 4096) is first
-    grown = split_tickets(cpu, 5000)
-    assert grown.numel() == 8192 and not grown.any()
-    assert split_tickets_module._outgrown == [first]  # a captured graph may still use it
 
 
 @pytest.mark.parametrize("group", [1, 4, 8])
@@ -133,7 +106,7 @@ def test_sinks_with_window():
     reqs = [(1, 18), (1, 1), (5, 21)]
     b = make_batch(reqs, hq=8, hkv=2, d=16, block_size=16, device=DEV, seed=11)
     sinks = torch.randn(8, device=DEV) * 2
-    for splits in (1, 2):  # one split finishes directly, more through the merge
+    for splits in (1, 2):  # one split finishes in the split kernel, more go through the reduction
         check(b, num_splits=splits, sinks=sinks)
         check(b, num_splits=splits, sinks=sinks, sliding_window=4)
 
@@ -396,42 +369,6 @@ def test_gpu_decode_realistic(group, d, block_size):
     )  # fmt: skip
     check(b, dtype=torch.bfloat16)
     check(b, dtype=torch.bfloat16, num_splits=1)
-
-
-@pytest.mark.gpu
-def test_gpu_split_decode_replays_in_a_cuda_graph():
-    """The merging programs zero their tickets inside the graph: every replay, with new
-    queries, merges all its splits again."""
-    b = make_batch(
-        [(1, s) for s in (4000, 1, 777, 2500)], hq=32, hkv=8, d=128, block_size=16,
-        dtype=torch.bfloat16, device="cuda",
-    )  # fmt: skip
-    out = torch.zeros_like(b.query)
-    run = lambda: paged_decode(  # noqa: E731
-        b.query, b.key_cache, b.value_cache, b.meta, params(), out, num_splits=6
-    )
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # compiles, and allocates the capture stream's tickets outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        run()
-    for seed in range(3):
-        b.query.copy_(torch.randn(b.query.shape, generator=torch.Generator().manual_seed(seed)))
-        graph.replay()
-        torch.testing.assert_close(out.float(), expected(b).float(), **tolerance(torch.bfloat16))
-
-
-@pytest.mark.gpu
-def test_gpu_streams_take_tickets_of_their_own():
-    device = torch.device("cuda", torch.cuda.current_device())
-    main = split_tickets(device, 64)
-    with torch.cuda.stream(torch.cuda.Stream()):
-        side = split_tickets(device, 64)
-    assert side.data_ptr() != main.data_ptr()
-    assert split_tickets(device, 64) is main
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Triton paged decode: split-KV partial attention, merged by the split that ends last.
+"""Triton paged decode: split-KV partial attention, then a reduction over the splits.
 
 One program of the split kernel handles (request, kv head, split): all query
 heads of the kv head's group share each K/V tile, so KV is read once. A request's kv
@@ -9,12 +9,6 @@ step's plan chooses the count so that its waves of programs keep every SM busy
 (`triton_common.choose_num_splits`). Chunk bounds are computed on the device from each
 request's seq_len, so any split count is correct for any context (a CUDA graph may
 bake the count in).
-
-With more than one split, each program writes its partial result and takes a ticket
-(`split_tickets`); the program that takes the last ticket of its (request, kv head)
-merges the splits and writes the output. One launch instead of a split kernel and a
-reduction kernel: at small batches the second launch and the gap before it cost about
-as much as the merge itself.
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ import triton.language as tl
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.split_tickets import split_tickets
 from atom_plugin.attention.triton_common import (
     DECODE_PROGRAMS_PER_SM,
     LOG2E,
@@ -46,10 +39,6 @@ from atom_plugin.attention.triton_common import (
 # version (on the H200, 3 with Triton 3.6 and 5 with 3.7.1), and the step plan's split
 # count is chosen for waves of them.
 _programs_per_sm: dict[int, int] = {}
-
-# partial results (query heads x splits) the merging program reads at once: 32 x the head
-# size in float32 is 32 registers a thread of the split kernel's 128
-MERGE_TILE = 32
 
 # what a config may hold; `table_blocks`: one block-table read per cache block (the
 # production config's up to head size 128)
@@ -83,7 +72,6 @@ def _decode_split_kernel(
     v_scale,
     O_part,
     L_part,
-    Tickets,
     sinks,
     Out,
     qk_scale,
@@ -115,8 +103,6 @@ def _decode_split_kernel(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     TABLE_BLOCKS: tl.constexpr,
-    MERGE_ROWS: tl.constexpr,
-    MERGE_SPLITS: tl.constexpr,
 ):
     # a request's kv heads are adjacent in launch order (see the module docstring)
     req = tl.program_id(0) // KV_HEADS
@@ -189,7 +175,7 @@ def _decode_split_kernel(
 
     if IS_FP8:
         acc = acc * tl.load(v_scale)
-    if DIRECT:  # one split: finish here, no partials and no merge
+    if DIRECT:  # one split: finish here, no partials and no reduction launch
         if HAS_SINKS:
             l_sum, acc = fold_sinks(sinks + heads, gmask, m, l_sum, acc)
         out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
@@ -209,83 +195,54 @@ def _decode_split_kernel(
             mask=gmask[:, None] & dmask[None, :],
         )
         tl.store(L_part + row, lse, mask=gmask)
-        # every thread's stores come before the ticket, which releases them to the merge
-        tl.debug_barrier()
-        ticket = tl.atomic_add(Tickets + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if ticket == num_splits - 1:
-            tl.store(Tickets + tl.program_id(0), 0)  # zero again for the next launch
-            _merge_splits(
-                O_part,
-                L_part,
-                sinks,
-                Out + t.to(tl.int64) * stride_ot,
-                stride_oh,
-                (req.to(tl.int64) * num_q_heads + kvh * GROUP) * num_splits,
-                kvh * GROUP,
-                num_splits,
-                head_size,
-                GROUP,
-                HAS_SINKS,
-                MERGE_ROWS,
-                MERGE_SPLITS,
-                BLOCK_D,
-            )
 
 
-@triton.jit
-def _merge_splits(
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(
     O_part,
     L_part,
+    query_start_loc,
     sinks,
-    out_row,
+    Out,
+    stride_ot,
     stride_oh,
-    first_part,
-    first_head,
+    num_q_heads,
     num_splits,
     head_size,
-    GROUP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
-    ROWS: tl.constexpr,
-    SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The output of a kv head's GROUP query heads from their `num_splits` partial results
-    (rows first_part + head * num_splits + split), SPLITS splits at a time. The partials
-    were written by other SMs: they are read from L2 (".cg"), never from a stale L1 line."""
-    g = tl.arange(0, ROWS)
-    s = tl.arange(0, SPLITS)
+    req = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.load(query_start_loc + req)
+    if tl.load(query_start_loc + req + 1) == t:
+        return
+    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    gmask = g < GROUP
-    dmask = d < head_size
-    first = first_part + g * num_splits
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    denom = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for s0 in range(0, num_splits, SPLITS):
-        mask = gmask[:, None] & (s0 + s < num_splits)[None, :]
-        part = first[:, None] + s0 + s[None, :]
-        lse = tl.load(L_part + part, mask=mask, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(
-            O_part + part[:, :, None] * BLOCK_D + d[None, None, :],
-            mask=mask[:, :, None] & dmask[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        m_new = tl.maximum(m, tl.max(lse, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse - m_safe[:, None])
-        denom = denom * alpha + tl.sum(w, 1)
-        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
-        m = m_new
-    heads = first_head + g
+    smask = s < num_splits
+    row = (req.to(tl.int64) * num_q_heads + h) * num_splits + s
+    lse = tl.load(L_part + row, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
     if HAS_SINKS:
-        denom, acc = fold_sinks(sinks + heads, gmask, m, denom, acc)
-    out = tl.where(denom[:, None] > 0, acc / tl.where(denom > 0, denom, 1.0)[:, None], 0.0)
+        sink = tl.load(sinks + h).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    parts = tl.load(
+        O_part + row[:, None] * BLOCK_D + d[None, :],
+        mask=smask[:, None] & (d[None, :] < head_size),
+        other=0.0,
+    )
+    num = tl.sum(parts * w[:, None], 0)
+    out = tl.where(denom > 0, num / tl.where(denom > 0, denom, 1.0), 0.0)
     tl.store(
-        out_row + heads[:, None] * stride_oh + d[None, :],
-        out.to(out_row.dtype.element_ty),
-        mask=gmask[:, None] & dmask[None, :],
+        Out + t.to(tl.int64) * stride_ot + h * stride_oh + d,
+        out.to(Out.dtype.element_ty),
+        mask=d < head_size,
     )
 
 
@@ -371,8 +328,6 @@ def paged_decode(
     parts = 0 if direct else n * hq * num_splits
     o_part = torch.empty(parts * block_d, dtype=torch.float32, device=query.device)
     l_part = torch.empty(parts, dtype=torch.float32, device=query.device)
-    tickets = l_part if direct else split_tickets(query.device, n * hkv)
-    merge_rows = next_power_of_2(group)
     fp8 = is_fp8(key_cache.dtype)
     kernel = _decode_split_kernel[(n * hkv, num_splits)](
         query,
@@ -385,7 +340,6 @@ def paged_decode(
         params.v_scale if fp8 else meta.seq_lens,
         o_part,
         l_part,
-        tickets,
         sinks if sinks is not None else meta.seq_lens,
         output,
         params.scale * LOG2E,
@@ -416,11 +370,29 @@ def paged_decode(
         DIRECT=direct,
         **dot_flags(query),
         TABLE_BLOCKS=table_blocks,
-        MERGE_ROWS=merge_rows,
-        MERGE_SPLITS=max(1, MERGE_TILE // merge_rows),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if config is None and not direct:  # the plan reads the production config's split launch
+    if direct:
+        return output
+    if config is None:  # the production config's occupancy is what the plan reads
         _record_occupancy(kernel, query.device)
+    _decode_reduce_kernel[(n, hq)](
+        o_part,
+        l_part,
+        meta.query_start_loc,
+        sinks if sinks is not None else l_part,
+        output,
+        output.stride(0),
+        output.stride(1),
+        hq,
+        num_splits,
+        d,
+        HAS_SINKS=sinks is not None,
+        # the split count's power of two: the reduce is compute-bound on its tile, and a
+        # bucket's split count is fixed, so each bucket compiles (in warm-up) at most once
+        BLOCK_S=next_power_of_2(num_splits),
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
     return output
