@@ -108,11 +108,13 @@ def _decode_split_kernel(
     req = tl.program_id(0) // KV_HEADS
     kvh = tl.program_id(0) % KV_HEADS
     split = tl.program_id(1)
+    # seq_len is loaded beside the query bounds, ahead of the branch on them, so the
+    # three loads are in flight together
     t = tl.load(query_start_loc + req)
     q_len = tl.load(query_start_loc + req + 1) - t
+    seq_len = tl.load(seq_lens + req)
     if q_len == 0:
         return
-    seq_len = tl.load(seq_lens + req)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -215,28 +217,32 @@ def _decode_reduce_kernel(
 ):
     req = tl.program_id(0)
     h = tl.program_id(1)
+    # the partials (every decode row has them: the buffer holds num_decodes requests)
+    # are loaded beside the query bounds, ahead of the branch on them
     t = tl.load(query_start_loc + req)
-    if tl.load(query_start_loc + req + 1) == t:
-        return
+    t_end = tl.load(query_start_loc + req + 1)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     smask = s < num_splits
     row = (req.to(tl.int64) * num_q_heads + h) * num_splits + s
     lse = tl.load(L_part + row, mask=smask, other=float("-inf"))
-    m = tl.max(lse, 0)
+    parts = tl.load(
+        O_part + row[:, None] * BLOCK_D + d[None, :],
+        mask=smask[:, None] & (d[None, :] < head_size),
+        other=0.0,
+    )
     if HAS_SINKS:
         sink = tl.load(sinks + h).to(tl.float32) * 1.4426950408889634
+    if t_end == t:
+        return
+    m = tl.max(lse, 0)
+    if HAS_SINKS:
         m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
     denom = tl.sum(w, 0)
     if HAS_SINKS:
         denom += tl.exp2(sink - m)
-    parts = tl.load(
-        O_part + row[:, None] * BLOCK_D + d[None, :],
-        mask=smask[:, None] & (d[None, :] < head_size),
-        other=0.0,
-    )
     num = tl.sum(parts * w[:, None], 0)
     out = tl.where(denom > 0, num / tl.where(denom > 0, denom, 1.0), 0.0)
     tl.store(
