@@ -21,6 +21,7 @@ from atom_plugin.attention.mha import triton_decode, triton_prefill
 PREFILL_BASE = dict(BLOCK_Q=64, BLOCK_N=64, num_warps=16, num_stages=5)  # CUDA: the 2nd pick
 BQ32 = dict(PREFILL_BASE, BLOCK_Q=32, num_warps=8)  # 128 rows, 8 warps
 DECODE_BASE = dict(BLOCK_N=64, num_warps=4, num_stages=2)  # the production config until 0ac1006
+GLUON = {"kernel": "gluon"}  # the Gluon Hopper prefill (mha.gluon_prefill), no Triton config
 
 # (name, config); None: the production path (ops.paged_attention with the step's plan)
 PREFILL_CANDIDATES = [
@@ -28,6 +29,7 @@ PREFILL_CANDIDATES = [
     ("base", PREFILL_BASE),
     # 128-row CTAs capped at 128 registers: two per SM, one's softmax beside the other's MMAs
     ("bq32 w8 s3 r128", dict(BQ32, num_stages=3, maxnreg=128)),
+    ("gluon", GLUON),
 ]
 DECODE_CANDIDATES = [
     ("default", None),
@@ -67,6 +69,8 @@ def validate(candidates, valid_keys: tuple, required: tuple) -> None:
     if not candidates or candidates[0][1] is not None:
         raise ValueError("the first candidate must be the production path (config None)")
     for name, cfg in candidates[1:]:
+        if cfg is GLUON:
+            continue
         missing = [k for k in required if k not in cfg]
         unknown = set(cfg) - set(valid_keys)
         if missing or unknown or cfg is None:
@@ -151,6 +155,16 @@ def variant_call(pool, meta, q, out, cfg: dict | None, decode: bool):
 
         def call():
             triton_decode.paged_decode(q, kc, vc, meta, params, out, num_splits=splits, config=cfg)
+            return out
+    elif cfg is GLUON:
+        from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+        problems = gpl.gluon_prefill_problems(q, kc, vc, params)
+        if problems:
+            raise ValueError("gluon prefill: " + "; ".join(problems))
+
+        def call():
+            gpl.gluon_prefill(q, kc, vc, meta, params, out, first_req=meta.num_decodes)
             return out
     else:
 

@@ -1,7 +1,7 @@
 """Compile the MHA prefill and decode split kernels for sm_90 without a GPU, for every
-candidate of `benchmarks.mha_variants`, and print ptxas' registers / spills and the
-shared memory of each (the compile-only driver of `gluon_sm90_check`; run it with the
-GPU machine's Triton 3.6, as that script says):
+candidate of `benchmarks.mha_variants` (the Gluon prefill among them), and print ptxas'
+registers / spills and the shared memory of each (the compile-only driver of
+`gluon_sm90_check`; run it with the GPU machine's Triton 3.6, as that script says):
 
     /tmp/t36/bin/python scripts/mha_sm90_check.py [--ptx DIR]
 
@@ -73,6 +73,22 @@ def compile_one(decode: bool, cfg: dict | None):
     return compiled
 
 
+def compile_gluon_prefill():
+    """Compile the Gluon Hopper prefill candidate ("gluon") on the same call as the
+    Triton prefill's and return the kernel."""
+    from atom_plugin.attention.mha import gluon_prefill, gluon_prefill_launch
+
+    raw = torch.zeros(64, HKV, BLOCK, 2 * D, dtype=torch.bfloat16)
+    kc, vc = raw.transpose(1, 2).split(D, dim=-1)
+    q = torch.zeros(256, HQ, D, dtype=torch.bfloat16)
+    kernel = gluon_prefill.prefill_kernel
+    kernel.device_caches.clear()
+    params = AttentionParams(scale=D**-0.5)
+    gluon_prefill_launch.gluon_prefill(q, kc, vc, _meta(256, 512), params, torch.zeros_like(q), 0)
+    (compiled,) = kernel.device_caches[0][0].values()
+    return compiled
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ptx", help="write each candidate's instructions here")
@@ -93,7 +109,10 @@ def main(argv=None) -> int:
             if args.defaults and cfg is not None:
                 continue
             try:
-                compiled = compile_one(decode, cfg)
+                if cfg is mha_variants.GLUON:
+                    compiled = compile_gluon_prefill()
+                else:
+                    compiled = compile_one(decode, cfg)
             except Exception as exc:  # report and go on
                 failed = True
                 print(f"{fam} {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}")

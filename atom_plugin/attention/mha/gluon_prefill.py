@@ -1,0 +1,300 @@
+"""MHA causal prefill on Hopper in Gluon: a loader warp and two ping-ponged warpgroups.
+
+A program holds 128 query rows of one request and kv head (row r: token r // GROUP,
+head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63. Per tile of
+BLOCK_N keys:
+
+- the loader warp brings K and V into a ring of stages through TMA, a box per cache
+  page (or per BLOCK_N rows of a larger page) and 64 columns, each stage refilled once
+  both warpgroups have released it;
+- each warpgroup issues the scores of tile j and the product of tile j - 1's
+  probabilities with its V, then runs tile j's softmax while the product runs (the
+  softmax of one tile overlaps the tensor cores' work on the previous one);
+- the two warpgroups take turns to issue their matrix products (an mbarrier each), so
+  one's softmax runs while the other's products occupy the tensor cores.
+
+Only `gluon_prefill_launch` imports this module, at the first launch: Gluon exists only
+in newer Tritons.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
+thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+ROWS = gl.constexpr(128)  # query rows a program holds, 64 per warpgroup
+COLS = gl.constexpr(64)  # columns of a TMA box: 128 bytes of 16-bit values, one swizzle row
+
+
+@gluon.jit
+def loader(
+    W: gl.constexpr,
+    ptrs,
+    smem,
+    bars,
+    work,
+    descs,
+    GROUP: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE: gl.constexpr,
+    BOX: gl.constexpr,
+):
+    """The TMA warp: tile t's K boxes, then its V boxes, into stage t % STAGES (the
+    partitions share one signature; this one reads few of them)."""
+    k_ring, v_ring = smem[1], smem[2]
+    k_full, v_full, empty = bars[0], bars[1], bars[2]
+    seq_len, num_tiles, kvh = work[1], work[2], work[3]
+    k_desc, v_desc, bt_row, layout_rows = descs
+    rows_per_block, rows_per_head, cols_per_head = layout_rows
+    NB: gl.constexpr = BLOCK_N // BOX
+    NBV: gl.constexpr = 2 if NB < 2 else NB
+    vec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    bi = gl.arange(0, NBV, layout=vec)
+    nbytes: gl.constexpr = NB * (D // COLS) * k_desc.block_type.nbytes
+    head_row = kvh * rows_per_head
+    col0 = kvh * cols_per_head
+    for t in range(num_tiles):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        key = t * BLOCK_N + bi * BOX
+        page = gl.load(bt_row + key // PAGE, mask=(bi < NB) & (key < seq_len), other=0)
+        rows = page * rows_per_block + head_row + key % PAGE
+        mbarrier.expect(k_full.index(s), nbytes)
+        for i in gl.static_range(NB):
+            row = gl.sum(gl.where(bi == i, rows, 0), axis=0)
+            for c in gl.static_range(D // COLS):
+                dst = k_ring.index(s).slice(i * BOX, BOX, dim=0).slice(c * COLS, COLS, dim=1)
+                tma.async_copy_global_to_shared(
+                    k_desc, [row, col0 + c * COLS], k_full.index(s), dst
+                )
+        mbarrier.expect(v_full.index(s), nbytes)
+        for i in gl.static_range(NB):
+            row = gl.sum(gl.where(bi == i, rows, 0), axis=0)
+            for c in gl.static_range(D // COLS):
+                dst = v_ring.index(s).slice(i * BOX, BOX, dim=0).slice(c * COLS, COLS, dim=1)
+                tma.async_copy_global_to_shared(
+                    v_desc, [row, col0 + c * COLS], v_full.index(s), dst
+                )
+
+
+@gluon.jit
+def _scores(s_acc, n0, qpos, p_first, scale, offs_n, BLOCK_N: gl.constexpr):
+    """The tile's raw scores, keys past each row's position at -inf (a tile wholly at or
+    below the warpgroup's first position needs no mask)."""
+    if n0 + BLOCK_N > p_first + 1:
+        keep = (n0 + offs_n)[None, :] <= qpos[:, None]
+        s_acc = gl.where(keep, s_acc, float("-inf"))
+    return s_acc
+
+
+@gluon.jit
+def consumer(
+    W: gl.constexpr,
+    ptrs,
+    smem,
+    bars,
+    work,
+    descs,
+    GROUP: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE: gl.constexpr,
+    BOX: gl.constexpr,
+):
+    """Warpgroup W: rows 64W .. 64W + 63 over every tile, then their output."""
+    Out, stride_ot, stride_oh = ptrs
+    q_smem, k_ring, v_ring = smem
+    k_full, v_full, empty, turn = bars
+    ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, scale = work
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]
+    )
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = Out.dtype.element_ty
+
+    q_w = q_smem.slice(W * 64, 64, dim=0)
+    r = W * 64 + gl.arange(0, 64, layout=row_s)
+    qpos = ctx + q_first + r // GROUP
+    p_first = ctx + q_first + W * (64 // GROUP)  # the warpgroup's first position
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([64, D], gl.float32, layout=o_layout)
+
+    # tile 0: its scores and softmax; its product waits for tile 1's turn
+    mbarrier.wait(k_full.index(0), 0)
+    mbarrier.wait(turn.index(W), 0)
+    s_acc = _qk(q_w, k_ring.index(0), s_zero, D)
+    thread_barrier()
+    mbarrier.arrive(turn.index(1 - W), count=1)
+    s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+    sc = _scores(s_acc, 0, qpos, p_first, scale, offs_n, BLOCK_N)
+    m_i = gl.max(sc, 1) * scale
+    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+    p = gl.exp2(sc * scale - m_safe[:, None])
+    l_i = gl.sum(p, 1)
+    p16 = gl.convert_layout(p.to(dtype), p_op)
+
+    for j in range(1, num_tiles):
+        s = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_full.index(s), (j // STAGES) & 1)
+        mbarrier.wait(turn.index(W), j & 1)
+        s_acc = _qk(q_w, k_ring.index(s), s_zero, D)
+        mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
+        thread_barrier()
+        mbarrier.arrive(turn.index(1 - W), count=1)
+        s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
+        sc = _scores(s_acc, j * BLOCK_N, qpos, p_first, scale, offs_n, BLOCK_N)
+        m_new = gl.maximum(m_i, gl.max(sc, 1) * scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(sc * scale - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        thread_barrier()
+        mbarrier.arrive(empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p16 = gl.convert_layout(p.to(dtype), p_op)
+
+    last = (num_tiles - 1) % STAGES
+    mbarrier.wait(v_full.index(last), ((num_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    thread_barrier()
+    mbarrier.arrive(empty.index(last), count=1)
+
+    l_o = gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)
+    out = acc / l_o[:, None]
+    r_o = W * 64 + gl.arange(0, 64, layout=row_o)
+    tok = q_first + r_o // GROUP
+    head = kvh * GROUP + r_o % GROUP
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    dst = Out + (t0 + tok).to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
+    gl.store(dst + d[None, :], out.to(Out.dtype.element_ty), mask=(tok < q_len)[:, None])
+
+
+@gluon.jit
+def _qk(q_w, k_tile, s_zero, D: gl.constexpr):
+    """Issue q_w @ k_tile^T in 64-column chunks of the head (asynchronous)."""
+    s_acc = s_zero
+    for c in gl.static_range(D // COLS):
+        s_acc = warpgroup_mma(
+            q_w.slice(c * COLS, COLS, dim=1),
+            k_tile.slice(c * COLS, COLS, dim=1).permute((1, 0)),
+            s_acc,
+            use_acc=c > 0,
+            is_async=True,
+        )
+    return s_acc
+
+
+@gluon.jit(do_not_specialize=["first_req"])
+def prefill_kernel(
+    Q,
+    Out,
+    K_DESC,
+    V_DESC,
+    block_table,
+    seq_lens,
+    query_start_loc,
+    qk_scale,
+    first_req,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    rows_per_block,
+    rows_per_head,
+    cols_per_head,
+    GROUP: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE: gl.constexpr,
+    BOX: gl.constexpr,
+):
+    BLOCK_Q: gl.constexpr = ROWS // GROUP
+    qblock = gl.num_programs(0) - 1 - gl.program_id(0)  # longest causal rows launch first
+    kvh = gl.program_id(1)
+    req = first_req + gl.program_id(2)
+    t0 = gl.load(query_start_loc + req)
+    q_len = gl.load(query_start_loc + req + 1) - t0
+    seq_len = gl.load(seq_lens + req)
+    q_first = qblock * BLOCK_Q
+    if q_first >= q_len:
+        return
+    ctx = seq_len - q_len
+    hi = ctx + gl.minimum(q_first + BLOCK_Q, q_len)  # keys the block's last row sees
+    num_tiles = gl.cdiv(hi, BLOCK_N)
+    dtype: gl.constexpr = Q.dtype.element_ty
+
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, blk))
+    tok = q_first + r // GROUP
+    head = kvh * GROUP + r % GROUP
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    q = gl.load(
+        Q + (t0 + tok).to(gl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=(tok < q_len)[:, None],
+        other=0.0,
+    )
+    q_smem = gl.allocate_shared_memory(
+        dtype, [ROWS, D], gl.NVMMASharedLayout.get_default_for([ROWS, D], dtype)
+    )
+    q_smem.store(q)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    fence_async_shared()
+    thread_barrier()
+    mbarrier.arrive(turn.index(0), count=1)  # warpgroup 0 issues first
+
+    bt_row = block_table + req.to(gl.int64) * stride_bt
+    # Every partition takes the same arguments (Gluon 3.6's workers share one
+    # signature), grouped in tuples; the first names the partition's role.
+    ptrs = (Out, stride_ot, stride_oh)
+    smem = (q_smem, k_ring, v_ring)
+    bars = (k_full, v_full, empty, turn)
+    work = (ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, qk_scale)
+    descs = (K_DESC, V_DESC, bt_row, (rows_per_block, rows_per_head, cols_per_head))
+    gl.warp_specialize(
+        [
+            (consumer, (0, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX)),
+            (consumer, (1, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX)),
+            (loader, (2, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX)),
+        ],
+        [4, 1],
+        [240, 24],
+    )

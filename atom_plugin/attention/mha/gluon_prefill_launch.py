@@ -1,0 +1,162 @@
+"""The Gluon Hopper prefill (`gluon_prefill`): whether it can run a call
+(`gluon_prefill_problems`, which imports no Gluon) and its launch over the paged cache
+viewed as TMA rows.
+
+A candidate, not a serving path: `benchmarks.mha_variants` times it beside the Triton
+prefill and FA3 ("gluon"), and the ops do not take it (on the H200 it measured 0.90-1.20x
+of the Triton prefill's time, docs/benchmarks.md).
+
+A cache [blocks, page, kv heads, D] is read as rows of a 2-d view: key (block, offset,
+head) is row block * rows_per_block + head * rows_per_head + offset, its head's values
+start at column head * cols_per_head. The plugin's layout (a page per head, K and V side
+by side in each row) has rows_per_head = page and cols_per_head 0; vLLM's
+[blocks, page, heads, D] has rows_per_head 0 and cols_per_head D.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_plugin.attention.triton_common import LOG2E, cdiv
+
+BLOCK_N = 128  # keys a tile holds
+STAGES = 2  # K/V tiles in flight
+ROWS = 128  # query rows of a program (gluon_prefill.ROWS)
+COLS = 64  # columns of a TMA box (gluon_prefill.COLS)
+HEAD_SIZES = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class CacheRows:
+    """A cache part as TMA rows: the 2-d view and where a key's row and columns are."""
+
+    view: torch.Tensor
+    rows_per_block: int
+    rows_per_head: int
+    cols_per_head: int
+
+
+def cache_rows(cache: torch.Tensor) -> CacheRows | str:
+    """`cache` [blocks, page, kv heads, D] as TMA rows, or why it cannot be."""
+    blocks, page, hkv, d = cache.shape
+    s_block, s_page, s_head, s_d = cache.stride()
+    if s_d != 1 or s_block % s_page:
+        return f"cache strides {cache.stride()} are not rows of one 2-d view"
+    if s_head % s_page == 0:
+        rows_per_head, cols_per_head, width = s_head // s_page, 0, d
+    elif (hkv - 1) * s_head + d <= s_page:
+        rows_per_head, cols_per_head, width = 0, s_head, (hkv - 1) * s_head + d
+    else:
+        return f"cache strides {cache.stride()} interleave heads within a row"
+    if cache.data_ptr() % 16 or (s_page * cache.element_size()) % 16:
+        return "cache rows are not 16-byte aligned"
+    rows_per_block = s_block // s_page
+    rows = (blocks - 1) * rows_per_block + (hkv - 1) * rows_per_head + page
+    view = cache.as_strided((rows, width), (s_page, 1))
+    return CacheRows(view, rows_per_block, rows_per_head, cols_per_head)
+
+
+def gluon_prefill_problems(query, key_cache, value_cache, params) -> list[str]:
+    """Why the Gluon prefill cannot run this call; empty when it can."""
+    problems = []
+    dev = query.device
+    if dev.type != "cuda" or torch.version.hip:
+        problems.append(f"device {dev} is not an NVIDIA GPU")
+    elif torch.cuda.get_device_capability(dev) != (9, 0):
+        problems.append(
+            f"capability {torch.cuda.get_device_capability(dev)} is not Hopper's (9, 0)"
+        )
+    if query.dtype not in DTYPES or key_cache.dtype != query.dtype:
+        problems.append(f"query {query.dtype} / cache {key_cache.dtype} (takes one of {DTYPES})")
+    hq, d = query.shape[1], query.shape[2]
+    hkv, page = key_cache.shape[2], key_cache.shape[1]
+    if d not in HEAD_SIZES:
+        problems.append(f"head size {d} (takes {HEAD_SIZES})")
+    group = hq // hkv
+    if group & (group - 1) or 64 % group:
+        problems.append(f"query heads per kv head {group} is not a power of two up to 64")
+    box = min(page, BLOCK_N)
+    if box < 8 or page % box or BLOCK_N % box:
+        problems.append(f"block size {page} (takes 8, 16, 32, 64 or a multiple of {BLOCK_N})")
+    if params.sliding_window is not None:
+        problems.append("sliding window")
+    if params.sinks is not None:
+        problems.append("attention sinks")
+    for name, cache in (("key", key_cache), ("value", value_cache)):
+        rows = cache_rows(cache)
+        if isinstance(rows, str):
+            problems.append(f"{name} {rows}")
+    if not problems and not _has_gluon_hopper():
+        problems.append("this Triton has no Gluon Hopper module")
+    return problems
+
+
+def _has_gluon_hopper() -> bool:
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _descriptor(rows: CacheRows, box: int):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[rows.view.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for([box, COLS], gdt)
+    return TensorDescriptor(
+        rows.view, list(rows.view.shape), [rows.view.stride(0), 1], [box, COLS], layout
+    )
+
+
+def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req: int):
+    """Causal attention for rows [first_req, num_reqs) through the Gluon kernel; the caller
+    has checked `gluon_prefill_problems` (scale > 0 as every prefill path)."""
+    from atom_plugin.attention.mha import gluon_prefill as kernels
+
+    num = meta.num_reqs - first_req
+    if num <= 0 or meta.max_query_len == 0:
+        return output
+    hq, d = query.shape[1], query.shape[2]
+    page, hkv = key_cache.shape[1], key_cache.shape[2]
+    group = hq // hkv
+    box = min(page, BLOCK_N)
+    k_rows, v_rows = cache_rows(key_cache), cache_rows(value_cache)
+    if (k_rows.rows_per_block, k_rows.rows_per_head, k_rows.cols_per_head) != (
+        v_rows.rows_per_block,
+        v_rows.rows_per_head,
+        v_rows.cols_per_head,
+    ):
+        raise ValueError("key and value caches are laid out differently")
+    grid = (cdiv(meta.max_query_len, ROWS // group), hkv, num)
+    kernels.prefill_kernel[grid](
+        query,
+        output,
+        _descriptor(k_rows, box),
+        _descriptor(v_rows, box),
+        meta.block_table,
+        meta.seq_lens,
+        meta.query_start_loc,
+        params.scale * LOG2E,
+        first_req,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        meta.block_table.stride(0),
+        k_rows.rows_per_block,
+        k_rows.rows_per_head,
+        k_rows.cols_per_head,
+        GROUP=group,
+        D=d,
+        BLOCK_N=BLOCK_N,
+        STAGES=STAGES,
+        PAGE=page,
+        BOX=box,
+        num_warps=4,
+    )
+    return output

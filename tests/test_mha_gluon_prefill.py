@@ -1,0 +1,103 @@
+"""The Gluon Hopper prefill: its gate and cache views on the CPU, its output against the
+torch reference on a Hopper GPU (`gpu`)."""
+
+import pytest
+import torch
+from attention_cases import make_batch, tolerance
+
+from atom_plugin.attention.mha import reference
+from atom_plugin.attention.mha.gluon_prefill_launch import (
+    cache_rows,
+    gluon_prefill,
+    gluon_prefill_problems,
+)
+from atom_plugin.attention.mha.params import AttentionParams
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _rows_hold_the_cache(cache: torch.Tensor) -> None:
+    """Every key's row of the view holds that key's head vector."""
+    rows = cache_rows(cache)
+    blocks, page, hkv, d = cache.shape
+    b, off, h = torch.meshgrid(
+        torch.arange(blocks), torch.arange(page), torch.arange(hkv), indexing="ij"
+    )
+    row = b * rows.rows_per_block + h * rows.rows_per_head + off
+    col = (h * rows.cols_per_head)[..., None] + torch.arange(d)
+    got = rows.view[row[..., None].expand_as(col), col]
+    assert torch.equal(got, cache)
+
+
+def test_plugin_layout_is_a_page_of_rows_per_head():
+    raw = torch.randn(5, 3, 16, 2 * 64)  # the plugin's [blocks, kv heads, page, K|V]
+    key_cache, value_cache = raw.transpose(1, 2).split(64, dim=-1)
+    rows = cache_rows(key_cache)
+    assert (rows.rows_per_block, rows.rows_per_head, rows.cols_per_head) == (48, 16, 0)
+    _rows_hold_the_cache(key_cache)
+    _rows_hold_the_cache(value_cache)
+
+
+def test_vllm_layout_is_a_row_of_heads_per_key():
+    cache = torch.randn(5, 16, 3, 64)  # [blocks, page, kv heads, D]
+    rows = cache_rows(cache)
+    assert (rows.rows_per_block, rows.rows_per_head, rows.cols_per_head) == (16, 0, 64)
+    _rows_hold_the_cache(cache)
+
+
+def test_a_cache_without_contiguous_head_vectors_is_named():
+    cache = torch.randn(5, 16, 3, 64).transpose(2, 3).contiguous().transpose(2, 3)
+    assert "not rows of one 2-d view" in cache_rows(cache)
+
+
+def test_problems_name_each_reason():
+    b = make_batch([(40, 40)], hq=6, hkv=2, d=96, block_size=4)
+    params = AttentionParams(scale=0.1, sliding_window=8, sinks=torch.zeros(6))
+    text = "; ".join(gluon_prefill_problems(b.query, b.key_cache, b.value_cache, params))
+    for part in (
+        "device cpu",
+        "torch.float32",
+        "head size 96",
+        "query heads per kv head 3",
+        "block size 4",
+        "sliding window",
+        "attention sinks",
+    ):
+        assert part in text
+
+
+GPU_CASES = [
+    # hq, hkv, d, block_size, cache layout
+    (32, 8, 128, 16, "plugin"),
+    (64, 8, 128, 16, "plugin"),
+    (32, 8, 64, 16, "plugin"),
+    (32, 4, 128, 64, "plugin"),
+    (16, 16, 128, 16, "plugin"),
+    (32, 8, 128, 256, "plugin"),
+    (32, 8, 128, 16, "vllm"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
+@pytest.mark.parametrize("hq,hkv,d,block_size,layout", GPU_CASES)
+def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout):
+    """Decode rows first (left alone), then fresh and chunked prefills whose lengths fall
+    on and beside the 128-row blocks and 128-key tiles."""
+    reqs = [(1, 300), (1, 77), (1000, 1000), (517, 4100), (128, 128), (129, 2000), (3000, 3000)]
+    b = make_batch(reqs, hq=hq, hkv=hkv, d=d, block_size=block_size, dtype=torch.bfloat16,
+                   device="cuda")  # fmt: skip
+    kc, vc = b.key_cache, b.value_cache
+    if layout == "vllm":
+        kc, vc = kc.contiguous(), vc.contiguous()
+    params = AttentionParams(scale=d**-0.5 * 4)  # peaked: a dropped key would show
+    assert gluon_prefill_problems(b.query, kc, vc, params) == []
+    want = torch.zeros_like(b.query)
+    reference.paged_attention(b.query, kc, vc, b.meta, params, want)
+    got = torch.full_like(b.query, 3.0)
+    gluon_prefill(b.query, kc, vc, b.meta, params, got, first_req=b.meta.num_decodes)
+    first = b.meta.num_decodes  # decode tokens: one each
+    torch.testing.assert_close(
+        got[first:].float(), want[first:].float(), **tolerance(torch.bfloat16)
+    )
+    assert torch.all(got[:first] == 3.0), "the decode rows were written"
