@@ -72,21 +72,22 @@ def loader(
         page = gl.load(bt_row + key // PAGE, mask=(bi < NB) & (key < seq_len), other=0)
         rows = page * rows_per_block + head_row + key % PAGE
         mbarrier.expect(k_full.index(s), nbytes)
-        for i in gl.static_range(NB):
-            row = gl.sum(gl.where(bi == i, rows, 0), axis=0)
-            for c in gl.static_range(D // COLS):
-                dst = k_ring.index(s).slice(i * BOX, BOX, dim=0).slice(c * COLS, COLS, dim=1)
-                tma.async_copy_global_to_shared(
-                    k_desc, [row, col0 + c * COLS], k_full.index(s), dst
-                )
+        _copy_tile(k_desc, k_ring.index(s), k_full.index(s), rows, bi, col0, NB, BOX, D)
         mbarrier.expect(v_full.index(s), nbytes)
-        for i in gl.static_range(NB):
-            row = gl.sum(gl.where(bi == i, rows, 0), axis=0)
-            for c in gl.static_range(D // COLS):
-                dst = v_ring.index(s).slice(i * BOX, BOX, dim=0).slice(c * COLS, COLS, dim=1)
-                tma.async_copy_global_to_shared(
-                    v_desc, [row, col0 + c * COLS], v_full.index(s), dst
-                )
+        _copy_tile(v_desc, v_ring.index(s), v_full.index(s), rows, bi, col0, NB, BOX, D)
+
+
+@gluon.jit
+def _copy_tile(
+    desc, dst, bar, rows, bi, col0, NB: gl.constexpr, BOX: gl.constexpr, D: gl.constexpr
+):
+    """A tile's TMA boxes into `dst`: box i holds BOX rows from row `rows[i]` (the element of
+    `rows` where `bi == i`), in 64-column pieces from column col0; each lands on `bar`."""
+    for i in gl.static_range(NB):
+        row = gl.sum(gl.where(bi == i, rows, 0), axis=0)
+        for c in gl.static_range(D // COLS):
+            box = dst.slice(i * BOX, BOX, dim=0).slice(c * COLS, COLS, dim=1)
+            tma.async_copy_global_to_shared(desc, [row, col0 + c * COLS], bar, box)
 
 
 @gluon.jit
