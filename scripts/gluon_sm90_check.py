@@ -44,7 +44,7 @@ from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels  # no
 from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # noqa: E402
 from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
-from atom_plugin.attention.mla.launch_plan import TritonMLALaunch  # noqa: E402
+from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
@@ -109,8 +109,9 @@ def compile_case(schedule: str, cache_dtype: torch.dtype, block_h: int, tokens: 
     mid_o, mid_lse = torch.zeros(4, 128, 2, 512), torch.zeros(4, 128, 2)
     fp8 = cache_dtype != torch.bfloat16
     launch = TritonMLALaunch(
-        "gluon", block_h, tokens, 1, 2, 2, 64, 8, 2, True, fp8, True, 512, schedule=schedule
-    )
+        "gluon", block_h, tokens, 1, 2, 2, 64, 8, 2, True, fp8, True, 512, merge_block_s(2),
+        schedule=schedule,
+    )  # fmt: skip
     gluon_launch.run_stage1(
         q, cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1), 0.1, launch, 512
     )
