@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 
 import torch
 from triton.runtime import driver
@@ -63,29 +64,20 @@ def compile_one(decode: bool, cfg: dict | None):
     q = torch.zeros(q_len, HQ, D, dtype=torch.bfloat16)
     out = torch.zeros_like(q)
     meta = _meta(q_len, 512)
-    kernel = triton_decode._decode_split_kernel if decode else triton_prefill._prefill_kernel
-    kernel.device_caches.clear()
-    if decode:
-        triton_decode.paged_decode(q, kc, vc, meta, params, out, num_splits=2, config=cfg)
+    if cfg is mha_variants.GLUON:
+        from atom_plugin.attention.mha import gluon_prefill, gluon_prefill_launch
+
+        kernel = gluon_prefill.prefill_kernel
+        launch = partial(gluon_prefill_launch.gluon_prefill, first_req=0)
+    elif decode:
+        kernel = triton_decode._decode_split_kernel
+        launch = partial(triton_decode.paged_decode, num_splits=2, config=cfg)
     else:
-        triton_prefill.paged_prefill(q, kc, vc, meta, params, out, config=cfg)
-    *_, compiled = kernel.device_caches[0][0].values()  # the last: the one that fit
-    return compiled
-
-
-def compile_gluon_prefill():
-    """Compile the Gluon Hopper prefill candidate ("gluon") on the same call as the
-    Triton prefill's and return the kernel."""
-    from atom_plugin.attention.mha import gluon_prefill, gluon_prefill_launch
-
-    raw = torch.zeros(64, HKV, BLOCK, 2 * D, dtype=torch.bfloat16)
-    kc, vc = raw.transpose(1, 2).split(D, dim=-1)
-    q = torch.zeros(256, HQ, D, dtype=torch.bfloat16)
-    kernel = gluon_prefill.prefill_kernel
+        kernel = triton_prefill._prefill_kernel
+        launch = partial(triton_prefill.paged_prefill, config=cfg)
     kernel.device_caches.clear()
-    params = AttentionParams(scale=D**-0.5)
-    gluon_prefill_launch.gluon_prefill(q, kc, vc, _meta(256, 512), params, torch.zeros_like(q), 0)
-    (compiled,) = kernel.device_caches[0][0].values()
+    launch(q, kc, vc, meta, params, out)
+    *_, compiled = kernel.device_caches[0][0].values()  # the last: the one that fit
     return compiled
 
 
@@ -109,10 +101,7 @@ def main(argv=None) -> int:
             if args.defaults and cfg is not None:
                 continue
             try:
-                if cfg is mha_variants.GLUON:
-                    compiled = compile_gluon_prefill()
-                else:
-                    compiled = compile_one(decode, cfg)
+                compiled = compile_one(decode, cfg)
             except Exception as exc:  # report and go on
                 failed = True
                 print(f"{fam} {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}")

@@ -29,8 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
-thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+from atom_plugin.attention.gluon_common import thread_barrier
 
 ROWS = gl.constexpr(128)  # query rows a program holds, 64 per warpgroup
 COLS = gl.constexpr(64)  # columns of a TMA box: 128 bytes of 16-bit values, one swizzle row
@@ -191,7 +190,7 @@ def consumer(
     head = kvh * GROUP + r_o % GROUP
     d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     dst = Out + (t0 + tok).to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
-    gl.store(dst + d[None, :], out.to(Out.dtype.element_ty), mask=(tok < q_len)[:, None])
+    gl.store(dst + d[None, :], out.to(dtype), mask=(tok < q_len)[:, None])
 
 
 @gluon.jit

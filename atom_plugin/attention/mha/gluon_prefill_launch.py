@@ -15,7 +15,7 @@ by side in each row) has rows_per_head = page and cols_per_head 0; vLLM's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,17 +23,16 @@ from atom_plugin.attention.triton_common import LOG2E, cdiv
 
 BLOCK_N = 128  # keys a tile holds
 STAGES = 2  # K/V tiles in flight
-ROWS = 128  # query rows of a program (gluon_prefill.ROWS)
-COLS = 64  # columns of a TMA box (gluon_prefill.COLS)
 HEAD_SIZES = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
 class CacheRows:
-    """A cache part as TMA rows: the 2-d view and where a key's row and columns are."""
+    """A cache part as TMA rows: the 2-d view and where a key's row and columns are (two
+    parts laid out alike compare equal)."""
 
-    view: torch.Tensor
+    view: torch.Tensor = field(compare=False)
     rows_per_block: int
     rows_per_head: int
     cols_per_head: int
@@ -102,20 +101,10 @@ def _has_gluon_hopper() -> bool:
     return True
 
 
-def _descriptor(rows: CacheRows, box: int):
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[rows.view.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for([box, COLS], gdt)
-    return TensorDescriptor(
-        rows.view, list(rows.view.shape), [rows.view.stride(0), 1], [box, COLS], layout
-    )
-
-
 def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req: int):
     """Causal attention for rows [first_req, num_reqs) through the Gluon kernel; the caller
     has checked `gluon_prefill_problems` (scale > 0 as every prefill path)."""
+    from atom_plugin.attention.gluon_common import tma_descriptor
     from atom_plugin.attention.mha import gluon_prefill as kernels
 
     num = meta.num_reqs - first_req
@@ -126,18 +115,17 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
     group = hq // hkv
     box = min(page, BLOCK_N)
     k_rows, v_rows = cache_rows(key_cache), cache_rows(value_cache)
-    if (k_rows.rows_per_block, k_rows.rows_per_head, k_rows.cols_per_head) != (
-        v_rows.rows_per_block,
-        v_rows.rows_per_head,
-        v_rows.cols_per_head,
-    ):
+    if k_rows != v_rows:
         raise ValueError("key and value caches are laid out differently")
-    grid = (cdiv(meta.max_query_len, ROWS // group), hkv, num)
+    descs = [
+        tma_descriptor(r.view, list(r.view.shape), list(r.view.stride()), [box, kernels.COLS.value])
+        for r in (k_rows, v_rows)
+    ]
+    grid = (cdiv(meta.max_query_len, kernels.ROWS.value // group), hkv, num)
     kernels.prefill_kernel[grid](
         query,
         output,
-        _descriptor(k_rows, box),
-        _descriptor(v_rows, box),
+        *descs,
         meta.block_table,
         meta.seq_lens,
         meta.query_start_loc,

@@ -62,7 +62,7 @@ def cache_row_parts(kv_cache: torch.Tensor, lora: int) -> list[tuple]:
 
 def tma_descriptors(kv_cache: torch.Tensor, lora: int, block_n: int):
     """Triton tensor descriptors of the latent and rope columns of the cache viewed as
-    rows, in boxes of `block_n` rows (`gluon_common.cache_descriptors` makes Gluon's)."""
+    rows, in boxes of `block_n` rows (`mla.gluon.common.cache_descriptors` makes Gluon's)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return [

@@ -1,6 +1,6 @@
 """Gluon pieces both MLA decode kernels use (`lockstep` and `alternate`): which request,
 query rows and keys a program holds, the pass that widens a tile and zeroes its rows past
-a split's end, the CTA-wide barrier, and the cache's TMA descriptors (host side).
+a split's end, and the cache's TMA descriptors (host side).
 
 Imports Gluon, which exists only in newer Tritons: only the kernels and their launcher
 (`gluon_launch`) import this module, at the first launch.
@@ -11,13 +11,10 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from atom_plugin.attention.gluon_common import tma_descriptor
 from atom_plugin.attention.mla.cache_view import cache_row_parts
 from atom_plugin.attention.mla.gluon.shapes import BLOCK_N
-
-# The CTA-wide barrier is gl.thread_barrier up to Triton 3.6 and gl.barrier from 3.7.
-thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
@@ -66,21 +63,11 @@ def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
     dst.store(x)
 
 
-_GLUON_DTYPES = {  # the cache's torch dtype -> Gluon's name of it
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float8_e4m3fn: "float8e4nv",
-}
-
-
 def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
     """Gluon TMA descriptors of the cache's latent and rope columns
     (`mla.cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
     the part's width)."""
-    gdt = getattr(gl, _GLUON_DTYPES[kv_cache.dtype])
-    descs = []
-    for part, shape, strides in cache_row_parts(kv_cache, lora):
-        box = [BLOCK_N, box_cols or shape[1]]
-        layout = gl.NVMMASharedLayout.get_default_for(box, gdt)
-        descs.append(TensorDescriptor(part, shape, strides, box, layout))
-    return descs
+    return [
+        tma_descriptor(part, shape, strides, [BLOCK_N, box_cols or shape[1]])
+        for part, shape, strides in cache_row_parts(kv_cache, lora)
+    ]

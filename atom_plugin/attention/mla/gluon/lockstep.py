@@ -38,11 +38,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
     program_request,
     query_rows,
     split_keys,
-    thread_barrier,
     widen,
 )
 
