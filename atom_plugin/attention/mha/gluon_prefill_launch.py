@@ -4,7 +4,9 @@ viewed as TMA rows.
 
 A candidate, not a serving path: `benchmarks.mha_variants` times it beside the Triton
 prefill and FA3 ("gluon"), and the ops do not take it (on the H200 it measured 0.90-1.20x
-of the Triton prefill's time, docs/benchmarks.md).
+of the Triton prefill's time, docs/benchmarks.md). It follows the prototype taken out of
+the tree in f91230d (its best schedule 1.06-1.15x; commit 32fb5d2 holds it), with the two
+warpgroups taking turns to issue their products.
 
 A cache [blocks, page, kv heads, D] is read as rows of a 2-d view: key (block, offset,
 head) is row block * rows_per_block + head * rows_per_head + offset, its head's values
