@@ -4,9 +4,13 @@ A program holds 128 query rows of one request and kv head (row r: token r // GRO
 head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63. Per tile of
 BLOCK_N keys:
 
-- the loader warp brings K and V into a ring of stages through TMA, a box per cache
-  page (or per BLOCK_N rows of a larger page) and 64 columns, each stage refilled once
-  both warpgroups have released it;
+- the loader warp brings K and V into rings of stages through TMA, a box per cache
+  page (or per BLOCK_N rows of a larger page) and 64 columns. K and V stages are
+  released apart: a K tile once both warpgroups' scores of it are done, a V tile once
+  their product with it is. The product of tile j runs in iteration j + 1, so a shared
+  release would hold tile j + STAGES's keys back until then, when they are already due;
+  released apart, the loader issues tile t's keys before tile t - 1's values, about an
+  iteration ahead of each;
 - each warpgroup issues the scores of tile j and the product of tile j - 1's
   probabilities with its V, then runs tile j's softmax while the product runs (the
   softmax of one tile overlaps the tensor cores' work on the previous one);
@@ -50,10 +54,10 @@ def loader(
     PAGE: gl.constexpr,
     BOX: gl.constexpr,
 ):
-    """The TMA warp: tile t's K boxes, then its V boxes, into stage t % STAGES (the
-    partitions share one signature; this one reads few of them)."""
+    """The TMA warp: tile t's K boxes, then tile t - 1's V boxes (the partitions share one
+    signature; this one reads few of them)."""
     k_ring, v_ring = smem[1], smem[2]
-    k_full, v_full, empty = bars[0], bars[1], bars[2]
+    k_full, v_full, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3]
     seq_len, num_tiles, kvh = work[1], work[2], work[3]
     k_desc, v_desc, bt_row, layout_rows = descs
     rows_per_block, rows_per_head, cols_per_head = layout_rows
@@ -64,16 +68,43 @@ def loader(
     nbytes: gl.constexpr = NB * (D // COLS) * k_desc.block_type.nbytes
     head_row = kvh * rows_per_head
     col0 = kvh * cols_per_head
+    values = (v_desc, v_ring, v_full, v_empty)
+    prev_rows = gl.zeros([NBV], gl.int32, layout=vec)
     for t in range(num_tiles):
-        s = t % STAGES
-        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        # the tile's pages are read before the wait, so the load overlaps it
         key = t * BLOCK_N + bi * BOX
         page = gl.load(bt_row + key // PAGE, mask=(bi < NB) & (key < seq_len), other=0)
         rows = page * rows_per_block + head_row + key % PAGE
+        s = t % STAGES
+        mbarrier.wait(k_empty.index(s), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(k_full.index(s), nbytes)
         _copy_tile(k_desc, k_ring.index(s), k_full.index(s), rows, bi, col0, NB, BOX, D)
-        mbarrier.expect(v_full.index(s), nbytes)
-        _copy_tile(v_desc, v_ring.index(s), v_full.index(s), rows, bi, col0, NB, BOX, D)
+        if t > 0:
+            _copy_values(values, t - 1, prev_rows, bi, col0, nbytes, NB, BOX, D, STAGES)
+        prev_rows = rows
+    _copy_values(values, num_tiles - 1, prev_rows, bi, col0, nbytes, NB, BOX, D, STAGES)
+
+
+@gluon.jit
+def _copy_values(
+    values,
+    t,
+    rows,
+    bi,
+    col0,
+    nbytes: gl.constexpr,
+    NB: gl.constexpr,
+    BOX: gl.constexpr,
+    D: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """Tile t's V boxes into its stage of the ring, once the stage's values are released
+    (`values`: the V descriptor, ring, full and empty barriers)."""
+    v_desc, v_ring, v_full, v_empty = values
+    s = t % STAGES
+    mbarrier.wait(v_empty.index(s), ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(v_full.index(s), nbytes)
+    _copy_tile(v_desc, v_ring.index(s), v_full.index(s), rows, bi, col0, NB, BOX, D)
 
 
 @gluon.jit
@@ -117,7 +148,7 @@ def consumer(
     """Warpgroup W: rows 64W .. 64W + 63 over every tile, then their output."""
     Out, stride_ot, stride_oh = ptrs
     q_smem, k_ring, v_ring = smem
-    k_full, v_full, empty, turn = bars
+    k_full, v_full, k_empty, v_empty, turn = bars
     ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, scale = work
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -145,6 +176,8 @@ def consumer(
     thread_barrier()
     mbarrier.arrive(turn.index(1 - W), count=1)
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+    thread_barrier()
+    mbarrier.arrive(k_empty.index(0), count=1)
     sc = _scores(s_acc, 0, qpos, p_first, scale, offs_n, BLOCK_N)
     m_i = gl.max(sc, 1) * scale
     m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
@@ -163,6 +196,8 @@ def consumer(
         thread_barrier()
         mbarrier.arrive(turn.index(1 - W), count=1)
         s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
+        thread_barrier()
+        mbarrier.arrive(k_empty.index(s), count=1)
         sc = _scores(s_acc, j * BLOCK_N, qpos, p_first, scale, offs_n, BLOCK_N)
         m_new = gl.maximum(m_i, gl.max(sc, 1) * scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -172,7 +207,7 @@ def consumer(
         m_i = m_new
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         thread_barrier()
-        mbarrier.arrive(empty.index(prev), count=1)
+        mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_op)
 
@@ -181,7 +216,7 @@ def consumer(
     acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     thread_barrier()
-    mbarrier.arrive(empty.index(last), count=1)
+    mbarrier.arrive(v_empty.index(last), count=1)
 
     l_o = gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)
     out = acc / l_o[:, None]
@@ -269,12 +304,14 @@ def prefill_kernel(
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
@@ -286,7 +323,7 @@ def prefill_kernel(
     # signature), grouped in tuples; the first names the partition's role.
     ptrs = (Out, stride_ot, stride_oh)
     smem = (q_smem, k_ring, v_ring)
-    bars = (k_full, v_full, empty, turn)
+    bars = (k_full, v_full, k_empty, v_empty, turn)
     work = (ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, qk_scale)
     descs = (K_DESC, V_DESC, bt_row, (rows_per_block, rows_per_head, cols_per_head))
     gl.warp_specialize(
