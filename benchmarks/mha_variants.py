@@ -28,8 +28,10 @@ PREFILL_CANDIDATES = [
     ("default", None),
     ("base", PREFILL_BASE),
     # 128-row CTAs capped at 128 registers: two per SM, one's softmax beside the other's MMAs
+    # (at 4 query heads per kv head, the Triton prefill's first CUDA config: the ops run it
+    # where the Gluon one cannot)
     ("bq32 w8 s3 r128", dict(BQ32, num_stages=3, maxnreg=128)),
-    ("gluon", GLUON),
+    ("gluon", GLUON),  # launched directly: what "default" runs on Hopper where a layer fits
 ]
 DECODE_CANDIDATES = [
     ("default", None),

@@ -245,7 +245,7 @@ def test_plan_picks_the_decode_splits_and_ops_run_it():
     b = make_batch([(1, 900), (1, 9), (3, 12)], hq=4, hkv=2, d=16, block_size=16, device=DEV)
     plan = plan_for_caches(b.meta, b.key_cache, "triton")
     sms = device_sm_count(b.key_cache.device)
-    assert plan == TritonPlan(num_splits=choose_num_splits(2, 2, 900, sms))
+    assert plan.num_splits == choose_num_splits(2, 2, 900, sms)
     prefill_only = make_batch([(3, 12)], hq=4, hkv=2, d=16, block_size=16, device=DEV)
     assert plan_for_caches(prefill_only.meta, prefill_only.key_cache, "triton").num_splits == 1
     b.meta.plan = TritonPlan(num_splits=3)  # any count is correct: the ops run the plan's

@@ -101,3 +101,76 @@ def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout):
         got[first:].float(), want[first:].float(), **tolerance(torch.bfloat16)
     )
     assert torch.all(got[:first] == 3.0), "the decode rows were written"
+
+
+def test_the_plan_takes_the_gluon_prefill_where_the_device_does_and_prefills_run(monkeypatch):
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+    from atom_plugin.attention.mha.planner import plan_for_caches
+
+    mixed = make_batch([(1, 50), (40, 40)], hq=4, hkv=2, d=64, block_size=16)
+    decodes = make_batch([(1, 50), (1, 9)], hq=4, hkv=2, d=64, block_size=16)
+    assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").hopper_prefill is False  # CPU
+    monkeypatch.setattr(gpl, "device_takes_gluon_prefill", lambda device: True)
+    assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").hopper_prefill is True
+    assert plan_for_caches(decodes.meta, decodes.key_cache, "triton").hopper_prefill is False
+
+
+def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_once(
+    monkeypatch, caplog
+):
+    """A plan that takes the Gluon prefill, a layer that does not fit it (CPU tensors): the
+    ops run the Triton prefill, and the reason is logged once per layer shape."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+    from atom_plugin.attention.mha import ops
+    from atom_plugin.attention.mha.plan import TritonPlan
+
+    monkeypatch.setattr(gpl, "_LAYER_FITS", {})
+    params = AttentionParams(scale=0.3)
+    shapes = [dict(hq=4, hkv=2, d=16), dict(hq=4, hkv=2, d=16), dict(hq=4, hkv=1, d=16)]
+    with caplog.at_level("INFO", logger=gpl.__name__):
+        for shape in shapes:
+            b = make_batch([(1, 20), (9, 30)], block_size=16, **shape)
+            b.meta.plan = TritonPlan(num_splits=2, hopper_prefill=True)
+            want = torch.zeros_like(b.query)
+            reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+            got = torch.zeros_like(b.query)
+            ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, got)
+            torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    lines = [r.getMessage() for r in caplog.records if r.name == gpl.__name__]
+    assert len(lines) == 2, lines  # the second call's layer shape was logged by the first
+    for line, kv_heads in zip(lines, (2, 1), strict=True):
+        assert line.startswith(f"MHA prefill: the Triton kernel (4 q / {kv_heads} kv heads")
+        assert "device cpu is not an NVIDIA GPU" in line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
+@pytest.mark.parametrize("window", [None, 256])
+def test_gpu_ops_route_the_prefill_by_the_plan_and_the_layer(window, monkeypatch, caplog):
+    """ops.paged_attention on a Hopper GPU: the plan takes the Gluon prefill, a layer it
+    fits runs it and a windowed layer runs the Triton kernel, each logged once."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+    from atom_plugin.attention.mha import ops
+    from atom_plugin.attention.mha.planner import plan_for_caches
+
+    monkeypatch.setattr(gpl, "_LAYER_FITS", {})
+    reqs = [(1, 900), (700, 700), (300, 2100)]
+    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16, device="cuda")
+    b.meta.plan = plan_for_caches(b.meta, b.key_cache)
+    assert b.meta.plan.hopper_prefill is True
+    params = AttentionParams(scale=0.3, sliding_window=window)
+    want = torch.zeros_like(b.query)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+    with caplog.at_level("INFO", logger=gpl.__name__):
+        for _ in range(2):
+            got = torch.zeros_like(b.query)
+            ops.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, got)
+            torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
+    lines = [r.getMessage() for r in caplog.records if r.name == gpl.__name__]
+    assert len(lines) == 1, lines
+    if window is None:
+        assert lines[0].startswith("MHA prefill: the Gluon Hopper kernel")
+    else:
+        assert (
+            lines[0].startswith("MHA prefill: the Triton kernel") and "sliding window" in lines[0]
+        )

@@ -1,12 +1,8 @@
-"""The Gluon Hopper prefill (`gluon_prefill`): whether it can run a call
-(`gluon_prefill_problems`, which imports no Gluon) and its launch over the paged cache
-viewed as TMA rows.
-
-A candidate, not a serving path: `benchmarks.mha_variants` times it beside the Triton
-prefill and FA3 ("gluon"), and the ops do not take it (on the H200 it measured 0.90-1.20x
-of the Triton prefill's time, docs/benchmarks.md). It follows the prototype taken out of
-the tree in f91230d (its best schedule 1.06-1.15x; commit 32fb5d2 holds it), with the two
-warpgroups taking turns to issue their products.
+"""The Gluon Hopper prefill (`gluon_prefill`): whether a device and a layer's call can take
+it (`device_takes_gluon_prefill`, the step plan's half; `layer_takes_gluon_prefill`, each
+layer's, logged once per layer shape; neither imports Gluon) and its launch over the paged
+cache viewed as TMA rows. The Triton path of the ops runs it where both say yes, and the
+Triton prefill elsewhere.
 
 A cache [blocks, page, kv heads, D] is read as rows of a 2-d view: key (block, offset,
 head) is row block * rows_per_block + head * rows_per_head + offset, its head's values
@@ -17,6 +13,8 @@ by side in each row) has rows_per_head = page and cols_per_head 0; vLLM's
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +25,7 @@ BLOCK_N = 128  # keys a tile holds
 STAGES = 2  # K/V tiles in flight
 HEAD_SIZES = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,54 @@ def gluon_prefill_problems(query, key_cache, value_cache, params) -> list[str]:
     if not problems and not _has_gluon_hopper():
         problems.append("this Triton has no Gluon Hopper module")
     return problems
+
+
+@functools.cache
+def device_takes_gluon_prefill(device: torch.device) -> bool:
+    """Whether `device` is a Hopper GPU and this Triton has Gluon's Hopper module: the
+    device's half of the gate, which the step's plan records."""
+    if device.type != "cuda" or torch.version.hip or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0) and _has_gluon_hopper()
+
+
+# a layer's call facts -> whether the Gluon kernel takes them (logged once each)
+_LAYER_FITS: dict[tuple, bool] = {}
+
+
+def layer_takes_gluon_prefill(query, key_cache, value_cache, params) -> bool:
+    """`gluon_prefill_problems` of a layer's call, decided once per set of facts it reads
+    (device, dtypes, head counts and sizes, cache layout, window and sinks) and logged
+    then, with the reasons where the Triton prefill runs instead."""
+    key = (
+        query.device,
+        query.dtype,
+        key_cache.dtype,
+        tuple(query.shape[1:]),
+        tuple(key_cache.shape[1:]),
+        key_cache.stride(),
+        value_cache.stride(),
+        key_cache.data_ptr() % 16 == 0,
+        params.sliding_window is None,
+        params.sinks is None,
+    )
+    fits = _LAYER_FITS.get(key)
+    if fits is None:
+        problems = gluon_prefill_problems(query, key_cache, value_cache, params)
+        fits = _LAYER_FITS[key] = not problems
+        shape = (
+            f"{query.shape[1]} q / {key_cache.shape[2]} kv heads, head {query.shape[2]}, "
+            f"block {key_cache.shape[1]}, {key_cache.dtype}"
+        )
+        if fits:
+            log.info("MHA prefill: the Gluon Hopper kernel (%s)", shape)
+        else:
+            log.info(
+                "MHA prefill: the Triton kernel (%s); the Gluon Hopper kernel does not take %s",
+                shape,
+                "; ".join(problems),
+            )
+    return fits
 
 
 def _has_gluon_hopper() -> bool:

@@ -21,9 +21,11 @@ class TorchPlan:
 
 @dataclass(frozen=True)
 class TritonPlan:
-    """The Triton kernels: the split-KV decode's split count."""
+    """The Triton kernels: the split-KV decode's split count, and whether the device takes
+    the Gluon Hopper prefill (each layer's own facts decide whether it does)."""
 
     num_splits: int
+    hopper_prefill: bool = False
 
 
 @dataclass(frozen=True, eq=False)
