@@ -1,7 +1,8 @@
 """The Gluon Hopper prefill (`gluon_prefill`): whether a device and a layer's call can take
 it (`device_takes_gluon_prefill`, the step plan's half; `layer_takes_gluon_prefill`, each
-layer's, logged once per layer shape; neither imports Gluon) and its launch over the paged
-cache viewed as TMA rows. The Triton path of the ops runs it where both say yes, and the
+layer's, logged once per layer shape; both only probe for Gluon's Hopper module, the
+kernel module loads at the first launch) and its launch over the paged cache viewed as TMA
+rows. The Triton path of the ops runs it where both say yes, and the
 Triton prefill elsewhere.
 
 A cache [blocks, page, kv heads, D] is read as rows of a 2-d view: key (block, offset,
