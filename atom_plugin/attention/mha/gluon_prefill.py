@@ -173,11 +173,9 @@ def consumer(
     mbarrier.wait(k_full.index(0), 0)
     mbarrier.wait(turn.index(W), 0)
     s_acc = _qk(q_w, k_ring.index(0), s_zero, D)
-    thread_barrier()
-    mbarrier.arrive(turn.index(1 - W), count=1)
+    _arrive_all(turn.index(1 - W))
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-    thread_barrier()
-    mbarrier.arrive(k_empty.index(0), count=1)
+    _arrive_all(k_empty.index(0))
     sc = _scores(s_acc, 0, qpos, p_first, scale, offs_n, BLOCK_N)
     m_i = gl.max(sc, 1) * scale
     m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
@@ -193,11 +191,9 @@ def consumer(
         s_acc = _qk(q_w, k_ring.index(s), s_zero, D)
         mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
-        thread_barrier()
-        mbarrier.arrive(turn.index(1 - W), count=1)
+        _arrive_all(turn.index(1 - W))
         s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
-        thread_barrier()
-        mbarrier.arrive(k_empty.index(s), count=1)
+        _arrive_all(k_empty.index(s))
         sc = _scores(s_acc, j * BLOCK_N, qpos, p_first, scale, offs_n, BLOCK_N)
         m_new = gl.maximum(m_i, gl.max(sc, 1) * scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -206,8 +202,7 @@ def consumer(
         l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        thread_barrier()
-        mbarrier.arrive(v_empty.index(prev), count=1)
+        _arrive_all(v_empty.index(prev))
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_op)
 
@@ -215,8 +210,7 @@ def consumer(
     mbarrier.wait(v_full.index(last), ((num_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    thread_barrier()
-    mbarrier.arrive(v_empty.index(last), count=1)
+    _arrive_all(v_empty.index(last))
 
     l_o = gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)
     out = acc / l_o[:, None]
@@ -226,6 +220,13 @@ def consumer(
     d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     dst = Out + (t0 + tok).to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
     gl.store(dst + d[None, :], out.to(dtype), mask=(tok < q_len)[:, None])
+
+
+@gluon.jit
+def _arrive_all(bar):
+    """Arrive on `bar` once every warp of the warpgroup has got here (one thread arrives)."""
+    thread_barrier()
+    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit

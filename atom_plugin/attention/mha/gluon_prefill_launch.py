@@ -62,14 +62,8 @@ def cache_rows(cache: torch.Tensor) -> CacheRows | str:
 
 def gluon_prefill_problems(query, key_cache, value_cache, params) -> list[str]:
     """Why the Gluon prefill cannot run this call; empty when it can."""
-    problems = []
-    dev = query.device
-    if dev.type != "cuda" or torch.version.hip:
-        problems.append(f"device {dev} is not an NVIDIA GPU")
-    elif torch.cuda.get_device_capability(dev) != (9, 0):
-        problems.append(
-            f"capability {torch.cuda.get_device_capability(dev)} is not Hopper's (9, 0)"
-        )
+    device = _device_problem(query.device)
+    problems = [device] if device else []
     if query.dtype not in DTYPES or key_cache.dtype != query.dtype:
         problems.append(f"query {query.dtype} / cache {key_cache.dtype} (takes one of {DTYPES})")
     hq, d = query.shape[1], query.shape[2]
@@ -90,18 +84,26 @@ def gluon_prefill_problems(query, key_cache, value_cache, params) -> list[str]:
         rows = cache_rows(cache)
         if isinstance(rows, str):
             problems.append(f"{name} {rows}")
-    if not problems and not _has_gluon_hopper():
-        problems.append("this Triton has no Gluon Hopper module")
     return problems
 
 
-@functools.cache
 def device_takes_gluon_prefill(device: torch.device) -> bool:
     """Whether `device` is a Hopper GPU and this Triton has Gluon's Hopper module: the
     device's half of the gate, which the step's plan records."""
+    return _device_problem(device) is None
+
+
+@functools.cache
+def _device_problem(device: torch.device) -> str | None:
+    """Why `device` cannot run the Gluon prefill (None: it can); asked once per device."""
     if device.type != "cuda" or torch.version.hip or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device) == (9, 0) and _has_gluon_hopper()
+        return f"device {device} is not an NVIDIA GPU"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        return f"capability {capability} is not Hopper's (9, 0)"
+    if not _has_gluon_hopper():
+        return "this Triton has no Gluon Hopper module"
+    return None
 
 
 # a layer's call facts -> whether the Gluon kernel takes them (logged once each)

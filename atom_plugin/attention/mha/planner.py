@@ -28,9 +28,11 @@ def plan_mha(
     if impl == "torch":
         return TorchPlan()
     if impl == "triton":
+        from atom_plugin.attention.mha.gluon_prefill_launch import device_takes_gluon_prefill
+
         return TritonPlan(
             num_splits=_decode_splits(meta, num_kv_heads, device),
-            hopper_prefill=bool(meta.num_prefills) and _hopper_prefill(device),
+            hopper_prefill=bool(meta.num_prefills) and device_takes_gluon_prefill(device),
         )
     if impl == "aiter":
         from atom_plugin.attention.mha import aiter
@@ -72,12 +74,6 @@ def _decode_splits(meta: PagedAttentionMetadata, num_kv_heads: int, device: torc
         device_sm_count(device),
         programs_per_sm(device),
     )
-
-
-def _hopper_prefill(device: torch.device) -> bool:
-    from atom_plugin.attention.mha.gluon_prefill_launch import device_takes_gluon_prefill
-
-    return device_takes_gluon_prefill(device)
 
 
 def _aiter_prefill(meta: PagedAttentionMetadata, block_size: int) -> AiterPrefill:
