@@ -1,8 +1,9 @@
 """MHA causal prefill on Hopper in Gluon: a loader warp and two ping-ponged warpgroups.
 
-A program holds 128 query rows of one request and kv head (row r: token r // GROUP,
-head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63. Per tile of
-BLOCK_N keys:
+A program holds 64 * NWG query rows of one request and kv head (row r: token r // GROUP,
+head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63: two
+warpgroups at head size 128, three at 64, whose products are half as long, so a third
+warpgroup's softmax has to hide behind them. Per tile of BLOCK_N keys:
 
 - the loader warp brings K and V into rings of stages through TMA, a box per cache
   page (or per BLOCK_N rows of a larger page) and 64 columns. K and V stages are
@@ -14,8 +15,8 @@ BLOCK_N keys:
 - each warpgroup issues the scores of tile j and the product of tile j - 1's
   probabilities with its V, then runs tile j's softmax while the product runs (the
   softmax of one tile overlaps the tensor cores' work on the previous one);
-- the two warpgroups take turns to issue their matrix products (an mbarrier each), so
-  one's softmax runs while the other's products occupy the tensor cores.
+- the warpgroups take turns, round robin, to issue their matrix products (an mbarrier
+  each), so one's softmax runs while the others' products occupy the tensor cores.
 
 Only `gluon_prefill_launch` imports this module, at the first launch: Gluon exists only
 in newer Tritons.
@@ -35,7 +36,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from atom_plugin.attention.gluon_common import thread_barrier
 
-ROWS = gl.constexpr(128)  # query rows a program holds, 64 per warpgroup
 COLS = gl.constexpr(64)  # columns of a TMA box: 128 bytes of 16-bit values, one swizzle row
 
 
@@ -53,6 +53,7 @@ def loader(
     STAGES: gl.constexpr,
     PAGE: gl.constexpr,
     BOX: gl.constexpr,
+    NWG: gl.constexpr,
 ):
     """The TMA warp: tile t's K boxes, then tile t - 1's V boxes (the partitions share one
     signature; this one reads few of them)."""
@@ -144,6 +145,7 @@ def consumer(
     STAGES: gl.constexpr,
     PAGE: gl.constexpr,
     BOX: gl.constexpr,
+    NWG: gl.constexpr,
 ):
     """Warpgroup W: rows 64W .. 64W + 63 over every tile, then their output."""
     Out, stride_ot, stride_oh = ptrs
@@ -161,7 +163,7 @@ def consumer(
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = Out.dtype.element_ty
 
-    q_w = q_smem.slice(W * 64, 64, dim=0)
+    q_w = q_smem.index(W)
     r = W * 64 + gl.arange(0, 64, layout=row_s)
     qpos = ctx + q_first + r // GROUP
     p_first = ctx + q_first + W * (64 // GROUP)  # the warpgroup's first position
@@ -173,7 +175,7 @@ def consumer(
     mbarrier.wait(k_full.index(0), 0)
     mbarrier.wait(turn.index(W), 0)
     s_acc = _qk(q_w, k_ring.index(0), s_zero, D)
-    _arrive_all(turn.index(1 - W))
+    _arrive_all(turn.index((W + 1) % NWG))
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
     _arrive_all(k_empty.index(0))
     sc = _scores(s_acc, 0, qpos, p_first, scale, offs_n, BLOCK_N)
@@ -191,7 +193,7 @@ def consumer(
         s_acc = _qk(q_w, k_ring.index(s), s_zero, D)
         mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
-        _arrive_all(turn.index(1 - W))
+        _arrive_all(turn.index((W + 1) % NWG))
         s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
         _arrive_all(k_empty.index(s))
         sc = _scores(s_acc, j * BLOCK_N, qpos, p_first, scale, offs_n, BLOCK_N)
@@ -269,7 +271,9 @@ def prefill_kernel(
     STAGES: gl.constexpr,
     PAGE: gl.constexpr,
     BOX: gl.constexpr,
+    NWG: gl.constexpr,
 ):
+    ROWS: gl.constexpr = 64 * NWG
     BLOCK_Q: gl.constexpr = ROWS // GROUP
     qblock = gl.num_programs(0) - 1 - gl.program_id(0)  # longest causal rows launch first
     kvh = gl.program_id(1)
@@ -286,19 +290,23 @@ def prefill_kernel(
     dtype: gl.constexpr = Q.dtype.element_ty
 
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, blk))
-    tok = q_first + r // GROUP
-    head = kvh * GROUP + r % GROUP
+    q_smem = gl.allocate_shared_memory(  # a 64-row slab a warpgroup
+        dtype, [NWG, 64, D], gl.NVMMASharedLayout.get_default_for([64, D], dtype)
+    )
     d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
-    q = gl.load(
-        Q + (t0 + tok).to(gl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=(tok < q_len)[:, None],
-        other=0.0,
-    )
-    q_smem = gl.allocate_shared_memory(
-        dtype, [ROWS, D], gl.NVMMASharedLayout.get_default_for([ROWS, D], dtype)
-    )
-    q_smem.store(q)
+    for w in gl.static_range(NWG):  # a warpgroup's 64 rows at a time
+        r = w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        tok = q_first + r // GROUP
+        head = kvh * GROUP + r % GROUP
+        q = gl.load(
+            Q
+            + (t0 + tok).to(gl.int64)[:, None] * stride_qt
+            + head[:, None] * stride_qh
+            + d[None, :],
+            mask=(tok < q_len)[:, None],
+            other=0.0,
+        )
+        q_smem.index(w).store(q)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
     v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
@@ -307,13 +315,13 @@ def prefill_kernel(
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], bar_layout)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
-    for i in gl.static_range(2):
+        mbarrier.init(k_empty.index(i), count=NWG)
+        mbarrier.init(v_empty.index(i), count=NWG)
+    for i in gl.static_range(NWG):
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
     thread_barrier()
@@ -327,12 +335,45 @@ def prefill_kernel(
     bars = (k_full, v_full, k_empty, v_empty, turn)
     work = (ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, qk_scale)
     descs = (K_DESC, V_DESC, bt_row, (rows_per_block, rows_per_head, cols_per_head))
-    gl.warp_specialize(
-        [
-            (consumer, (0, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX)),
-            (consumer, (1, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX)),
-            (loader, (2, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX)),
-        ],
-        [4, 1],
-        [240, 24],
-    )
+    if NWG == 2:
+        gl.warp_specialize(
+            [
+                (
+                    consumer,
+                    (0, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+                (
+                    consumer,
+                    (1, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+                (
+                    loader,
+                    (2, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+            ],
+            [4, 1],
+            [240, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    consumer,
+                    (0, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+                (
+                    consumer,
+                    (1, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+                (
+                    consumer,
+                    (2, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+                (
+                    loader,
+                    (3, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                ),
+            ],
+            [4, 4, 1],
+            [160, 160, 24],
+        )
