@@ -14,6 +14,7 @@ from atom_plugin.attention.mha.gluon_prefill_launch import (
 from atom_plugin.attention.mha.params import AttentionParams
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rows_hold_the_cache(cache: torch.Tensor) -> None:
@@ -118,8 +119,9 @@ def test_the_plan_takes_the_gluon_prefill_where_the_device_does_and_prefills_run
 def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_once(
     monkeypatch, caplog
 ):
-    """A plan that takes the Gluon prefill, a layer that does not fit it (CPU tensors): the
-    ops run the Triton prefill, and the reason is logged once per layer shape."""
+    """A plan that takes the Gluon prefill, a layer that does not fit it (head size 16, on
+    any device): the ops run the Triton prefill, and the reason is logged once per layer
+    shape."""
     from atom_plugin.attention.mha import gluon_prefill_launch as gpl
     from atom_plugin.attention.mha import ops
     from atom_plugin.attention.mha.plan import TritonPlan
@@ -129,7 +131,7 @@ def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_o
     shapes = [dict(hq=4, hkv=2, d=16), dict(hq=4, hkv=2, d=16), dict(hq=4, hkv=1, d=16)]
     with caplog.at_level("INFO", logger=gpl.__name__):
         for shape in shapes:
-            b = make_batch([(1, 20), (9, 30)], block_size=16, **shape)
+            b = make_batch([(1, 20), (9, 30)], block_size=16, device=DEV, **shape)
             b.meta.plan = TritonPlan(num_splits=2, hopper_prefill=True)
             want = torch.zeros_like(b.query)
             reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
@@ -140,7 +142,7 @@ def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_o
     assert len(lines) == 2, lines  # the second call's layer shape was logged by the first
     for line, kv_heads in zip(lines, (2, 1), strict=True):
         assert line.startswith(f"MHA prefill: the Triton kernel (4 q / {kv_heads} kv heads")
-        assert "device cpu is not an NVIDIA GPU" in line
+        assert "head size 16 (takes (64, 128))" in line
 
 
 @pytest.mark.gpu
