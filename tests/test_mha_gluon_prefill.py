@@ -4,6 +4,8 @@ torch reference on a Hopper GPU (`gpu`)."""
 import pytest
 import torch
 from attention_cases import make_batch, tolerance
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atom_plugin.attention.mha import reference
 from atom_plugin.attention.mha.gluon_prefill_launch import (
@@ -81,13 +83,20 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
+@pytest.mark.parametrize("kv_major", [False, True], ids=["qblock-major", "kv-major"])
 @pytest.mark.parametrize("hq,hkv,d,block_size,layout", GPU_CASES)
-def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout):
+def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout, kv_major, monkeypatch):
     """Decode rows first (left alone), then fresh and chunked prefills whose lengths fall
-    on and beside the 128-row blocks and 128-key tiles."""
+    on and beside the 128-row blocks and 128-key tiles; in either grid order."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    monkeypatch.setattr(gpl, "KV_MAJOR_WAVES", 10**6 if kv_major else 0)
     reqs = [(1, 300), (1, 77), (1000, 1000), (517, 4100), (128, 128), (129, 2000), (3000, 3000)]
     b = make_batch(reqs, hq=hq, hkv=hkv, d=d, block_size=block_size, dtype=torch.bfloat16,
                    device="cuda")  # fmt: skip
+    prefills = b.meta.num_reqs - b.meta.num_decodes
+    grid = gpl.prefill_grid(b.meta.max_query_len, hkv, prefills, d, hq // hkv, 132)
+    assert grid.kv_major is kv_major
     kc, vc = b.key_cache, b.value_cache
     if layout == "vllm":
         kc, vc = kc.contiguous(), vc.contiguous()
@@ -114,6 +123,35 @@ def test_the_plan_takes_the_gluon_prefill_where_the_device_does_and_prefills_run
     monkeypatch.setattr(gpl, "device_takes_gluon_prefill", lambda device: True)
     assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").hopper_prefill is True
     assert plan_for_caches(decodes.meta, decodes.key_cache, "triton").hopper_prefill is False
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_query_len=st.integers(1, 40_000),
+    hkv=st.sampled_from([1, 2, 4, 8, 16]),
+    num_reqs=st.integers(1, 64),
+    d=st.sampled_from([64, 128]),
+    group=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+    sm_count=st.sampled_from([78, 114, 132]),
+)
+def test_prefill_grid_covers_every_query_block_in_the_order_its_size_asks(
+    max_query_len, hkv, num_reqs, d, group, sm_count
+):
+    """Three warpgroups (192 rows) at head size 64, two (128) at 128; the grid covers the
+    longest request's rows for every kv head and request, kv-head-major exactly when it
+    is at most KV_MAJOR_WAVES waves of one program an SM."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    grid = gpl.prefill_grid(max_query_len, hkv, num_reqs, d, group, sm_count)
+    assert grid.warpgroups == (3 if d == 64 else 2)
+    tokens_per_program = 64 * grid.warpgroups // group
+    qblocks, heads, reqs = (
+        (grid.dims[1], grid.dims[0], grid.dims[2]) if grid.kv_major else grid.dims
+    )
+    assert (heads, reqs) == (hkv, num_reqs)
+    assert (qblocks - 1) * tokens_per_program < max_query_len <= qblocks * tokens_per_program
+    programs = qblocks * hkv * num_reqs
+    assert grid.kv_major == (programs <= gpl.KV_MAJOR_WAVES * sm_count)
 
 
 def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_once(

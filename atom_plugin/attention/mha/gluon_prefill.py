@@ -1,4 +1,5 @@
-"""MHA causal prefill on Hopper in Gluon: a loader warp and two ping-ponged warpgroups.
+"""MHA causal prefill on Hopper in Gluon: a loader warp and two or three ping-ponged
+warpgroups.
 
 A program holds 64 * NWG query rows of one request and kv head (row r: token r // GROUP,
 head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63: two
@@ -7,8 +8,8 @@ warpgroup's softmax has to hide behind them. Per tile of BLOCK_N keys:
 
 - the loader warp brings K and V into rings of stages through TMA, a box per cache
   page (or per BLOCK_N rows of a larger page) and 64 columns. K and V stages are
-  released apart: a K tile once both warpgroups' scores of it are done, a V tile once
-  their product with it is. The product of tile j runs in iteration j + 1, so a shared
+  released apart: a K tile once every warpgroup's scores of it are done, a V tile once
+  their products with it are. The product of tile j runs in iteration j + 1, so a shared
   release would hold tile j + STAGES's keys back until then, when they are already due;
   released apart, the loader issues tile t's keys before tile t - 1's values, about an
   iteration ahead of each;
@@ -17,6 +18,9 @@ warpgroup's softmax has to hide behind them. Per tile of BLOCK_N keys:
   softmax of one tile overlaps the tensor cores' work on the previous one);
 - the warpgroups take turns, round robin, to issue their matrix products (an mbarrier
   each), so one's softmax runs while the others' products occupy the tensor cores.
+
+The launcher picks the grid's order (`gluon_prefill_launch.prefill_grid`); the kernel reads
+it from `kv_major`.
 
 Only `gluon_prefill_launch` imports this module, at the first launch: Gluon exists only
 in newer Tritons.
@@ -246,7 +250,7 @@ def _qk(q_w, k_tile, s_zero, D: gl.constexpr):
     return s_acc
 
 
-@gluon.jit(do_not_specialize=["first_req"])
+@gluon.jit(do_not_specialize=["first_req", "kv_major"])
 def prefill_kernel(
     Q,
     Out,
@@ -257,6 +261,7 @@ def prefill_kernel(
     query_start_loc,
     qk_scale,
     first_req,
+    kv_major,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -275,8 +280,14 @@ def prefill_kernel(
 ):
     ROWS: gl.constexpr = 64 * NWG
     BLOCK_Q: gl.constexpr = ROWS // GROUP
-    qblock = gl.num_programs(0) - 1 - gl.program_id(0)  # longest causal rows launch first
-    kvh = gl.program_id(1)
+    # query blocks launch longest causal rows first; kv_major (grid (kv heads, query
+    # blocks, requests)) puts a request's longest blocks of every kv head in the first wave
+    if kv_major:
+        kvh = gl.program_id(0)
+        qblock = gl.num_programs(1) - 1 - gl.program_id(1)
+    else:
+        qblock = gl.num_programs(0) - 1 - gl.program_id(0)
+        kvh = gl.program_id(1)
     req = first_req + gl.program_id(2)
     t0 = gl.load(query_start_loc + req)
     q_len = gl.load(query_start_loc + req + 1) - t0

@@ -24,6 +24,10 @@ from atom_plugin.attention.triton_common import LOG2E, cdiv
 
 BLOCK_N = 128  # keys a tile holds
 STAGES = 2  # K/V tiles in flight
+# A grid of at most this many waves (one program an SM) runs kv-head-major: its waves are
+# few, so each should hold the longest query blocks of every kv head. Larger grids run
+# query-block-major, so the programs resident together read one kv head's cache from L2.
+KV_MAJOR_WAVES = 6
 HEAD_SIZES = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 log = logging.getLogger(__name__)
@@ -173,9 +177,8 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
         tma_descriptor(r.view, list(r.view.shape), list(r.view.stride()), [box, kernels.COLS.value])
         for r in (k_rows, v_rows)
     ]
-    nwg = 3 if d == 64 else 2  # warpgroups: a third hides the softmax of head 64's short products
-    grid = (cdiv(meta.max_query_len, 64 * nwg // group), hkv, num)
-    kernels.prefill_kernel[grid](
+    grid = prefill_grid(meta.max_query_len, hkv, num, d, group, _sm_count(query.device))
+    kernels.prefill_kernel[grid.dims](
         query,
         output,
         *descs,
@@ -184,6 +187,7 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
         meta.query_start_loc,
         params.scale * LOG2E,
         first_req,
+        int(grid.kv_major),
         query.stride(0),
         query.stride(1),
         output.stride(0),
@@ -198,7 +202,35 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
         STAGES=STAGES,
         PAGE=page,
         BOX=box,
-        NWG=nwg,
+        NWG=grid.warpgroups,
         num_warps=4,
     )
     return output
+
+
+@dataclass(frozen=True)
+class PrefillGrid:
+    """The launch of one prefill: `dims` is (kv heads, query blocks, requests) when
+    `kv_major`, else (query blocks, kv heads, requests)."""
+
+    dims: tuple[int, int, int]
+    kv_major: bool
+    warpgroups: int
+
+
+def prefill_grid(
+    max_query_len: int, hkv: int, num_reqs: int, d: int, group: int, sm_count: int
+) -> PrefillGrid:
+    """Three consumer warpgroups at head size 64, whose products are half as long, so a
+    third warpgroup's softmax hides behind them; two at 128. A program holds 64 query rows
+    a warpgroup (tokens x the group's heads)."""
+    warpgroups = 3 if d == 64 else 2
+    qblocks = cdiv(max_query_len, 64 * warpgroups // group)
+    kv_major = qblocks * hkv * num_reqs <= KV_MAJOR_WAVES * sm_count
+    dims = (hkv, qblocks, num_reqs) if kv_major else (qblocks, hkv, num_reqs)
+    return PrefillGrid(dims, kv_major, warpgroups)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
