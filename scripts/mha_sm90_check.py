@@ -26,7 +26,11 @@ from triton.runtime import driver
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata  # noqa: E402
-from atom_plugin.attention.mha import triton_decode, triton_prefill  # noqa: E402
+from atom_plugin.attention.mha import (  # noqa: E402
+    gluon_prefill_launch,
+    triton_decode,
+    triton_prefill,
+)
 from atom_plugin.attention.mha.params import AttentionParams  # noqa: E402
 from benchmarks import mha_variants  # noqa: E402
 from scripts.gluon_sm90_check import (  # noqa: E402
@@ -66,11 +70,10 @@ def compile_one(decode: bool, cfg: dict | None, d: int = D):
     out = torch.zeros_like(q)
     meta = _meta(q_len, 512)
     if cfg is mha_variants.GLUON:
-        from atom_plugin.attention.mha import gluon_prefill, gluon_prefill_launch
+        from atom_plugin.attention.mha import gluon_prefill
 
         kernel = gluon_prefill.prefill_kernel
         launch = partial(gluon_prefill_launch.gluon_prefill, first_req=0)
-        gluon_prefill_launch._sm_count = lambda device: 132  # an H200's, for the grid order
     elif decode:
         kernel = triton_decode._decode_split_kernel
         launch = partial(triton_decode.paged_decode, num_splits=2, config=cfg)
@@ -94,6 +97,8 @@ def main(argv=None) -> int:
     # the prefill launcher picks its candidates by the tensors' device: CUDA's, as on the GPU
     configs = triton_prefill._configs
     triton_prefill._configs = lambda head_size, block_g, cuda: configs(head_size, block_g, True)
+    # the Gluon prefill's grid order reads the device's SM count: an H200's
+    gluon_prefill_launch._sm_count = lambda device: 132
     failed = False
     for fam, cands, decode in (
         ("prefill", mha_variants.PREFILL_CANDIDATES, False),

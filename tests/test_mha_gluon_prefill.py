@@ -95,7 +95,8 @@ def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout, kv_ma
     b = make_batch(reqs, hq=hq, hkv=hkv, d=d, block_size=block_size, dtype=torch.bfloat16,
                    device="cuda")  # fmt: skip
     prefills = b.meta.num_reqs - b.meta.num_decodes
-    grid = gpl.prefill_grid(b.meta.max_query_len, hkv, prefills, d, hq // hkv, 132)
+    sms = gpl._sm_count(b.query.device)
+    grid = gpl.prefill_grid(b.meta.max_query_len, hkv, prefills, d, hq // hkv, sms)
     assert grid.kv_major is kv_major
     kc, vc = b.key_cache, b.value_cache
     if layout == "vllm":

@@ -2,8 +2,8 @@
 it (`device_takes_gluon_prefill`, the step plan's half; `layer_takes_gluon_prefill`, each
 layer's, logged once per layer shape; both only probe for Gluon's Hopper module, the
 kernel module loads at the first launch) and its launch over the paged cache viewed as TMA
-rows. The Triton path of the ops runs it where both say yes, and the
-Triton prefill elsewhere.
+rows. The Triton path of the ops runs it where both say yes, and the Triton prefill
+elsewhere.
 
 A cache [blocks, page, kv heads, D] is read as rows of a 2-d view: key (block, offset,
 head) is row block * rows_per_block + head * rows_per_head + offset, its head's values
