@@ -117,6 +117,8 @@ SHAPES = {
         _mha("prefill-1x8k", [(8192, 8192)]),
         _mha("prefill-h64-1x8k", [(8192, 8192)], "32/8/64"),
         _mha("prefill-8x1k-over-7k", [(1024, 8192)] * 8),
+        _mha("prefill-1x4k", [(4096, 4096)]),
+        _mha("prefill-4x2k", [(2048, 2048)] * 4),
         _mha("mha-decode-8x16k", [(1, 16384)] * 8),
         _mha("mha-decode-128x16k", [(1, 16384)] * 128),
         _mha("mha-decode-1x1k", [(1, 1024)]),
