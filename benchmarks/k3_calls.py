@@ -41,6 +41,7 @@ from atom_plugin.k3.processor_core import ChannelCore
 from atom_plugin.k3.required_channel import START, UNCONSTRAINED, RequiredChannel
 from atom_plugin.k3.schema import call_spec_for
 from atom_plugin.k3.token_classes import TokenClasses, classes_for_tokenizer
+from benchmarks.xgrammar_mask import pack_bitmask
 
 BATCH = 256
 
@@ -231,11 +232,7 @@ class CallsBatch:
 
     def bitmask(self, vocab: int, device) -> torch.Tensor:
         """xgrammar's int32 bitmask [BATCH, ceil(vocab / 32)] giving this step's mask."""
-        words = (vocab + 31) // 32
-        bits = np.zeros((BATCH, words * 32), dtype=np.uint64)
-        bits[:, :vocab] = self.allowed(vocab)
-        packed = (bits.reshape(BATCH, words, 32) << np.arange(32, dtype=np.uint64)).sum(-1)
-        return torch.from_numpy(packed.astype(np.uint32).view(np.int32)).to(device)
+        return pack_bitmask(self.allowed(vocab), device)
 
 
 def row_allowed(channel: RequiredChannel, state: int, vocab: int) -> np.ndarray:

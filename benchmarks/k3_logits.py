@@ -34,20 +34,17 @@ vocabulary; its timings mean nothing.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import statistics
 import sys
-import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 VOCAB = 163_840
 SMOKE_VOCAB = 640
 SMOKE_CALLS_VOCAB = 4096  # the synthetic vocabulary's smallest size
-XGR_KERNEL = "xgrammar/kernels/apply_token_bitmask_inplace_triton.py"
 
 # ATOM's figures on an MI355X, from the notes: (before, after) in microseconds.
 ATOM_MI355X = {
@@ -103,7 +100,8 @@ from atom_plugin.k3.channel_kernel import (  # noqa: E402
     apply_channel_triton,
     apply_required_channel,
 )
-from benchmarks._timing import graphed, time_us  # noqa: E402
+from benchmarks.call_timing import device_time_us, eager_time_us, launches  # noqa: E402
+from benchmarks.xgrammar_mask import load_xgrammar, pack_bitmask  # noqa: E402
 
 
 @triton.jit
@@ -137,97 +135,16 @@ def k3_channel(vocab: int) -> RequiredChannel:
     )
 
 
-def load_xgrammar(wheel: str | None):
-    """(apply function, where it came from), or (None, why not)."""
-    try:
-        from importlib.metadata import version
-
-        import xgrammar
-
-        return xgrammar.apply_token_bitmask_inplace, f"xgrammar {version('xgrammar')}"
-    except Exception as err:  # any broken install means "not available"
-        why = f"import xgrammar failed: {type(err).__name__}"
-    if wheel is None:
-        return None, why
-    with zipfile.ZipFile(wheel) as zf:
-        source = zf.read(XGR_KERNEL)
-    path = os.path.join(tempfile.mkdtemp(), "xgr_bitmask_triton.py")
-    with open(path, "wb") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("xgr_bitmask_triton", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    kernel = module.apply_token_bitmask_inplace_triton
-    return (lambda logits, bitmask: kernel(logits, bitmask)), f"{os.path.basename(wheel)} kernel"
-
-
 def bitmask(vocab: int, rows: list[tuple[str, object]], device) -> torch.Tensor:
     """xgrammar's int32 bitmask: per row ("all", None), ("ban", ids) or ("only", id)."""
-    words = (vocab + 31) // 32
-    mask = torch.full((len(rows), words), -1, dtype=torch.int32)
+    allowed = np.ones((len(rows), vocab), dtype=bool)
     for r, (kind, ids) in enumerate(rows):
         if kind == "only":
-            mask[r] = 0
-            mask[r, ids // 32] = _int32(1 << (ids % 32))
+            allowed[r] = False
+            allowed[r, ids] = True
         elif kind == "ban":
-            for t in ids:
-                mask[r, t // 32] = _int32(int(mask[r, t // 32]) & ~(1 << (t % 32)) & 0xFFFFFFFF)
-    return mask.to(device)
-
-
-def _int32(word: int) -> int:
-    """A 32-bit pattern as the signed value an int32 tensor stores."""
-    return word - (1 << 32) if word >= 1 << 31 else word
-
-
-def device_time_us(fn: Callable[[], object], args: argparse.Namespace) -> float:
-    """Device microseconds per call: a CUDA graph of back-to-back calls, replayed."""
-    replay = graphed(lambda: [fn() for _ in range(args.graph_calls)])
-
-    def replays() -> None:
-        for _ in range(args.replays):
-            replay()
-
-    us = time_us(replays, iters=args.trials, warmup=1, graph=False)
-    return us / (args.replays * args.graph_calls)
-
-
-def eager_time_us(fn: Callable[[], object], args: argparse.Namespace, device) -> float:
-    """Wall microseconds per eager call, host launch overhead included."""
-    calls = args.replays * 4
-    fn()
-    trials = []
-    for _ in range(args.trials):
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        _sync(device)
-        trials.append((time.perf_counter() - t0) * 1e6 / calls)
-    return statistics.median(trials)
-
-
-def launches(fn: Callable[[], object], device) -> str:
-    """How many device kernels/copies one call runs, from the torch profiler."""
-    if device.type != "cuda":
-        return "n/a (cpu)"
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-    except Exception as err:  # profiler without CUPTI: say so rather than guess
-        return f"n/a ({type(err).__name__})"
-    device_type = torch.autograd.DeviceType.CUDA
-    return str(sum(1 for e in prof.events() if e.device_type == device_type))
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+            allowed[r, list(ids)] = False
+    return pack_bitmask(allowed, device)
 
 
 def build_cases(vocab: int, device, xgr) -> list[Case]:

@@ -1,0 +1,66 @@
+"""Per-call timings of a small step function, as the K3 logits benchmark reports them: device
+time from a CUDA graph of back-to-back calls, eager wall time with the host's launch
+overhead, and how many kernels one call launches. `args` carries the counts (graph_calls,
+replays, trials; benchmarks/k3_logits.py's flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks._timing import graphed, time_us
+
+
+def device_time_us(fn: Callable[[], object], args: argparse.Namespace) -> float:
+    """Device microseconds per call: a CUDA graph of back-to-back calls, replayed."""
+    replay = graphed(lambda: [fn() for _ in range(args.graph_calls)])
+
+    def replays() -> None:
+        for _ in range(args.replays):
+            replay()
+
+    us = time_us(replays, iters=args.trials, warmup=1, graph=False)
+    return us / (args.replays * args.graph_calls)
+
+
+def eager_time_us(fn: Callable[[], object], args: argparse.Namespace, device) -> float:
+    """Wall microseconds per eager call, host launch overhead included."""
+    calls = args.replays * 4
+    fn()
+    trials = []
+    for _ in range(args.trials):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        trials.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(trials)
+
+
+def launches(fn: Callable[[], object], device) -> str:
+    """How many device kernels/copies one call runs, from the torch profiler."""
+    if device.type != "cuda":
+        return "n/a (cpu)"
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    except Exception as err:  # profiler without CUPTI: say so rather than guess
+        return f"n/a ({type(err).__name__})"
+    device_type = torch.autograd.DeviceType.CUDA
+    return str(sum(1 for e in prof.events() if e.device_type == device_type))
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
