@@ -34,11 +34,11 @@ def eager_time_us(fn: Callable[[], object], args: argparse.Namespace, device) ->
     fn()
     trials = []
     for _ in range(args.trials):
-        sync(device)
+        _sync(device)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        sync(device)
+        _sync(device)
         trials.append((time.perf_counter() - t0) * 1e6 / calls)
     return statistics.median(trials)
 
@@ -61,6 +61,6 @@ def launches(fn: Callable[[], object], device) -> str:
     return str(sum(1 for e in prof.events() if e.device_type == device_type))
 
 
-def sync(device) -> None:
+def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

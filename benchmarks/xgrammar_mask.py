@@ -45,9 +45,8 @@ def load_xgrammar(wheel: str | None):
 
 def pack_bitmask(allowed: np.ndarray, device) -> torch.Tensor:
     """xgrammar's int32 bitmask [rows, ceil(vocab / 32)] of `allowed` ([rows, vocab] bool)."""
-    rows, vocab = allowed.shape
-    padded = np.zeros((rows, -(-vocab // 32) * 32), dtype=bool)
-    padded[:, :vocab] = allowed
-    # little bit order: byte b's bit j is id 8b + j; four bytes read little-endian as a word
-    packed = np.packbits(padded, axis=1, bitorder="little")
-    return torch.from_numpy(packed.view("<i4").copy()).to(device)
+    # little bit order: byte b's bit j is id 8b + j (the last byte's spare bits zero); the
+    # bytes padded to whole words and read four at a time, little-endian
+    packed = np.packbits(allowed, axis=1, bitorder="little")
+    packed = np.pad(packed, ((0, 0), (0, -packed.shape[1] % 4)))
+    return torch.from_numpy(packed.view("<i4")).to(device)
