@@ -2,7 +2,7 @@
 kv-head-major, and in the order `gluon_prefill_launch.prefill_grid` picks, on one Hopper
 GPU, so the rule's threshold (`KV_MAJOR_WAVES`) can be set against both orders.
 
-Each line: the grid's programs and its waves of one program an SM; the median time of
+Each line: the work items and their rounds of one item an SM; the median time of
 each order (L2 flushed before each call) and the order the rule picks; maxdiff between
 the three outputs (the same kernel and inputs: 0 expected).
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
             meta = pool.meta(reqs, seed=7 + i)
             q = kp.peaked_mha_query(meta.num_actual_tokens, heads=heads)
             grid = gpl.prefill_grid(meta.max_query_len, hkv, meta.num_reqs, d, hq // hkv, sms)
-            programs = grid.dims[0] * grid.dims[1] * grid.dims[2]
+            programs = grid.items
             times, outs = {}, {}
             try:
                 for label, waves in ORDERS:

@@ -164,9 +164,10 @@ def variant_call(pool, meta, q, out, cfg: dict | None, decode: bool):
         problems = gpl.gluon_prefill_problems(q, kc, vc, params)
         if problems:
             raise ValueError("gluon prefill: " + "; ".join(problems))
+        counters = gpl.work_counters(q.device)  # made ahead: `call` may run under capture
 
         def call():
-            gpl.gluon_prefill(q, kc, vc, meta, params, out, first_req=meta.num_decodes)
+            gpl.gluon_prefill(q, kc, vc, meta, params, out, meta.num_decodes, counters)
             return out
     else:
 

@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 from functools import partial
+from types import SimpleNamespace
 
 import torch
 from triton.runtime import driver
@@ -73,7 +74,8 @@ def compile_one(decode: bool, cfg: dict | None, d: int = D):
         from atom_plugin.attention.mha import gluon_prefill
 
         kernel = gluon_prefill.prefill_kernel
-        launch = partial(gluon_prefill_launch.gluon_prefill, first_req=0)
+        counters = gluon_prefill_launch.work_counters(q.device)
+        launch = partial(gluon_prefill_launch.gluon_prefill, first_req=0, counters=counters)
     elif decode:
         kernel = triton_decode._decode_split_kernel
         launch = partial(triton_decode.paged_decode, num_splits=2, config=cfg)
@@ -99,6 +101,9 @@ def main(argv=None) -> int:
     triton_prefill._configs = lambda head_size, block_g, cuda: configs(head_size, block_g, True)
     # the Gluon prefill's grid order reads the device's SM count: an H200's
     gluon_prefill_launch._sm_count = lambda device: 132
+    # and its work counter is a CUDA stream's: any int32 on the compile-only driver
+    cpu_counter = SimpleNamespace(for_current_stream=lambda: torch.zeros(1, dtype=torch.int32))
+    gluon_prefill_launch.work_counters = lambda device: cpu_counter
     failed = False
     for fam, cands, decode in (
         ("prefill", mha_variants.PREFILL_CANDIDATES, False),

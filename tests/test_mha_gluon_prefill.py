@@ -1,6 +1,9 @@
 """The Gluon Hopper prefill: its gate and cache views on the CPU, its output against the
 torch reference on a Hopper GPU (`gpu`)."""
 
+import functools
+from types import SimpleNamespace
+
 import pytest
 import torch
 from attention_cases import make_batch, tolerance
@@ -106,12 +109,121 @@ def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout, kv_ma
     want = torch.zeros_like(b.query)
     reference.paged_attention(b.query, kc, vc, b.meta, params, want)
     got = torch.full_like(b.query, 3.0)
-    gluon_prefill(b.query, kc, vc, b.meta, params, got, first_req=b.meta.num_decodes)
+    counters = gpl.work_counters(b.query.device)
+    gluon_prefill(b.query, kc, vc, b.meta, params, got, b.meta.num_decodes, counters)
     first = b.meta.num_decodes  # decode tokens: one each
     torch.testing.assert_close(
         got[first:].float(), want[first:].float(), **tolerance(torch.bfloat16)
     )
     assert torch.all(got[:first] == 3.0), "the decode rows were written"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
+@pytest.mark.parametrize(
+    "reqs", [[(100, 100)], [(3000, 3000), (700, 2500)]], ids=["fewer-items-than-sms", "more"]
+)
+def test_gpu_prefill_launches_back_to_back_each_find_the_work_counter_at_zero(reqs):
+    """The programs take their items from the stream's work counter, and the program that
+    draws a launch's last ticket sets it back to zero: launches in a row each take every
+    item."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16,
+                   device="cuda")  # fmt: skip
+    params = AttentionParams(scale=128**-0.5 * 4)
+    want = torch.zeros_like(b.query)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+    counters = gpl.work_counters(b.query.device)
+    for _ in range(3):
+        got = torch.full_like(b.query, 3.0)
+        gluon_prefill(b.query, b.key_cache, b.value_cache, b.meta, params, got, 0, counters)
+        torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
+        assert counters.for_current_stream().tolist() == [0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
+def test_gpu_prefills_on_two_streams_at_once_each_draw_from_their_streams_counter():
+    """Two-batch overlap may run two micro-batches' prefills at once, each on a stream of
+    its own: launches issued on two streams in turn, never waiting on each other, each
+    take all their own items (a shared counter would hand one launch's items to the
+    other and leave rows unwritten)."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    BF16 = torch.bfloat16
+    batches = [
+        make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=BF16, device="cuda", seed=seed)
+        for seed, reqs in enumerate([[(3000, 3000), (700, 2500)], [(2048, 4096)] * 3])
+    ]
+    params = AttentionParams(scale=128**-0.5 * 4)
+    wants = []
+    for b in batches:
+        wants.append(torch.zeros_like(b.query))
+        reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, wants[-1])
+    counters = gpl.work_counters(batches[0].query.device)
+    streams = [torch.cuda.Stream() for _ in batches]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    gots = [torch.full_like(b.query, 3.0) for b in batches]
+    for _ in range(4):
+        for s, b, got in zip(streams, batches, gots, strict=True):
+            with torch.cuda.stream(s):
+                gluon_prefill(b.query, b.key_cache, b.value_cache, b.meta, params, got, 0, counters)
+    torch.cuda.synchronize()
+    for s, got, want in zip(streams, gots, wants, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
+        with torch.cuda.stream(s):
+            assert counters.for_current_stream().tolist() == [0]
+    slots = set()
+    for s in streams:
+        with torch.cuda.stream(s):
+            slots.add(counters.for_current_stream().data_ptr())
+    assert len(slots) == 2
+
+
+def test_work_counters_are_a_slot_a_stream_and_refuse_a_graph_capture(monkeypatch):
+    """Each stream keeps one slot of the buffer (a view, nothing allocated at a launch);
+    more streams than slots, or counters made while a graph captures, are errors."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    stream = SimpleNamespace(cuda_stream=0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(gpl, "STREAM_SLOTS", 3)
+    counters = gpl.WorkCounters(torch.device("cpu"))
+    views = []
+    for handle in (11, 22, 11, 33):
+        stream.cuda_stream = handle
+        views.append(counters.for_current_stream())
+    assert [v.data_ptr() for v in views].count(views[0].data_ptr()) == 2  # 11 twice
+    assert len({v.data_ptr() for v in views}) == 3
+    assert all(v.shape == (1,) and v.dtype == torch.int32 for v in views)
+    stream.cuda_stream = 44
+    with pytest.raises(RuntimeError, match="more than 3 CUDA streams"):
+        counters.for_current_stream()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="during a CUDA graph capture"):
+        gpl.WorkCounters(torch.device("cuda"))
+
+
+def test_the_builder_makes_the_counters_before_a_capture_and_the_plans_reuse_them(monkeypatch):
+    """`prepare_mha_plans` (the metadata builder's start) makes the device's counters;
+    every later plan with prefills carries those, so a plan made while a graph captures
+    allocates nothing."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+    from atom_plugin.attention.mha.planner import plan_for_caches, prepare_mha_plans
+
+    made = []
+    monkeypatch.setattr(gpl, "device_takes_gluon_prefill", lambda device: True)
+    monkeypatch.setattr(gpl, "work_counters", functools.cache(lambda d: made.append(d) or d))
+    cpu = torch.device("cpu")
+    prepare_mha_plans(cpu, "torch")
+    assert made == []
+    prepare_mha_plans(cpu, "triton")
+    assert made == [cpu]
+    mixed = make_batch([(1, 50), (40, 40)], hq=4, hkv=2, d=64, block_size=16)
+    assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").gluon_counters == cpu
+    assert made == [cpu]
 
 
 def test_the_plan_takes_the_gluon_prefill_where_the_device_does_and_prefills_run(monkeypatch):
@@ -120,10 +232,11 @@ def test_the_plan_takes_the_gluon_prefill_where_the_device_does_and_prefills_run
 
     mixed = make_batch([(1, 50), (40, 40)], hq=4, hkv=2, d=64, block_size=16)
     decodes = make_batch([(1, 50), (1, 9)], hq=4, hkv=2, d=64, block_size=16)
-    assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").hopper_prefill is False  # CPU
+    assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").gluon_counters is None  # CPU
     monkeypatch.setattr(gpl, "device_takes_gluon_prefill", lambda device: True)
-    assert plan_for_caches(mixed.meta, mixed.key_cache, "triton").hopper_prefill is True
-    assert plan_for_caches(decodes.meta, decodes.key_cache, "triton").hopper_prefill is False
+    counters = plan_for_caches(mixed.meta, mixed.key_cache, "triton").gluon_counters
+    assert counters is gpl.work_counters(mixed.key_cache.device)
+    assert plan_for_caches(decodes.meta, decodes.key_cache, "triton").gluon_counters is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -138,21 +251,19 @@ def test_the_plan_takes_the_gluon_prefill_where_the_device_does_and_prefills_run
 def test_prefill_grid_covers_every_query_block_in_the_order_its_size_asks(
     max_query_len, hkv, num_reqs, d, group, sm_count
 ):
-    """Three warpgroups (192 rows) at head size 64, two (128) at 128; the grid covers the
-    longest request's rows for every kv head and request, kv-head-major exactly when it
-    is at most KV_MAJOR_WAVES waves of one program an SM."""
+    """Three warpgroups (192 rows) at head size 64, two (128) at 128; the work items cover
+    the longest request's rows for every kv head and request, at most one program an SM
+    takes them, kv-head-major exactly when they are at most KV_MAJOR_WAVES rounds."""
     from atom_plugin.attention.mha import gluon_prefill_launch as gpl
 
     grid = gpl.prefill_grid(max_query_len, hkv, num_reqs, d, group, sm_count)
     assert grid.warpgroups == (3 if d == 64 else 2)
-    tokens_per_program = 64 * grid.warpgroups // group
-    qblocks, heads, reqs = (
-        (grid.dims[1], grid.dims[0], grid.dims[2]) if grid.kv_major else grid.dims
-    )
-    assert (heads, reqs) == (hkv, num_reqs)
-    assert (qblocks - 1) * tokens_per_program < max_query_len <= qblocks * tokens_per_program
-    programs = qblocks * hkv * num_reqs
-    assert grid.kv_major == (programs <= gpl.KV_MAJOR_WAVES * sm_count)
+    tokens_per_item = 64 * grid.warpgroups // group
+    qblocks = grid.qblocks
+    assert (qblocks - 1) * tokens_per_item < max_query_len <= qblocks * tokens_per_item
+    assert grid.items == qblocks * hkv * num_reqs
+    assert grid.programs == min(grid.items, sm_count)
+    assert grid.kv_major == (grid.items <= gpl.KV_MAJOR_WAVES * sm_count)
 
 
 def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_once(
@@ -171,7 +282,8 @@ def test_a_layer_the_gluon_kernel_does_not_take_runs_the_triton_prefill_logged_o
     with caplog.at_level("INFO", logger=gpl.__name__):
         for shape in shapes:
             b = make_batch([(1, 20), (9, 30)], block_size=16, device=DEV, **shape)
-            b.meta.plan = TritonPlan(num_splits=2, hopper_prefill=True)
+            counters = gpl.work_counters(b.query.device)
+            b.meta.plan = TritonPlan(num_splits=2, gluon_counters=counters)
             want = torch.zeros_like(b.query)
             reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
             got = torch.zeros_like(b.query)
@@ -198,7 +310,7 @@ def test_gpu_ops_route_the_prefill_by_the_plan_and_the_layer(window, monkeypatch
     reqs = [(1, 900), (700, 700), (300, 2100)]
     b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16, device="cuda")
     b.meta.plan = plan_for_caches(b.meta, b.key_cache)
-    assert b.meta.plan.hopper_prefill is True
+    assert b.meta.plan.gluon_counters is gpl.work_counters(b.query.device)
     params = AttentionParams(scale=0.3, sliding_window=window)
     want = torch.zeros_like(b.query)
     reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)

@@ -19,8 +19,11 @@ warpgroup's softmax has to hide behind them. Per tile of BLOCK_N keys:
 - the warpgroups take turns, round robin, to issue their matrix products (an mbarrier
   each), so one's softmax runs while the others' products occupy the tensor cores.
 
-The launcher picks the grid's order (`gluon_prefill_launch.prefill_grid`); the kernel reads
-it from `kv_major`.
+Programs are persistent, one an SM: each takes the work items (query block, kv head,
+request) program, program + programs, ..., and its loader runs the K/V ring on across
+items, so an item's first tiles load while the warpgroups finish the last one and a short
+item does not pay the pipeline's fill and drain. The launcher picks the items' order
+(`gluon_prefill_launch.prefill_grid`); `_item` reads it from `kv_major`.
 
 Only `gluon_prefill_launch` imports this module, at the first launch: Gluon exists only
 in newer Tritons.
@@ -49,7 +52,7 @@ def loader(
     ptrs,
     smem,
     bars,
-    work,
+    sched,
     descs,
     GROUP: gl.constexpr,
     D: gl.constexpr,
@@ -59,35 +62,141 @@ def loader(
     BOX: gl.constexpr,
     NWG: gl.constexpr,
 ):
-    """The TMA warp: tile t's K boxes, then tile t - 1's V boxes (the partitions share one
-    signature; this one reads few of them)."""
+    """The TMA warp, over the program's work items: tile t's K boxes, then tile t - 1's V
+    boxes; the ring runs on across items, so the next item's first keys load while the
+    warpgroups finish the last (the partitions share one signature; this one reads few of
+    them)."""
     k_ring, v_ring = smem[1], smem[2]
     k_full, v_full, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3]
-    seq_len, num_tiles, kvh = work[1], work[2], work[3]
-    k_desc, v_desc, bt_row, layout_rows = descs
+    k_desc, v_desc, block_table, stride_bt, layout_rows = descs
     rows_per_block, rows_per_head, cols_per_head = layout_rows
+    BLOCK_Q: gl.constexpr = 64 * NWG // GROUP
     NB: gl.constexpr = BLOCK_N // BOX
     NBV: gl.constexpr = 2 if NB < 2 else NB
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     bi = gl.arange(0, NBV, layout=vec)
     nbytes: gl.constexpr = NB * (D // COLS) * k_desc.block_type.nbytes
-    head_row = kvh * rows_per_head
-    col0 = kvh * cols_per_head
     values = (v_desc, v_ring, v_full, v_empty)
-    prev_rows = gl.zeros([NBV], gl.int32, layout=vec)
-    for t in range(num_tiles):
-        # the tile's pages are read before the wait, so the load overlaps it
-        key = t * BLOCK_N + bi * BOX
-        page = gl.load(bt_row + key // PAGE, mask=(bi < NB) & (key < seq_len), other=0)
-        rows = page * rows_per_block + head_row + key % PAGE
-        s = t % STAGES
-        mbarrier.wait(k_empty.index(s), ((t // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_full.index(s), nbytes)
-        _copy_tile(k_desc, k_ring.index(s), k_full.index(s), rows, bi, col0, NB, BOX, D)
-        if t > 0:
-            _copy_values(values, t - 1, prev_rows, bi, col0, nbytes, NB, BOX, D, STAGES)
-        prev_rows = rows
-    _copy_values(values, num_tiles - 1, prev_rows, bi, col0, nbytes, NB, BOX, D, STAGES)
+    items, item_full, item_empty = bars[5], bars[6], bars[7]
+    num_items, counter = sched[0], sched[8]
+    programs = gl.num_programs(0)
+    idx = gl.program_id(0)
+    n = 0  # items this program has taken
+    base = 0  # tiles this program has loaded before the item: the ring's position
+    idx = _with_keys(idx, sched, counter, programs, BLOCK_Q, BLOCK_N)
+    _publish(items, item_full, item_empty, n, idx)
+    while idx < num_items:
+        req, kvh, t0, q_len, seq_len, q_first, num_tiles = _item(idx, sched, BLOCK_Q, BLOCK_N)
+        bt_row = block_table + req.to(gl.int64) * stride_bt
+        head_row = kvh * rows_per_head
+        col0 = kvh * cols_per_head
+        prev_rows = gl.zeros([NBV], gl.int32, layout=vec)
+        for t in range(num_tiles):
+            # the tile's pages are read before the wait, so the load overlaps it
+            key = t * BLOCK_N + bi * BOX
+            page = gl.load(bt_row + key // PAGE, mask=(bi < NB) & (key < seq_len), other=0)
+            rows = page * rows_per_block + head_row + key % PAGE
+            g = base + t
+            s = g % STAGES
+            mbarrier.wait(k_empty.index(s), ((g // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_full.index(s), nbytes)
+            _copy_tile(k_desc, k_ring.index(s), k_full.index(s), rows, bi, col0, NB, BOX, D)
+            if t > 0:
+                _copy_values(values, g - 1, prev_rows, bi, col0, nbytes, NB, BOX, D, STAGES)
+            prev_rows = rows
+        last = base + num_tiles - 1
+        _copy_values(values, last, prev_rows, bi, col0, nbytes, NB, BOX, D, STAGES)
+        # the next item is drawn with the ring full of this one's last tiles, whose products
+        # the warpgroups have yet to run: the draw's round trip stays off their path
+        idx = _next_item(counter, programs, num_items)
+        idx = _with_keys(idx, sched, counter, programs, BLOCK_Q, BLOCK_N)
+        base += num_tiles
+        n += 1
+        _publish(items, item_full, item_empty, n, idx)
+
+
+@gluon.jit
+def _next_item(counter, programs, num_items):
+    """The program's next item: programs + the counter's next ticket. Items 0 .. programs - 1
+    are the programs' first, and each item taken draws one ticket, so the launch draws
+    tickets 0 .. num_items - 1; the program that draws the last sets the counter back to
+    zero for the next launch (and its CUDA graph replays)."""
+    ticket = gl.atomic_add(counter, 1)
+    if ticket == num_items - 1:
+        gl.store(counter, 0)
+    return ticket + programs
+
+
+@gluon.jit
+def _with_keys(idx, sched, counter, programs, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr):
+    """`idx`, or the first item drawn after it that has key tiles. Items of query blocks
+    past a request's rows (a shorter request than the batch's longest) have none: their
+    tickets are drawn here and never handed to the warpgroups."""
+    num_items = sched[0]
+    empty = idx < num_items
+    if empty:
+        empty = _item(idx, sched, BLOCK_Q, BLOCK_N)[6] == 0
+    while empty:
+        idx = _next_item(counter, programs, num_items)
+        empty = idx < num_items
+        if empty:
+            empty = _item(idx, sched, BLOCK_Q, BLOCK_N)[6] == 0
+    return idx
+
+
+@gluon.jit
+def _publish(items, item_full, item_empty, n, idx):
+    """Hand the warpgroups the program's item n (`idx`; past the last item: stop) through
+    slot n % 2 of `items`."""
+    slot = n % 2
+    mbarrier.wait(item_empty.index(slot), ((n // 2) & 1) ^ 1)
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    items.index(slot).store(gl.full([1], idx, gl.int32, layout=one))
+    thread_barrier()
+    mbarrier.arrive(item_full.index(slot), count=1)
+
+
+@gluon.jit
+def _take(items, item_full, item_empty, n):
+    """The program's item n, as the loader published it; the slot is released at once."""
+    slot = n % 2
+    mbarrier.wait(item_full.index(slot), (n // 2) & 1)
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    idx = gl.max(items.index(slot).load(one), axis=0)
+    _arrive_all(item_empty.index(slot))
+    return idx
+
+
+@gluon.jit
+def _item(idx, sched, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Work item `idx` of the launch: its request, kv head, first token, query and sequence
+    lengths, first query row and key tiles (0 where the block lies past the request's
+    query). Query blocks go longest causal rows first, kv-head-major or query-block-major
+    as `kv_major` says."""
+    nq, hkv, kv_major, first_req, query_start_loc, seq_lens = (
+        sched[1],
+        sched[2],
+        sched[3],
+        sched[4],
+        sched[5],
+        sched[6],
+    )
+    per_req = nq * hkv
+    within = idx % per_req
+    if kv_major:
+        kvh = within % hkv
+        qblock = nq - 1 - within // hkv
+    else:
+        kvh = within // nq
+        qblock = nq - 1 - within % nq
+    req = first_req + idx // per_req
+    t0 = gl.load(query_start_loc + req)
+    q_len = gl.load(query_start_loc + req + 1) - t0
+    seq_len = gl.load(seq_lens + req)
+    q_first = qblock * BLOCK_Q
+    hi = seq_len - q_len + gl.minimum(q_first + BLOCK_Q, q_len)  # keys the last row sees
+    num_tiles = gl.cdiv(hi, BLOCK_N) * (q_first < q_len).to(gl.int32)
+    return req, kvh, t0, q_len, seq_len, q_first, num_tiles
 
 
 @gluon.jit
@@ -141,7 +250,7 @@ def consumer(
     ptrs,
     smem,
     bars,
-    work,
+    sched,
     descs,
     GROUP: gl.constexpr,
     D: gl.constexpr,
@@ -151,11 +260,13 @@ def consumer(
     BOX: gl.constexpr,
     NWG: gl.constexpr,
 ):
-    """Warpgroup W: rows 64W .. 64W + 63 over every tile, then their output."""
-    Out, stride_ot, stride_oh = ptrs
+    """Warpgroup W, over the program's work items: rows 64W .. 64W + 63 of the item's
+    query block over every tile, then their output."""
+    Q, Out, stride_qt, stride_qh, stride_ot, stride_oh = ptrs
     q_smem, k_ring, v_ring = smem
-    k_full, v_full, k_empty, v_empty, turn = bars
-    ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, scale = work
+    k_full, v_full, k_empty, v_empty, turn = bars[0], bars[1], bars[2], bars[3], bars[4]
+    scale = sched[7]
+    BLOCK_Q: gl.constexpr = 64 * NWG // GROUP
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -165,67 +276,98 @@ def consumer(
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = Out.dtype.element_ty
 
     q_w = q_smem.index(W)
     r = W * 64 + gl.arange(0, 64, layout=row_s)
-    qpos = ctx + q_first + r // GROUP
-    p_first = ctx + q_first + W * (64 // GROUP)  # the warpgroup's first position
+    r_q = W * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+    d_q = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    r_o = W * 64 + gl.arange(0, 64, layout=row_o)
+    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
-    acc = gl.zeros([64, D], gl.float32, layout=o_layout)
+    items, item_full, item_empty = bars[5], bars[6], bars[7]
+    n = 0  # items this program has taken
+    base = 0  # tiles this program has consumed before the item: the ring's position
+    idx = _take(items, item_full, item_empty, n)
+    while idx < sched[0]:
+        req, kvh, t0, q_len, seq_len, q_first, num_tiles = _item(idx, sched, BLOCK_Q, BLOCK_N)
+        # the warpgroup's query rows (the last item's products are done with q_w)
+        tok_q = q_first + r_q // GROUP
+        head_q = kvh * GROUP + r_q % GROUP
+        q = gl.load(
+            Q
+            + (t0 + tok_q).to(gl.int64)[:, None] * stride_qt
+            + head_q[:, None] * stride_qh
+            + d_q[None, :],
+            mask=(tok_q < q_len)[:, None],
+            other=0.0,
+        )
+        q_w.store(q)
+        fence_async_shared()
+        thread_barrier()
 
-    # tile 0: its scores and softmax; its product waits for tile 1's turn
-    mbarrier.wait(k_full.index(0), 0)
-    mbarrier.wait(turn.index(W), 0)
-    s_acc = _qk(q_w, k_ring.index(0), s_zero, D)
-    _arrive_all(turn.index((W + 1) % NWG))
-    s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-    _arrive_all(k_empty.index(0))
-    sc = _scores(s_acc, 0, qpos, p_first, scale, offs_n, BLOCK_N)
-    m_i = gl.max(sc, 1) * scale
-    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
-    p = gl.exp2(sc * scale - m_safe[:, None])
-    l_i = gl.sum(p, 1)
-    p16 = gl.convert_layout(p.to(dtype), p_op)
+        ctx = seq_len - q_len
+        qpos = ctx + q_first + r // GROUP
+        p_first = ctx + q_first + W * (64 // GROUP)  # the warpgroup's first position
+        acc = gl.zeros([64, D], gl.float32, layout=o_layout)
 
-    for j in range(1, num_tiles):
-        s = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_full.index(s), (j // STAGES) & 1)
-        mbarrier.wait(turn.index(W), j & 1)
-        s_acc = _qk(q_w, k_ring.index(s), s_zero, D)
-        mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
+        # tile 0: its scores and softmax; its product waits for tile 1's turn
+        s0 = base % STAGES
+        mbarrier.wait(k_full.index(s0), (base // STAGES) & 1)
+        mbarrier.wait(turn.index(W), base & 1)
+        s_acc = _qk(q_w, k_ring.index(s0), s_zero, D)
         _arrive_all(turn.index((W + 1) % NWG))
-        s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
-        _arrive_all(k_empty.index(s))
-        sc = _scores(s_acc, j * BLOCK_N, qpos, p_first, scale, offs_n, BLOCK_N)
-        m_new = gl.maximum(m_i, gl.max(sc, 1) * scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+        _arrive_all(k_empty.index(s0))
+        sc = _scores(s_acc, 0, qpos, p_first, scale, offs_n, BLOCK_N)
+        m_i = gl.max(sc, 1) * scale
+        m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
         p = gl.exp2(sc * scale - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _arrive_all(v_empty.index(prev))
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        l_i = gl.sum(p, 1)
         p16 = gl.convert_layout(p.to(dtype), p_op)
 
-    last = (num_tiles - 1) % STAGES
-    mbarrier.wait(v_full.index(last), ((num_tiles - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    _arrive_all(v_empty.index(last))
+        for j in range(1, num_tiles):
+            g = base + j
+            s = g % STAGES
+            prev = (g - 1) % STAGES
+            mbarrier.wait(k_full.index(s), (g // STAGES) & 1)
+            mbarrier.wait(turn.index(W), g & 1)
+            s_acc = _qk(q_w, k_ring.index(s), s_zero, D)
+            mbarrier.wait(v_full.index(prev), ((g - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
+            _arrive_all(turn.index((W + 1) % NWG))
+            s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
+            _arrive_all(k_empty.index(s))
+            sc = _scores(s_acc, j * BLOCK_N, qpos, p_first, scale, offs_n, BLOCK_N)
+            m_new = gl.maximum(m_i, gl.max(sc, 1) * scale)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(sc * scale - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _arrive_all(v_empty.index(prev))
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_op)
 
-    l_o = gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)
-    out = acc / l_o[:, None]
-    r_o = W * 64 + gl.arange(0, 64, layout=row_o)
-    tok = q_first + r_o // GROUP
-    head = kvh * GROUP + r_o % GROUP
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    dst = Out + (t0 + tok).to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
-    gl.store(dst + d[None, :], out.to(dtype), mask=(tok < q_len)[:, None])
+        g_last = base + num_tiles - 1
+        last = g_last % STAGES
+        mbarrier.wait(v_full.index(last), (g_last // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _arrive_all(v_empty.index(last))
+
+        l_o = gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)
+        out = acc / l_o[:, None]
+        tok = q_first + r_o // GROUP
+        head = kvh * GROUP + r_o % GROUP
+        dst = Out + (t0 + tok).to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
+        gl.store(dst + d_o[None, :], out.to(dtype), mask=(tok < q_len)[:, None])
+        base += num_tiles
+        n += 1
+        idx = _take(items, item_full, item_empty, n)
 
 
 @gluon.jit
@@ -250,7 +392,7 @@ def _qk(q_w, k_tile, s_zero, D: gl.constexpr):
     return s_acc
 
 
-@gluon.jit(do_not_specialize=["first_req", "kv_major"])
+@gluon.jit(do_not_specialize=["first_req", "kv_major", "num_items", "nq"])
 def prefill_kernel(
     Q,
     Out,
@@ -261,6 +403,10 @@ def prefill_kernel(
     query_start_loc,
     qk_scale,
     first_req,
+    counter,
+    num_items,
+    nq,
+    hkv,
     kv_major,
     stride_qt,
     stride_qh,
@@ -278,46 +424,12 @@ def prefill_kernel(
     BOX: gl.constexpr,
     NWG: gl.constexpr,
 ):
-    ROWS: gl.constexpr = 64 * NWG
-    BLOCK_Q: gl.constexpr = ROWS // GROUP
-    # query blocks launch longest causal rows first; kv_major (grid (kv heads, query
-    # blocks, requests)) puts a request's longest blocks of every kv head in the first wave
-    if kv_major:
-        kvh = gl.program_id(0)
-        qblock = gl.num_programs(1) - 1 - gl.program_id(1)
-    else:
-        qblock = gl.num_programs(0) - 1 - gl.program_id(0)
-        kvh = gl.program_id(1)
-    req = first_req + gl.program_id(2)
-    t0 = gl.load(query_start_loc + req)
-    q_len = gl.load(query_start_loc + req + 1) - t0
-    seq_len = gl.load(seq_lens + req)
-    q_first = qblock * BLOCK_Q
-    if q_first >= q_len:
-        return
-    ctx = seq_len - q_len
-    hi = ctx + gl.minimum(q_first + BLOCK_Q, q_len)  # keys the block's last row sees
-    num_tiles = gl.cdiv(hi, BLOCK_N)
+    """A persistent program: work items (query block, kv head, request) idx = program,
+    program + programs, ... of `num_items`, in the order `_item` reads."""
     dtype: gl.constexpr = Q.dtype.element_ty
-
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q_smem = gl.allocate_shared_memory(  # a 64-row slab a warpgroup
         dtype, [NWG, 64, D], gl.NVMMASharedLayout.get_default_for([64, D], dtype)
     )
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
-    for w in gl.static_range(NWG):  # a warpgroup's 64 rows at a time
-        r = w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        tok = q_first + r // GROUP
-        head = kvh * GROUP + r % GROUP
-        q = gl.load(
-            Q
-            + (t0 + tok).to(gl.int64)[:, None] * stride_qt
-            + head[:, None] * stride_qh
-            + d[None, :],
-            mask=(tok < q_len)[:, None],
-            other=0.0,
-        )
-        q_smem.index(w).store(q)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
     v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
@@ -334,32 +446,38 @@ def prefill_kernel(
         mbarrier.init(v_empty.index(i), count=NWG)
     for i in gl.static_range(NWG):
         mbarrier.init(turn.index(i), count=1)
+    items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_full = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    for i in gl.static_range(2):
+        mbarrier.init(item_full.index(i), count=1)
+        mbarrier.init(item_empty.index(i), count=NWG)
     fence_async_shared()
     thread_barrier()
     mbarrier.arrive(turn.index(0), count=1)  # warpgroup 0 issues first
 
-    bt_row = block_table + req.to(gl.int64) * stride_bt
     # Every partition takes the same arguments (Gluon 3.6's workers share one
     # signature), grouped in tuples; the first names the partition's role.
-    ptrs = (Out, stride_ot, stride_oh)
+    ptrs = (Q, Out, stride_qt, stride_qh, stride_ot, stride_oh)
     smem = (q_smem, k_ring, v_ring)
-    bars = (k_full, v_full, k_empty, v_empty, turn)
-    work = (ctx, seq_len, num_tiles, kvh, q_first, q_len, t0, qk_scale)
-    descs = (K_DESC, V_DESC, bt_row, (rows_per_block, rows_per_head, cols_per_head))
+    bars = (k_full, v_full, k_empty, v_empty, turn, items, item_full, item_empty)
+    sched = (num_items, nq, hkv, kv_major, first_req, query_start_loc, seq_lens, qk_scale, counter)
+    layout_rows = (rows_per_block, rows_per_head, cols_per_head)
+    descs = (K_DESC, V_DESC, block_table, stride_bt, layout_rows)
     if NWG == 2:
         gl.warp_specialize(
             [
                 (
                     consumer,
-                    (0, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (0, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
                 (
                     consumer,
-                    (1, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (1, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
                 (
                     loader,
-                    (2, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (2, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
             ],
             [4, 1],
@@ -370,19 +488,19 @@ def prefill_kernel(
             [
                 (
                     consumer,
-                    (0, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (0, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
                 (
                     consumer,
-                    (1, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (1, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
                 (
                     consumer,
-                    (2, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (2, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
                 (
                     loader,
-                    (3, ptrs, smem, bars, work, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
+                    (3, ptrs, smem, bars, sched, descs, GROUP, D, BLOCK_N, STAGES, PAGE, BOX, NWG),
                 ),
             ],
             [4, 4, 1],

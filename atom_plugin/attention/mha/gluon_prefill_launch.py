@@ -24,9 +24,9 @@ from atom_plugin.attention.triton_common import LOG2E, cdiv
 
 BLOCK_N = 128  # keys a tile holds
 STAGES = 2  # K/V tiles in flight
-# A grid of at most this many waves (one program an SM) runs kv-head-major: its waves are
-# few, so each should hold the longest query blocks of every kv head. Larger grids run
-# query-block-major, so the programs resident together read one kv head's cache from L2.
+# Work of at most this many rounds (an item each SM) runs kv-head-major: its rounds are
+# few, so each should hold the longest query blocks of every kv head. More work runs
+# query-block-major, so the items in flight together read one kv head's cache from L2.
 KV_MAJOR_WAVES = 6
 HEAD_SIZES = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -157,9 +157,12 @@ def _has_gluon_hopper() -> bool:
     return True
 
 
-def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req: int):
-    """Causal attention for rows [first_req, num_reqs) through the Gluon kernel; the caller
-    has checked `gluon_prefill_problems` (scale > 0 as every prefill path)."""
+def gluon_prefill(
+    query, key_cache, value_cache, meta, params, output, first_req: int, counters: WorkCounters
+):
+    """Causal attention for rows [first_req, num_reqs) through the Gluon kernel, its items
+    drawn from `counters` (the plan's); the caller has checked `gluon_prefill_problems`
+    (scale > 0 as every prefill path)."""
     from atom_plugin.attention.gluon_common import tma_descriptor
     from atom_plugin.attention.mha import gluon_prefill as kernels
 
@@ -178,7 +181,7 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
         for r in (k_rows, v_rows)
     ]
     grid = prefill_grid(meta.max_query_len, hkv, num, d, group, _sm_count(query.device))
-    kernels.prefill_kernel[grid.dims](
+    kernels.prefill_kernel[(grid.programs,)](
         query,
         output,
         *descs,
@@ -187,6 +190,10 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
         meta.query_start_loc,
         params.scale * LOG2E,
         first_req,
+        counters.for_current_stream(),
+        grid.items,
+        grid.qblocks,
+        hkv,
         int(grid.kv_major),
         query.stride(0),
         query.stride(1),
@@ -210,10 +217,13 @@ def gluon_prefill(query, key_cache, value_cache, meta, params, output, first_req
 
 @dataclass(frozen=True)
 class PrefillGrid:
-    """The launch of one prefill: `dims` is (kv heads, query blocks, requests) when
-    `kv_major`, else (query blocks, kv heads, requests)."""
+    """The launch of one prefill: `programs` persistent programs over `items` work items
+    (query block, kv head, request), `qblocks` query blocks a request, in kv-head-major
+    order when `kv_major`, else query-block-major."""
 
-    dims: tuple[int, int, int]
+    programs: int
+    items: int
+    qblocks: int
     kv_major: bool
     warpgroups: int
 
@@ -222,15 +232,60 @@ def prefill_grid(
     max_query_len: int, hkv: int, num_reqs: int, d: int, group: int, sm_count: int
 ) -> PrefillGrid:
     """Three consumer warpgroups at head size 64, whose products are half as long, so a
-    third warpgroup's softmax hides behind them; two at 128. A program holds 64 query rows
-    a warpgroup (tokens x the group's heads)."""
+    third warpgroup's softmax hides behind them; two at 128. A work item holds 64 query
+    rows a warpgroup (tokens x the group's heads); one program an SM takes them in turn."""
     warpgroups = 3 if d == 64 else 2
     qblocks = cdiv(max_query_len, 64 * warpgroups // group)
-    kv_major = qblocks * hkv * num_reqs <= KV_MAJOR_WAVES * sm_count
-    dims = (hkv, qblocks, num_reqs) if kv_major else (qblocks, hkv, num_reqs)
-    return PrefillGrid(dims, kv_major, warpgroups)
+    items = qblocks * hkv * num_reqs
+    kv_major = items <= KV_MAJOR_WAVES * sm_count
+    return PrefillGrid(min(items, sm_count), items, qblocks, kv_major, warpgroups)
 
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+STREAM_SLOTS = 256  # streams a device's counters serve: torch's stream pools, and more
+
+
+class WorkCounters:
+    """The Gluon prefill's work counters on one device: an int32 a CUDA stream, each zero
+    between launches (the program that draws a launch's last ticket stores it back:
+    `gluon_prefill._next_item`), so neither a launch nor a CUDA graph's replay of one needs
+    a memset. Launches on two streams may run at once (two-batch overlap's micro-batches,
+    each on a stream of its own): each stream takes a slot of its own.
+
+    Made before any graph capture (`work_counters`, called by the metadata builder as it
+    starts): a buffer made under capture would be zeroed only by that graph's replays,
+    and other launches would read whatever the memory held. A capture then takes its
+    stream's slot, a view of memory that is already zero."""
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "the Gluon prefill's work counters are made during a CUDA graph capture; "
+                "make them before it (work_counters(device), as the metadata builder does)"
+            )
+        self._counters = torch.zeros(STREAM_SLOTS, dtype=torch.int32, device=device)
+        self._slots: dict[int, int] = {}  # cuda stream handle -> slot
+
+    def for_current_stream(self) -> torch.Tensor:
+        """The current stream's counter, a one-element view."""
+        stream = torch.cuda.current_stream(self._counters.device).cuda_stream
+        slot = self._slots.get(stream)
+        if slot is None:
+            if len(self._slots) == STREAM_SLOTS:
+                raise RuntimeError(
+                    f"the Gluon prefill ran on more than {STREAM_SLOTS} CUDA streams; "
+                    "each needs a work counter of its own (STREAM_SLOTS)"
+                )
+            slot = self._slots[stream] = len(self._slots)
+        return self._counters[slot : slot + 1]
+
+
+@functools.cache
+def work_counters(device: torch.device) -> WorkCounters:
+    """The device's work counters, made at the first call (which must not be under a graph
+    capture)."""
+    return WorkCounters(device)

@@ -10,8 +10,12 @@ CUDA-graph capture sets to max_model_len: the captured sizes then hold for every
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from atom_plugin.attention.mha.gluon_prefill_launch import WorkCounters
 
 
 @dataclass(frozen=True)
@@ -21,11 +25,12 @@ class TorchPlan:
 
 @dataclass(frozen=True)
 class TritonPlan:
-    """The Triton kernels: the split-KV decode's split count, and whether the device takes
-    the Gluon Hopper prefill (each layer's own facts decide whether it does)."""
+    """The Triton kernels: the split-KV decode's split count, and where the batch has
+    prefills and the device takes the Gluon Hopper prefill, that kernel's work counters
+    (each layer's own facts decide whether it runs; None: the Triton prefill)."""
 
     num_splits: int
-    hopper_prefill: bool = False
+    gluon_counters: WorkCounters | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,11 +28,12 @@ def plan_mha(
     if impl == "torch":
         return TorchPlan()
     if impl == "triton":
-        from atom_plugin.attention.mha.gluon_prefill_launch import device_takes_gluon_prefill
+        from atom_plugin.attention.mha import gluon_prefill_launch as gpl
 
+        gluon = bool(meta.num_prefills) and gpl.device_takes_gluon_prefill(device)
         return TritonPlan(
             num_splits=_decode_splits(meta, num_kv_heads, device),
-            hopper_prefill=bool(meta.num_prefills) and device_takes_gluon_prefill(device),
+            gluon_counters=gpl.work_counters(device) if gluon else None,
         )
     if impl == "aiter":
         from atom_plugin.attention.mha import aiter
@@ -43,6 +44,17 @@ def plan_mha(
             prefill=_aiter_prefill(meta, block_size) if meta.num_prefills else None,
         )
     raise ValueError(f"no MHA plan for kernel implementation {impl!r}")
+
+
+def prepare_mha_plans(device: torch.device, impl: str) -> None:
+    """Make what `impl`'s plans on `device` share from step to step: the Gluon prefill's
+    work counters. The metadata builder calls this as it starts, before any CUDA graph
+    capture, which must not allocate them."""
+    if impl == "triton":
+        from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+        if gpl.device_takes_gluon_prefill(device):
+            gpl.work_counters(device)
 
 
 def plan_for_caches(

@@ -29,8 +29,11 @@ def paged_attention(
         )
     if not meta.num_prefills:
         return output
-    if plan.hopper_prefill and layer_takes_gluon_prefill(query, key_cache, value_cache, params):
-        gluon_prefill(query, key_cache, value_cache, meta, params, output, meta.num_decodes)
+    counters = plan.gluon_counters
+    if counters is not None and layer_takes_gluon_prefill(query, key_cache, value_cache, params):
+        gluon_prefill(
+            query, key_cache, value_cache, meta, params, output, meta.num_decodes, counters
+        )
     else:
         paged_prefill(query, key_cache, value_cache, meta, params, output)
     return output

@@ -28,7 +28,7 @@ from atom_plugin.attention.dtypes import ACTIVATION_DTYPES
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha import ops
 from atom_plugin.attention.mha.params import AttentionParams
-from atom_plugin.attention.mha.planner import plan_mha
+from atom_plugin.attention.mha.planner import plan_mha, prepare_mha_plans
 from atom_plugin.attention.select import select_kernel_impl
 
 HEAD_SIZES = [64, 128, 256]
@@ -81,6 +81,7 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # The kernel path depends on the device only: chosen once, planned every step.
         self.kernel_impl = select_kernel_impl(torch.device(device))
+        prepare_mha_plans(torch.device(device), self.kernel_impl)
 
     def build(
         self,
