@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     flush = L2Flusher()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rule = gpl.KV_MAJOR_WAVES
+    counters = gpl.work_counters(torch.device("cuda"))
     for hq, hkv, d in HEADS:
         heads = kp.Heads(hq, hkv, d)
         torch.manual_seed(1)
@@ -57,13 +58,12 @@ def main(argv=None) -> int:
             meta = pool.meta(reqs, seed=7 + i)
             q = kp.peaked_mha_query(meta.num_actual_tokens, heads=heads)
             grid = gpl.prefill_grid(meta.max_query_len, hkv, meta.num_reqs, d, hq // hkv, sms)
-            programs = grid.items
             times, outs = {}, {}
             try:
                 for label, waves in ORDERS:
                     gpl.KV_MAJOR_WAVES = rule if waves is None else waves
                     out = outs[label] = torch.empty_like(q)
-                    call = partial(gpl.gluon_prefill, q, kc, vc, meta, params, out, 0)
+                    call = partial(gpl.gluon_prefill, q, kc, vc, meta, params, out, 0, counters)
                     call()
                     torch.cuda.synchronize()
                     times[label] = time_us(call, flush=flush, iters=args.iters)
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             tflops = kp.prefill_flops(reqs, heads) / times["rule"] / 1e6
             picked = "kv" if grid.kv_major else "q "
             print(
-                f"{str(heads):9s} {name:9s} {programs:6d} prog {programs / sms:5.1f} waves  "
+                f"{str(heads):9s} {name:9s} {grid.items:6d} items {grid.items / sms:5.1f} rounds  "
                 f"qmajor {times['qmajor']:8.1f}  kvmajor {times['kvmajor']:8.1f}  "
                 f"rule({picked}) {times['rule']:8.1f} us ({tflops:4.0f} TF/s)  "
                 f"kv/q {times['kvmajor'] / times['qmajor']:.3f}  maxdiff {diff:.4f}",

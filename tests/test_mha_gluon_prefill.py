@@ -116,6 +116,8 @@ def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout, kv_ma
         got[first:].float(), want[first:].float(), **tolerance(torch.bfloat16)
     )
     assert torch.all(got[:first] == 3.0), "the decode rows were written"
+    # shorter requests' blocks past their rows were drawn and skipped: every ticket drawn
+    assert counters.for_current_stream().tolist() == [0]
 
 
 @pytest.mark.gpu
@@ -165,14 +167,17 @@ def test_gpu_prefills_on_two_streams_at_once_each_draw_from_their_streams_counte
     streams = [torch.cuda.Stream() for _ in batches]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())
-    gots = [torch.full_like(b.query, 3.0) for b in batches]
+    gots = [[] for _ in batches]  # each round's output, made on its stream
     for _ in range(4):
-        for s, b, got in zip(streams, batches, gots, strict=True):
+        for s, b, outs in zip(streams, batches, gots, strict=True):
             with torch.cuda.stream(s):
-                gluon_prefill(b.query, b.key_cache, b.value_cache, b.meta, params, got, 0, counters)
+                outs.append(torch.full_like(b.query, 3.0))
+                gluon_prefill(b.query, b.key_cache, b.value_cache, b.meta, params, outs[-1], 0,
+                              counters)  # fmt: skip
     torch.cuda.synchronize()
-    for s, got, want in zip(streams, gots, wants, strict=True):
-        torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
+    for s, outs, want in zip(streams, gots, wants, strict=True):
+        for got in outs:
+            torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
         with torch.cuda.stream(s):
             assert counters.for_current_stream().tolist() == [0]
     slots = set()
@@ -180,6 +185,39 @@ def test_gpu_prefills_on_two_streams_at_once_each_draw_from_their_streams_counte
         with torch.cuda.stream(s):
             slots.add(counters.for_current_stream().data_ptr())
     assert len(slots) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
+def test_gpu_prefill_captured_in_a_cuda_graph_replays_with_its_streams_counter():
+    """A capture takes its stream's slot, already zero and never allocated under the
+    capture; each replay takes every item and leaves the counter at zero, and eager
+    launches on the current stream, between replays, keep their own."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    reqs = [(3000, 3000), (700, 2500), (40, 40)]
+    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16,
+                   device="cuda")  # fmt: skip
+    params = AttentionParams(scale=128**-0.5 * 4)
+    want = torch.zeros_like(b.query)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+    counters = gpl.work_counters(b.query.device)
+    got = torch.full_like(b.query, 3.0)
+    args = (b.query, b.key_cache, b.value_cache, b.meta, params, got, 0, counters)
+    call = functools.partial(gluon_prefill, *args)
+    call()  # compiled before the capture
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.graph(graph, stream=stream):
+        call()
+    for _ in range(3):
+        got.fill_(3.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
+        with torch.cuda.stream(stream):
+            assert counters.for_current_stream().tolist() == [0]
+        call()  # eager, on the current stream's slot
+        assert counters.for_current_stream().tolist() == [0]
 
 
 def test_work_counters_are_a_slot_a_stream_and_refuse_a_graph_capture(monkeypatch):
@@ -198,12 +236,28 @@ def test_work_counters_are_a_slot_a_stream_and_refuse_a_graph_capture(monkeypatc
     assert [v.data_ptr() for v in views].count(views[0].data_ptr()) == 2  # 11 twice
     assert len({v.data_ptr() for v in views}) == 3
     assert all(v.shape == (1,) and v.dtype == torch.int32 for v in views)
+    assert all(v.data_ptr() % 32 == 0 for v in views)  # a sector each, aligned alike
     stream.cuda_stream = 44
     with pytest.raises(RuntimeError, match="more than 3 CUDA streams"):
         counters.for_current_stream()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="during a CUDA graph capture"):
         gpl.WorkCounters(torch.device("cuda"))
+
+
+def test_work_counters_name_the_current_device_one_way(monkeypatch):
+    """The current device named plainly ("cuda") or with its index gets one set of
+    counters (a second set, made lazily, could come under a graph capture)."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gpl, "_work_counters", functools.cache(lambda device: object()))
+    plain, indexed = (
+        gpl.work_counters(torch.device("cuda")),
+        gpl.work_counters(torch.device("cuda:0")),
+    )
+    assert plain is indexed
+    assert gpl.work_counters(torch.device("cuda:1")) is not plain
 
 
 def test_the_builder_makes_the_counters_before_a_capture_and_the_plans_reuse_them(monkeypatch):

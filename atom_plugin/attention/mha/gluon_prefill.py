@@ -1,8 +1,8 @@
 """MHA causal prefill on Hopper in Gluon: a loader warp and two or three ping-ponged
 warpgroups.
 
-A program holds 64 * NWG query rows of one request and kv head (row r: token r // GROUP,
-head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63: two
+A work item is 64 * NWG query rows of one query block, request and kv head (row r: token
+r // GROUP, head r % GROUP, as `triton_prefill`), warpgroup w the rows 64w .. 64w + 63: two
 warpgroups at head size 128, three at 64, whose products are half as long, so a third
 warpgroup's softmax has to hide behind them. Per tile of BLOCK_N keys:
 
@@ -19,10 +19,12 @@ warpgroup's softmax has to hide behind them. Per tile of BLOCK_N keys:
 - the warpgroups take turns, round robin, to issue their matrix products (an mbarrier
   each), so one's softmax runs while the others' products occupy the tensor cores.
 
-Programs are persistent, one an SM: each takes the work items (query block, kv head,
-request) program, program + programs, ..., and its loader runs the K/V ring on across
-items, so an item's first tiles load while the warpgroups finish the last one and a short
-item does not pay the pipeline's fill and drain. The launcher picks the items' order
+Programs are persistent, one an SM: program p starts with item p, and its loader draws
+each next item from an atomic counter (`_next_item`), skips items without key tiles
+(`_with_keys`) and hands the rest to the warpgroups through a two-slot ring in shared
+memory (`_publish`, `_take`). The loader runs the K/V ring on across items, so an item's
+first tiles load while the warpgroups finish the last one and a short item does not pay
+the pipeline's fill and drain. The launcher picks the items' order
 (`gluon_prefill_launch.prefill_grid`); `_item` reads it from `kv_major`.
 
 Only `gluon_prefill_launch` imports this module, at the first launch: Gluon exists only
@@ -118,9 +120,10 @@ def loader(
 @gluon.jit
 def _next_item(counter, programs, num_items):
     """The program's next item: programs + the counter's next ticket. Items 0 .. programs - 1
-    are the programs' first, and each item taken draws one ticket, so the launch draws
-    tickets 0 .. num_items - 1; the program that draws the last sets the counter back to
-    zero for the next launch (and its CUDA graph replays)."""
+    are the programs' first, and each item a program meets (run, or skipped for want of
+    keys) is followed by one draw, so the launch draws tickets 0 .. num_items - 1, the
+    last of them after every other draw; the program that draws it sets the counter back
+    to zero for the next launch (and its CUDA graph replays)."""
     ticket = gl.atomic_add(counter, 1)
     if ticket == num_items - 1:
         gl.store(counter, 0)
@@ -424,8 +427,9 @@ def prefill_kernel(
     BOX: gl.constexpr,
     NWG: gl.constexpr,
 ):
-    """A persistent program: work items (query block, kv head, request) idx = program,
-    program + programs, ... of `num_items`, in the order `_item` reads."""
+    """A persistent program over work items (query block, kv head, request) of
+    `num_items`: its own index first, then those drawn from `counter`, in the order
+    `_item` reads."""
     dtype: gl.constexpr = Q.dtype.element_ty
     q_smem = gl.allocate_shared_memory(  # a 64-row slab a warpgroup
         dtype, [NWG, 64, D], gl.NVMMASharedLayout.get_default_for([64, D], dtype)

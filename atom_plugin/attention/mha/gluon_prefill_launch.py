@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -247,6 +248,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 STREAM_SLOTS = 256  # streams a device's counters serve: torch's stream pools, and more
+SLOT_INTS = 8  # a slot's int32s: a 32-byte sector of its own, 16-byte aligned as Triton assumes
 
 
 class WorkCounters:
@@ -254,7 +256,8 @@ class WorkCounters:
     between launches (the program that draws a launch's last ticket stores it back:
     `gluon_prefill._next_item`), so neither a launch nor a CUDA graph's replay of one needs
     a memset. Launches on two streams may run at once (two-batch overlap's micro-batches,
-    each on a stream of its own): each stream takes a slot of its own.
+    each on a stream of its own): each stream takes a slot of its own, in a sector of its
+    own, and every slot is aligned alike, so one compiled kernel serves them all.
 
     Made before any graph capture (`work_counters`, called by the metadata builder as it
     starts): a buffer made under capture would be zeroed only by that graph's replays,
@@ -267,25 +270,33 @@ class WorkCounters:
                 "the Gluon prefill's work counters are made during a CUDA graph capture; "
                 "make them before it (work_counters(device), as the metadata builder does)"
             )
-        self._counters = torch.zeros(STREAM_SLOTS, dtype=torch.int32, device=device)
+        self._counters = torch.zeros(STREAM_SLOTS, SLOT_INTS, dtype=torch.int32, device=device)
         self._slots: dict[int, int] = {}  # cuda stream handle -> slot
+        self._lock = threading.Lock()  # two-batch overlap's micro-batches run on two threads
 
     def for_current_stream(self) -> torch.Tensor:
         """The current stream's counter, a one-element view."""
         stream = torch.cuda.current_stream(self._counters.device).cuda_stream
-        slot = self._slots.get(stream)
-        if slot is None:
-            if len(self._slots) == STREAM_SLOTS:
-                raise RuntimeError(
-                    f"the Gluon prefill ran on more than {STREAM_SLOTS} CUDA streams; "
-                    "each needs a work counter of its own (STREAM_SLOTS)"
-                )
-            slot = self._slots[stream] = len(self._slots)
-        return self._counters[slot : slot + 1]
+        with self._lock:
+            slot = self._slots.get(stream)
+            if slot is None:
+                if len(self._slots) == len(self._counters):
+                    raise RuntimeError(
+                        f"the Gluon prefill ran on more than {len(self._counters)} CUDA "
+                        "streams; each needs a work counter of its own (STREAM_SLOTS)"
+                    )
+                slot = self._slots[stream] = len(self._slots)
+        return self._counters[slot, :1]
+
+
+def work_counters(device: torch.device) -> WorkCounters:
+    """The device's work counters, made at the first call (which must not be under a graph
+    capture); "cuda" and "cuda:<current>" name the same device."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _work_counters(device)
 
 
 @functools.cache
-def work_counters(device: torch.device) -> WorkCounters:
-    """The device's work counters, made at the first call (which must not be under a graph
-    capture)."""
+def _work_counters(device: torch.device) -> WorkCounters:
     return WorkCounters(device)
