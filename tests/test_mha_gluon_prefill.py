@@ -120,6 +120,17 @@ def test_gpu_prefill_matches_the_reference(hq, hkv, d, block_size, layout, kv_ma
     assert counters.for_current_stream().tolist() == [0]
 
 
+def _gpu_case(reqs, seed=0):
+    """A 32/8/128 bf16 batch on the GPU, its peaked attention's scale, and the reference
+    output."""
+    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16,
+                   device="cuda", seed=seed)  # fmt: skip
+    params = AttentionParams(scale=128**-0.5 * 4)
+    want = torch.zeros_like(b.query)
+    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+    return b, params, want
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (capability 9.0)")
 @pytest.mark.parametrize(
@@ -131,11 +142,7 @@ def test_gpu_prefill_launches_back_to_back_each_find_the_work_counter_at_zero(re
     item."""
     from atom_plugin.attention.mha import gluon_prefill_launch as gpl
 
-    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16,
-                   device="cuda")  # fmt: skip
-    params = AttentionParams(scale=128**-0.5 * 4)
-    want = torch.zeros_like(b.query)
-    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+    b, params, want = _gpu_case(reqs)
     counters = gpl.work_counters(b.query.device)
     for _ in range(3):
         got = torch.full_like(b.query, 3.0)
@@ -153,16 +160,11 @@ def test_gpu_prefills_on_two_streams_at_once_each_draw_from_their_streams_counte
     other and leave rows unwritten)."""
     from atom_plugin.attention.mha import gluon_prefill_launch as gpl
 
-    BF16 = torch.bfloat16
-    batches = [
-        make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=BF16, device="cuda", seed=seed)
+    cases = [
+        _gpu_case(reqs, seed)
         for seed, reqs in enumerate([[(3000, 3000), (700, 2500)], [(2048, 4096)] * 3])
     ]
-    params = AttentionParams(scale=128**-0.5 * 4)
-    wants = []
-    for b in batches:
-        wants.append(torch.zeros_like(b.query))
-        reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, wants[-1])
+    batches, params, wants = [c[0] for c in cases], cases[0][1], [c[2] for c in cases]
     counters = gpl.work_counters(batches[0].query.device)
     streams = [torch.cuda.Stream() for _ in batches]
     for s in streams:
@@ -196,11 +198,7 @@ def test_gpu_prefill_captured_in_a_cuda_graph_replays_with_its_streams_counter()
     from atom_plugin.attention.mha import gluon_prefill_launch as gpl
 
     reqs = [(3000, 3000), (700, 2500), (40, 40)]
-    b = make_batch(reqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16,
-                   device="cuda")  # fmt: skip
-    params = AttentionParams(scale=128**-0.5 * 4)
-    want = torch.zeros_like(b.query)
-    reference.paged_attention(b.query, b.key_cache, b.value_cache, b.meta, params, want)
+    b, params, want = _gpu_case(reqs)
     counters = gpl.work_counters(b.query.device)
     got = torch.full_like(b.query, 3.0)
     args = (b.query, b.key_cache, b.value_cache, b.meta, params, got, 0, counters)
