@@ -271,21 +271,28 @@ class WorkCounters:
                 "make them before it (work_counters(device), as the metadata builder does)"
             )
         self._counters = torch.zeros(STREAM_SLOTS, SLOT_INTS, dtype=torch.int32, device=device)
-        self._slots: dict[int, int] = {}  # cuda stream handle -> slot
+        self._views: dict[int, torch.Tensor] = {}  # cuda stream handle -> its slot's counter
         self._lock = threading.Lock()  # two-batch overlap's micro-batches run on two threads
 
     def for_current_stream(self) -> torch.Tensor:
-        """The current stream's counter, a one-element view."""
+        """The current stream's counter, a one-element view (made at the stream's first
+        launch; every later one, a layer's, only looks it up)."""
         stream = torch.cuda.current_stream(self._counters.device).cuda_stream
-        with self._lock:
-            slot = self._slots.get(stream)
-            if slot is None:
-                if len(self._slots) == len(self._counters):
-                    raise RuntimeError(
-                        f"the Gluon prefill ran on more than {len(self._counters)} CUDA "
-                        "streams; each needs a work counter of its own (STREAM_SLOTS)"
-                    )
-                slot = self._slots[stream] = len(self._slots)
+        view = self._views.get(stream)
+        if view is None:
+            with self._lock:
+                view = self._views.get(stream)
+                if view is None:
+                    view = self._views[stream] = self._new_slot()
+        return view
+
+    def _new_slot(self) -> torch.Tensor:
+        slot = len(self._views)
+        if slot == len(self._counters):
+            raise RuntimeError(
+                f"the Gluon prefill ran on more than {len(self._counters)} CUDA streams; "
+                "each needs a work counter of its own (STREAM_SLOTS)"
+            )
         return self._counters[slot, :1]
 
 

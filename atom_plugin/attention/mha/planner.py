@@ -13,6 +13,7 @@ from atom_plugin.attention.select import select_kernel_impl
 
 if TYPE_CHECKING:
     from atom_plugin.attention.metadata import PagedAttentionMetadata
+    from atom_plugin.attention.mha.gluon_prefill_launch import WorkCounters
 
 
 def plan_mha(
@@ -28,12 +29,9 @@ def plan_mha(
     if impl == "torch":
         return TorchPlan()
     if impl == "triton":
-        from atom_plugin.attention.mha import gluon_prefill_launch as gpl
-
-        gluon = bool(meta.num_prefills) and gpl.device_takes_gluon_prefill(device)
         return TritonPlan(
             num_splits=_decode_splits(meta, num_kv_heads, device),
-            gluon_counters=gpl.work_counters(device) if gluon else None,
+            gluon_counters=_gluon_counters(device) if meta.num_prefills else None,
         )
     if impl == "aiter":
         from atom_plugin.attention.mha import aiter
@@ -51,10 +49,14 @@ def prepare_mha_plans(device: torch.device, impl: str) -> None:
     work counters. The metadata builder calls this as it starts, before any CUDA graph
     capture, which must not allocate them."""
     if impl == "triton":
-        from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+        _gluon_counters(device)
 
-        if gpl.device_takes_gluon_prefill(device):
-            gpl.work_counters(device)
+
+def _gluon_counters(device: torch.device) -> WorkCounters | None:
+    """The Gluon prefill's work counters where `device` takes that kernel, else None."""
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    return gpl.work_counters(device) if gpl.device_takes_gluon_prefill(device) else None
 
 
 def plan_for_caches(
