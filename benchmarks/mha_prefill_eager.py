@@ -1,0 +1,106 @@
+"""One request's MHA prefill as vLLM's engine runs it outside CUDA graphs (issue 26): a
+1 x N prompt, 32 q / 8 kv heads, head 128, bf16, block 16, through `ops.paged_attention`
+with the step's plan, on one CUDA GPU.
+
+The engine captures graphs of up to 256 tokens, so a longer prompt's attention is an
+eager call per layer. Each line: the call's GPU time replayed from a CUDA graph and
+called eagerly (median, L2 flushed before each); its host time (median and 90th
+percentile of 200 calls, each made with the GPU idle); and 32 eager "layers" of the
+8B shape's MLP up-projection (N x 4096 @ 4096 x 28672) without and with the attention,
+whose difference over 32 is what the attention adds to a layer when the host runs ahead.
+Run it once per tree to compare two kernels (the atom_plugin and benchmarks packages are
+imported from PYTHONPATH):
+
+    PYTHONPATH=TREE python benchmarks/mha_prefill_eager.py --tag TREE [--prompts 1024,512,2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 16
+LAYERS = 32
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tag", default="", help="the tree's name, printed on each line")
+    p.add_argument("--prompts", default="1024,512,2048", help="prompt lengths, comma list")
+    args = p.parse_args(argv)
+    try:
+        prompts = [int(n) for n in args.prompts.split(",")]
+    except ValueError:
+        prompts = []
+    if not prompts or min(prompts) < 1:
+        p.error(f"--prompts {args.prompts!r}: a comma list of prompt lengths >= 1, e.g. 1024,512")
+
+    import torch
+
+    from benchmarks import attention
+
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    pool = attention.KVPool(2 * max(prompts), BLOCK, hkv=HKV, d=D)
+    for n in prompts:
+        print(args.tag, _line(pool, n, torch), flush=True)
+    return 0
+
+
+def _line(pool, n: int, torch) -> str:
+    from functools import partial
+
+    from atom_plugin.attention.mha import ops
+    from atom_plugin.attention.mha.params import AttentionParams
+    from atom_plugin.attention.mha.planner import plan_for_caches
+    from benchmarks._timing import L2Flusher, time_us
+
+    meta = pool.meta([(n, n)], seed=3)
+    meta.plan = plan_for_caches(meta, pool.key_cache)
+    q = (torch.randn(n, HQ, D, device="cuda") * 0.3).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    params = AttentionParams(scale=D**-0.5)
+    call = partial(ops.paged_attention, q, pool.key_cache, pool.value_cache, meta, params, out)
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    graph_us = time_us(call, flush=L2Flusher(), iters=50)
+    eager_us = time_us(call, flush=L2Flusher(), iters=50, graph=False)
+    host = sorted(_host_us(call, torch) for _ in range(200))
+    x = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 28672, device="cuda", dtype=torch.bfloat16)
+    bare = _layers_us(partial(torch.matmul, x, w), torch)
+    with_attention = _layers_us(lambda: (x @ w, call()), torch)
+    return (
+        f"1x{n}: attention graph {graph_us:7.1f} us, eager {eager_us:7.1f} us, "
+        f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f}); "
+        f"{LAYERS} layers matmul {bare:8.1f} us, +attention {with_attention:8.1f} us -> "
+        f"{(with_attention - bare) / LAYERS:6.1f} us a layer"
+    )
+
+
+def _host_us(call, torch) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1e6
+
+
+def _layers_us(layer, torch, reps: int = 15) -> float:
+    """Median microseconds of LAYERS eager calls of `layer`, timed with CUDA events."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(LAYERS):
+            layer()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
