@@ -243,6 +243,39 @@ def test_work_counters_are_a_slot_a_stream_and_refuse_a_graph_capture(monkeypatc
         gpl.WorkCounters(torch.device("cuda"))
 
 
+def test_a_layers_cache_descriptors_are_made_once_and_the_oldest_let_go(monkeypatch):
+    """Each call hands new views of a layer's caches (as vLLM's backend splits its
+    tensor): the descriptors made at the first launch over that memory serve them; with
+    more caches than are kept, the oldest is dropped and made again when it comes back."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from atom_plugin.attention import gluon_common
+    from atom_plugin.attention.mha import gluon_prefill_launch as gpl
+
+    made = []
+    real = gluon_common.tma_descriptor
+    monkeypatch.setattr(gluon_common, "tma_descriptor", lambda *a: made.append(a) or real(*a))
+    monkeypatch.setattr(gpl, "_KEPT", {})
+    monkeypatch.setattr(gpl, "KEPT_CACHES", 2)
+    raws = [torch.zeros(4, 2, 16, 2 * 64, dtype=torch.bfloat16) for _ in range(3)]
+
+    def views(raw):  # the plugin's layout, split afresh as at every call
+        return raw.transpose(1, 2).split(64, dim=-1)
+
+    first = gpl.cache_descriptors(*views(raws[0]), 16)
+    assert gpl.cache_descriptors(*views(raws[0]), 16) is first
+    assert len(made) == 2  # K and V, once
+    assert first.key.base.data_ptr() == raws[0].data_ptr()
+    assert first.value.base.data_ptr() == raws[0].data_ptr() + 64 * 2
+    assert gpl.cache_descriptors(*views(raws[0]), 8) is not first  # another box
+    assert gpl.cache_descriptors(*views(raws[1]), 16) is not first
+    assert len(made) == 6 and len(gpl._KEPT) == 2
+    again = gpl.cache_descriptors(*views(raws[0]), 16)  # dropped for raws[1]: made again
+    assert again is not first and len(made) == 8
+    key, _ = views(raws[2])
+    with pytest.raises(ValueError, match="laid out differently"):
+        gpl.cache_descriptors(key, torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16), 16)
+
+
 def test_work_counters_name_the_current_device_one_way(monkeypatch):
     """The current device named plainly ("cuda") or with its index gets one set of
     counters (a second set, made lazily, could come under a graph capture)."""

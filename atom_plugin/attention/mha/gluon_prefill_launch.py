@@ -164,7 +164,6 @@ def gluon_prefill(
     """Causal attention for rows [first_req, num_reqs) through the Gluon kernel, its items
     drawn from `counters` (the plan's); the caller has checked `gluon_prefill_problems`
     (scale > 0 as every prefill path)."""
-    from atom_plugin.attention.gluon_common import tma_descriptor
     from atom_plugin.attention.mha import gluon_prefill as kernels
 
     num = meta.num_reqs - first_req
@@ -174,18 +173,14 @@ def gluon_prefill(
     page, hkv = key_cache.shape[1], key_cache.shape[2]
     group = hq // hkv
     box = min(page, BLOCK_N)
-    k_rows, v_rows = cache_rows(key_cache), cache_rows(value_cache)
-    if k_rows != v_rows:
-        raise ValueError("key and value caches are laid out differently")
-    descs = [
-        tma_descriptor(r.view, list(r.view.shape), list(r.view.stride()), [box, kernels.COLS.value])
-        for r in (k_rows, v_rows)
-    ]
+    caches = cache_descriptors(key_cache, value_cache, box)
+    rows = caches.rows
     grid = prefill_grid(meta.max_query_len, hkv, num, d, group, _sm_count(query.device))
     kernels.prefill_kernel[(grid.programs,)](
         query,
         output,
-        *descs,
+        caches.key,
+        caches.value,
         meta.block_table,
         meta.seq_lens,
         meta.query_start_loc,
@@ -201,9 +196,9 @@ def gluon_prefill(
         output.stride(0),
         output.stride(1),
         meta.block_table.stride(0),
-        k_rows.rows_per_block,
-        k_rows.rows_per_head,
-        k_rows.cols_per_head,
+        rows.rows_per_block,
+        rows.rows_per_head,
+        rows.cols_per_head,
         GROUP=group,
         D=d,
         BLOCK_N=BLOCK_N,
@@ -214,6 +209,60 @@ def gluon_prefill(
         num_warps=4,
     )
     return output
+
+
+@dataclass(frozen=True)
+class CacheDescriptors:
+    """A layer's K and V caches as the kernel reads them: their rows (laid out alike) and a
+    TMA descriptor each."""
+
+    rows: CacheRows
+    key: object
+    value: object
+
+
+# Caches whose descriptors are kept: a layer's pair each, for models of up to this many
+# attention layers; a model with more rebuilds some at each call.
+KEPT_CACHES = 512
+_KEPT: dict[tuple, CacheDescriptors] = {}
+
+
+def cache_descriptors(key_cache, value_cache, box: int) -> CacheDescriptors:
+    """The caches' descriptors for boxes of `box` rows, made at the first launch over them
+    and kept: building two descriptors costs more host time than the launch itself, while
+    a layer's caches stay put for the engine's life (each step hands new views of the
+    same memory, so they are known by address, shape and strides). A kept entry holds
+    its caches' memory, so an address in the table is never another tensor's."""
+    key = (
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        key_cache.shape,
+        key_cache.stride(),
+        value_cache.stride(),
+        key_cache.dtype,
+        box,
+    )
+    kept = _KEPT.get(key)
+    if kept is None:
+        kept = _make_descriptors(key_cache, value_cache, box)
+        if len(_KEPT) >= KEPT_CACHES:
+            _KEPT.pop(next(iter(_KEPT)), None)  # the oldest (None: another thread took it)
+        _KEPT[key] = kept
+    return kept
+
+
+def _make_descriptors(key_cache, value_cache, box: int) -> CacheDescriptors:
+    from atom_plugin.attention.gluon_common import tma_descriptor
+    from atom_plugin.attention.mha.gluon_prefill import COLS
+
+    k_rows, v_rows = cache_rows(key_cache), cache_rows(value_cache)
+    if k_rows != v_rows:
+        raise ValueError("key and value caches are laid out differently")
+    k_desc, v_desc = (
+        tma_descriptor(r.view, list(r.view.shape), list(r.view.stride()), [box, COLS.value])
+        for r in (k_rows, v_rows)
+    )
+    return CacheDescriptors(k_rows, k_desc, v_desc)
 
 
 @dataclass(frozen=True)
