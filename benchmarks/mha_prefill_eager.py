@@ -2,16 +2,20 @@
 1 x N prompt, 32 q / 8 kv heads, head 128, bf16, block 16, through `ops.paged_attention`
 with the step's plan, on one CUDA GPU.
 
-The engine captures graphs of up to 256 tokens, so a longer prompt's attention is an
-eager call per layer. Each line: the call's GPU time replayed from a CUDA graph and
-called eagerly (median, L2 flushed before each); its host time (median and 90th
-percentile of 200 calls, each made with the GPU idle); and 32 eager "layers" of the
-8B shape's MLP up-projection (N x 4096 @ 4096 x 28672) without and with the attention,
-whose difference over 32 is what the attention adds to a layer when the host runs ahead.
+vLLM's engine graphs whole steps only for uniform decode batches; a step with a prefill
+runs its attention between piecewise graphs (or none, past the largest capture size), an
+eager call a layer, so its host time counts whenever the GPU work is short. Each line:
+the call's GPU time replayed from a CUDA graph and called eagerly (median, L2 flushed
+before each); its host time (median and 90th percentile of 200 calls, each made with the
+GPU idle); and 32 eager "layers" of the 8B shape's MLP up-projection (N x 4096 @ 4096 x
+28672) without and with the attention, whose difference over 32 is what the attention
+adds to a layer when the host runs ahead.
+`--profile N` adds where the call's host time goes (cProfile).
 Run it once per tree to compare two kernels (the atom_plugin and benchmarks packages are
 imported from PYTHONPATH):
 
-    PYTHONPATH=TREE python benchmarks/mha_prefill_eager.py --tag TREE [--prompts 1024,512,2048]
+    PYTHONPATH=TREE python benchmarks/mha_prefill_eager.py --tag TREE [--prompts 1024,512,2048] \
+        [--profile 30]
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tag", default="", help="the tree's name, printed on each line")
     p.add_argument("--prompts", default="1024,512,2048", help="prompt lengths, comma list")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the N functions of most host time (own, then with callees) in a "
+        "cProfile of 300 calls, each made with the GPU idle",
+    )
     args = p.parse_args(argv)
     try:
         prompts = [int(n) for n in args.prompts.split(",")]
@@ -44,11 +56,14 @@ def main(argv=None) -> int:
         raise SystemExit("needs a CUDA GPU")
     pool = attention.KVPool(2 * max(prompts), BLOCK, hkv=HKV, d=D)
     for n in prompts:
-        print(args.tag, _line(pool, n, torch), flush=True)
+        line, call = _line(pool, n, torch)
+        print(args.tag, line, flush=True)
+        if args.profile:
+            print(_profile(call, args.profile, torch), flush=True)
     return 0
 
 
-def _line(pool, n: int, torch) -> str:
+def _line(pool, n: int, torch) -> tuple[str, object]:
     from functools import partial
 
     from atom_plugin.attention.mha import ops
@@ -72,12 +87,31 @@ def _line(pool, n: int, torch) -> str:
     w = torch.randn(4096, 28672, device="cuda", dtype=torch.bfloat16)
     bare = _layers_us(partial(torch.matmul, x, w), torch)
     with_attention = _layers_us(lambda: (x @ w, call()), torch)
-    return (
+    line = (
         f"1x{n}: attention graph {graph_us:7.1f} us, eager {eager_us:7.1f} us, "
         f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f}); "
         f"{LAYERS} layers matmul {bare:8.1f} us, +attention {with_attention:8.1f} us -> "
         f"{(with_attention - bare) / LAYERS:6.1f} us a layer"
     )
+    return line, call
+
+
+def _profile(call, top: int, torch) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    for _ in range(300):
+        torch.cuda.synchronize()
+        profile.enable()
+        call()
+        profile.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
 
 
 def _host_us(call, torch) -> float:
