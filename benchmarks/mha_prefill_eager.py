@@ -23,6 +23,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
+
+import torch
+
+from benchmarks._timing import L2Flusher, time_us
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 LAYERS = 32
@@ -48,28 +53,23 @@ def main(argv=None) -> int:
     if not prompts or min(prompts) < 1:
         p.error(f"--prompts {args.prompts!r}: a comma list of prompt lengths >= 1, e.g. 1024,512")
 
-    import torch
-
     from benchmarks import attention
 
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     pool = attention.KVPool(2 * max(prompts), BLOCK, hkv=HKV, d=D)
     for n in prompts:
-        line, call = _line(pool, n, torch)
+        line, call = _line(pool, n)
         print(args.tag, line, flush=True)
         if args.profile:
-            print(_profile(call, args.profile, torch), flush=True)
+            print(_profile(call, args.profile), flush=True)
     return 0
 
 
-def _line(pool, n: int, torch) -> tuple[str, object]:
-    from functools import partial
-
+def _line(pool, n: int) -> tuple[str, object]:
     from atom_plugin.attention.mha import ops
     from atom_plugin.attention.mha.params import AttentionParams
     from atom_plugin.attention.mha.planner import plan_for_caches
-    from benchmarks._timing import L2Flusher, time_us
 
     meta = pool.meta([(n, n)], seed=3)
     meta.plan = plan_for_caches(meta, pool.key_cache)
@@ -82,11 +82,11 @@ def _line(pool, n: int, torch) -> tuple[str, object]:
     torch.cuda.synchronize()
     graph_us = time_us(call, flush=L2Flusher(), iters=50)
     eager_us = time_us(call, flush=L2Flusher(), iters=50, graph=False)
-    host = sorted(_host_us(call, torch) for _ in range(200))
+    host = sorted(_host_us(call) for _ in range(200))
     x = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 28672, device="cuda", dtype=torch.bfloat16)
-    bare = _layers_us(partial(torch.matmul, x, w), torch)
-    with_attention = _layers_us(lambda: (x @ w, call()), torch)
+    bare = _layers_us(partial(torch.matmul, x, w))
+    with_attention = _layers_us(lambda: (x @ w, call()))
     line = (
         f"1x{n}: attention graph {graph_us:7.1f} us, eager {eager_us:7.1f} us, "
         f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f}); "
@@ -96,7 +96,7 @@ def _line(pool, n: int, torch) -> tuple[str, object]:
     return line, call
 
 
-def _profile(call, top: int, torch) -> str:
+def _profile(call, top: int) -> str:
     import cProfile
     import io
     import pstats
@@ -114,26 +114,21 @@ def _profile(call, top: int, torch) -> str:
     return text.getvalue()
 
 
-def _host_us(call, torch) -> float:
+def _host_us(call) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
     call()
     return (time.perf_counter() - start) * 1e6
 
 
-def _layers_us(layer, torch, reps: int = 15) -> float:
-    """Median microseconds of LAYERS eager calls of `layer`, timed with CUDA events."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+def _layers_us(layer) -> float:
+    """Median microseconds of LAYERS eager calls of `layer` (15 samples)."""
+
+    def layers():
         for _ in range(LAYERS):
             layer()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+
+    return time_us(layers, iters=15, warmup=0, graph=False)
 
 
 if __name__ == "__main__":

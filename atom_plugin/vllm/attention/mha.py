@@ -80,8 +80,9 @@ class AtomAiterMetadataBuilder(AttentionMetadataBuilder[PagedAttentionMetadata])
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # The kernel path depends on the device only: chosen once, planned every step.
-        self.kernel_impl = select_kernel_impl(torch.device(device))
-        prepare_mha_plans(torch.device(device), self.kernel_impl)
+        device = torch.device(device)
+        self.kernel_impl = select_kernel_impl(device)
+        prepare_mha_plans(device, self.kernel_impl)
 
     def build(
         self,
