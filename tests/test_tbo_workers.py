@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from atom_plugin.vllm.compat.runners import has_v1_runner
 from atom_plugin.vllm.tbo.setup import TBO_WORKERS
 
 pytestmark = pytest.mark.vllm
@@ -40,11 +41,16 @@ def _import_in_fresh_process(class_path: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_gpu_tbo_worker_leaves_torch_cuda_alone():
-    assert TBO_WORKERS["cuda"] == TBO_WORKERS["rocm"]
-    facts = _import_in_fresh_process(TBO_WORKERS["cuda"])
+@pytest.mark.parametrize(
+    ("runner", "name"), [("v1", "AtomTboGPUWorker"), ("mrv2", "AtomTboMRV2Worker")]
+)
+def test_gpu_tbo_worker_leaves_torch_cuda_alone(runner, name):
+    if runner == "v1" and not has_v1_runner():
+        pytest.skip("this vLLM has no V1 model runner")
+    assert TBO_WORKERS[("cuda", runner)] == TBO_WORKERS[("rocm", runner)]
+    facts = _import_in_fresh_process(TBO_WORKERS[("cuda", runner)])
     assert facts == {
-        "worker": "AtomTboGPUWorker",
+        "worker": name,
         "cpu_shm_imported": False,
         "torch_cuda_event_kept": True,
     }
@@ -52,7 +58,7 @@ def test_gpu_tbo_worker_leaves_torch_cuda_alone():
 
 def test_cpu_tbo_worker_takes_vllms_cpu_placeholders():
     """The probe sees the patch where it happens (so the GPU test above can fail)."""
-    facts = _import_in_fresh_process(TBO_WORKERS["cpu"])
+    facts = _import_in_fresh_process(TBO_WORKERS[("cpu", "v1")])
     assert facts == {
         "worker": "AtomTboCPUWorker",
         "cpu_shm_imported": True,

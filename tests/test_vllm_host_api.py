@@ -62,6 +62,16 @@ EXPECTED_OVERRIDES = {
     "AtomKimiK3ToolParser.adjust_request",
     "AtomKimiK3ToolParser.extract_tool_calls",
     "AtomKimiK3ToolParser.extract_tool_calls_streaming",
+    # two-batch overlap on Model Runner V2
+    "AtomTboMRV2Worker._make_model_runner",
+    "AtomTboMRV2ModelRunner.execute_model",
+    "AtomTboMRV2ModelRunner.gather_batch_req_state",
+    "AtomTboMRV2ModelRunner.initialize_kv_cache",
+    "TboUBatchRunner.prepare",
+    "TboUBatchRunner.run",
+    "TboCudaGraphManager.capture",
+    "TboCudaGraphManager.dispatch",
+    "TboCudaGraphManager.run_fullgraph",
 }
 
 

@@ -10,7 +10,8 @@ other findings), and for every class with a vLLM class among its ancestors:
   bound the same way (an instance method cannot replace a static or class method);
 - call: it accepts what the host's own calls pass: `self.m(...)` inside the vLLM
   ancestors, and calls through the role's attribute elsewhere in vLLM (`ROLE_RECEIVERS`:
-  `layer.impl.do_kv_cache_update(...)`, `current_platform.get_attn_backend_cls(...)`);
+  `layer.impl.do_kv_cache_update(...)`, `current_platform.get_attn_backend_cls(...)`,
+  `self.ubatch_runner.prepare(...)`);
 - call (undeclared): a method vLLM calls through the role's attribute without declaring
   it on the base (the MHA impl's `do_kv_cache_update` in 0.32) binds to one of the calls;
 - super-call: what the adapter passes to `super().m(...)` binds to the host's method;
@@ -46,6 +47,9 @@ ADAPTER_PACKAGE = "atom_plugin.vllm"
 ROLE_RECEIVERS: dict[str, tuple[str, ...]] = {
     "Impl": ("impl",),
     "Platform": ("current_platform",),
+    # Model Runner V2's parts that two-batch overlap replaces (docs/tbo.md)
+    "CudaGraphManager": ("cudagraph_manager",),
+    "UBatchRunner": ("ubatch_runner",),
 }
 # Dunder methods vLLM never calls on these classes directly (object's own protocol).
 _SKIPPED = {"__repr__", "__str__", "__eq__", "__hash__", "__post_init__", "__init_subclass__"}

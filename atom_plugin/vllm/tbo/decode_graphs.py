@@ -81,6 +81,8 @@ def plan_bucket_graphs(
             "whose micro-batch metadata a replay is known to read correctly"
         )
     buckets = [b for b in buckets if b <= max_num_reqs]
+    if not buckets:
+        return None, "vLLM records no one-token decode graphs here (no FULL decode capture size)"
     planned = plan_request_graphs(buckets, 1, config)
     if not any(split for _, split in planned):
         return None, (

@@ -1,8 +1,10 @@
 """Turning two-batch overlap on in a vLLM config (from the platform's `check_and_update_config`).
 
 With `--additional-config '{"atom_plugin": {"tbo": "..."}}'` other than "off",
-the plugin's worker (`atom_plugin.vllm.tbo.worker_cpu` or `_gpu`) takes the place of the one
-vLLM would pick. A setting TBO cannot serve is refused here, at start.
+the plugin's worker for the platform and the engine's model runner takes the place
+of the one vLLM would pick: `worker_mrv2` for Model Runner V2 on a GPU, `worker_gpu`
+or `worker_cpu` for the V1 runner (vLLM 0.32 and 0.33; the CPU build runs it). A
+setting TBO cannot serve is refused here, at start.
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ from vllm.logger import init_logger
 
 from atom_plugin import manager
 from atom_plugin.tbo.judgement import EngineLimits, tbo_judgement
+from atom_plugin.vllm.compat.runners import has_v1_runner, model_runner
 from atom_plugin.vllm.settings import PluginSettings
 
 logger = init_logger("vllm.atom_plugin")
 
+# (platform, model runner) -> the TBO worker
 TBO_WORKERS = {
-    "cpu": "atom_plugin.vllm.tbo.worker_cpu.AtomTboCPUWorker",
-    "cuda": "atom_plugin.vllm.tbo.worker_gpu.AtomTboGPUWorker",
-    "rocm": "atom_plugin.vllm.tbo.worker_gpu.AtomTboGPUWorker",
+    ("cpu", "v1"): "atom_plugin.vllm.tbo.worker_cpu.AtomTboCPUWorker",
+    ("cuda", "v1"): "atom_plugin.vllm.tbo.worker_gpu.AtomTboGPUWorker",
+    ("rocm", "v1"): "atom_plugin.vllm.tbo.worker_gpu.AtomTboGPUWorker",
+    ("cuda", "mrv2"): "atom_plugin.vllm.tbo.worker_mrv2.AtomTboMRV2Worker",
+    ("rocm", "mrv2"): "atom_plugin.vllm.tbo.worker_mrv2.AtomTboMRV2Worker",
 }
 
 
@@ -26,35 +32,61 @@ def tbo_refusal(device_type: str, vllm_config, chosen_worker: str) -> str | None
     """Why TBO cannot run with this config, or None."""
     parallel = vllm_config.parallel_config
     model = vllm_config.model_config
-    if device_type not in TBO_WORKERS:
-        return f"platform {device_type!r} has no TBO worker (only {', '.join(TBO_WORKERS)})"
-    if chosen_worker not in ("auto", TBO_WORKERS[device_type]):
+    runner = model_runner(vllm_config)
+    if device_type not in {d for d, _ in TBO_WORKERS}:
+        platforms = sorted({d for d, _ in TBO_WORKERS})
+        return f"platform {device_type!r} has no TBO worker (only {', '.join(platforms)})"
+    worker = TBO_WORKERS.get((device_type, runner))
+    if worker is None:
+        unset = " (leave VLLM_USE_V2_MODEL_RUNNER unset)" if has_v1_runner() else ""
+        return (
+            f"TBO on vLLM's {device_type} platform runs inside the V1 model runner{unset}; "
+            "this engine uses Model Runner V2 there"
+        )
+    if chosen_worker not in ("auto", worker):
         return (
             f"--worker-cls {chosen_worker} was chosen, but TBO runs on the plugin's worker "
-            f"{TBO_WORKERS[device_type]}; drop --worker-cls or set atom_plugin tbo to off"
+            f"{worker}; drop --worker-cls or set atom_plugin tbo to off"
         )
     if parallel.pipeline_parallel_size > 1:
         return (
             f"pipeline parallelism (--pipeline-parallel-size {parallel.pipeline_parallel_size}) "
             "is not supported with TBO"
         )
-    if parallel.enable_dbo:
-        return "vLLM's own micro-batching (--enable-dbo) is on; use one of the two, not both"
-    if vllm_config.use_v2_model_runner:
-        # docs/tbo.md ("Model Runner V2") says what its micro-batching would need.
+    if parallel.use_ubatching:
         return (
-            "TBO runs inside vLLM's V1 model runner and this engine selected Model Runner V2 "
-            "(vLLM's GPU default), whose own micro-batching cannot carry the plugin's split: "
-            "it splits only with --enable-dbo and data parallelism > 1, at vLLM's cut and "
-            "thresholds, decided inside its execute_model. Set VLLM_USE_V2_MODEL_RUNNER=0 "
-            '(and, with --tool-call-parser atom_kimi_k3, add "v1_logits_processors": true '
-            "to the atom_plugin settings to keep the K3 channel on the V1 runner)"
+            "vLLM's own micro-batching (--enable-dbo or --ubatch-size) is on: it and the "
+            "plugin's TBO would both split the step; turn it off or set atom_plugin tbo to off"
         )
+    if runner == "mrv2":
+        refusal = mrv2_refusal(vllm_config)
+        if refusal:
+            return refusal
     if model.is_encoder_decoder or model.is_multimodal_model:
         return "TBO splits text-only decoder models (this one is encoder-decoder or multimodal)"
     if model.runner_type == "pooling":
         return "TBO is for generation; pooling models are not split"
     return None
+
+
+def mrv2_refusal(vllm_config) -> str | None:
+    """What TBO on Model Runner V2 does not split, or None."""
+    parallel = vllm_config.parallel_config
+    contexts = {
+        "--decode-context-parallel-size": parallel.decode_context_parallel_size,
+        "--prefill-context-parallel-size": parallel.prefill_context_parallel_size,
+    }
+    for flag, size in contexts.items():
+        if size > 1:
+            return f"context parallelism ({flag} {size}) is not split by TBO"
+    if vllm_config.lora_config is not None:
+        return "LoRA adapters (--enable-lora) are not split by TBO on Model Runner V2"
+    return None
+
+
+def tbo_worker(device_type: str, vllm_config) -> str:
+    """The TBO worker for this platform and the engine's model runner (after `tbo_refusal`)."""
+    return TBO_WORKERS[(device_type, model_runner(vllm_config))]
 
 
 def splitting(config) -> str:
@@ -111,13 +143,14 @@ def install_tbo(device_type: str, vllm_config, settings: PluginSettings, chosen_
     runner = manager.microbatch_runner()
     if runner is None:
         raise ValueError(f"atom_plugin tbo={settings.tbo!r}: no micro-batch runner is registered")
-    vllm_config.parallel_config.worker_cls = TBO_WORKERS[device_type]
+    worker = tbo_worker(device_type, vllm_config)
+    vllm_config.parallel_config.worker_cls = worker
     logger.info(
         "atom-plugin: two-batch overlap %s (%s split), micro-batch runner %s, worker %s",
         settings.tbo,
         splitting(config),
         runner.name,
-        TBO_WORKERS[device_type],
+        worker,
     )
     for line in tbo_judgement(config, engine_limits(vllm_config)):
         logger.warning("atom-plugin: two-batch overlap %s: %s", settings.tbo, line)
