@@ -5,7 +5,11 @@
 # Stages:
 #   install     joins the parts sent to /tmp/parts (install.sh among them) and installs them
 #   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs)
-#               and TBO's refusal of Model Runner V2 on the GPU build
+#   tbo         two-batch overlap on Model Runner V2 (tests/test_gpu_tbo_mrv2.py: decode, prefill
+#               and all, graphs and eager, MHA and MLA MoE models, against TBO off by logprobs;
+#               the K3 channel beside TBO) and the TBO workers' torch.cuda check
+#   tbo-bench   TBO decode and prefill against off in the engine (benchmarks/tbo_engine.py,
+#               DeepSeek-V2-Lite shape); TBO_ARGS adds arguments
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
 #               four pytest workers on the one GPU
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
@@ -47,9 +51,17 @@ for what in "$@"; do
     tests)
       stage "GPU engine tests"
       timeout 560 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
-        "tests/test_tbo_vllm_refusals.py::test_model_runner_v2_is_refused_with_the_setting_that_works" \
-        "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
         2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
+    tbo)
+      stage "TBO on Model Runner V2"
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 900 python3 -m pytest -q -p no:cacheprovider -s \
+        tests/test_gpu_tbo_mrv2.py "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
+        2>&1 | tee "$OUT/gpu_tbo_tests.log" || status=1 ;;
+    tbo-bench)
+      stage "TBO in the engine against off"
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 420 python3 -m benchmarks.tbo_engine \
+        --out "$OUT/tbo_engine.md" --json "$OUT/tbo_engine.json" ${TBO_ARGS:-} \
+        2>&1 | tee "$OUT/tbo_engine.log" || status=1 ;;
     kernels)
       stage "kernel GPU tests"
       timeout 500 python3 -m pytest -q -p no:cacheprovider -n 4 \
@@ -94,7 +106,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests tbo tbo-bench kernels mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

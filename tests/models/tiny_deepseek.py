@@ -20,12 +20,28 @@ def build_tiny_deepseek(
     rope_dim: int = 64,
     nope_dim: int = 32,
     v_dim: int = 32,
+    moe_from_layer: int | None = None,
+    num_experts: int = 4,
+    experts_per_token: int = 2,
     seed: int = 0,
 ) -> Path:
+    """`moe_from_layer`: layers from that one on are MoE (`num_experts` routed experts, top
+    `experts_per_token`, one shared expert); None keeps every layer's MLP dense."""
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     from scripts.tiny_llama import save_random_model
 
+    moe = {}
+    if moe_from_layer is not None:
+        moe = dict(
+            n_routed_experts=num_experts,
+            num_experts_per_tok=experts_per_token,
+            n_shared_experts=1,
+            topk_method="greedy",
+            n_group=1,
+            topk_group=1,
+            moe_layer_freq=1,
+        )
     return save_random_model(
         DeepseekV2ForCausalLM,
         DeepseekV2Config,
@@ -36,7 +52,8 @@ def build_tiny_deepseek(
         num_layers=num_layers,
         num_heads=num_heads,
         moe_intermediate_size=hidden_size,
-        first_k_dense_replace=num_layers,  # dense MLPs only: the test is about attention
+        first_k_dense_replace=num_layers if moe_from_layer is None else moe_from_layer,
+        **moe,
         num_key_value_heads=num_heads,
         q_lora_rank=None,
         kv_lora_rank=kv_lora_rank,

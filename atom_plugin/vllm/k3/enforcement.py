@@ -23,10 +23,7 @@ from atom_plugin.vllm.settings import PluginSettings
 CHANNEL_PROCESSOR = "atom_k3_required_channel"  # the LogitsProcessorSpec name
 KEEP_STRUCTURAL_TAG_ENV = "ATOM_K3_STRUCTURAL_TAG"
 V1_OPT_IN = '--additional-config \'{"atom_plugin": {"v1_logits_processors": true}}\''
-USE_MRV2 = (
-    "Model Runner V2 (a GPU's default: unset VLLM_USE_V2_MODEL_RUNNER=0, which "
-    "atom_plugin tbo needs; set tbo to off)"
-)
+USE_MRV2 = "Model Runner V2 (a GPU's default: leave VLLM_USE_V2_MODEL_RUNNER unset)"
 
 
 def keep_structural_tag() -> bool:
