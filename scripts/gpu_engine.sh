@@ -54,7 +54,7 @@ for what in "$@"; do
         2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
     tbo)
       stage "TBO on Model Runner V2"
-      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 900 python3 -m pytest -q -p no:cacheprovider -s \
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 1100 python3 -m pytest -q -p no:cacheprovider -s \
         tests/test_gpu_tbo_mrv2.py "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
         2>&1 | tee "$OUT/gpu_tbo_tests.log" || status=1 ;;
     tbo-bench)

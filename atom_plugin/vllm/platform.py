@@ -7,6 +7,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from atom_plugin import manager
+from atom_plugin.vllm.compat import runners
 from atom_plugin.vllm.k3.enforcement import (
     CHANNEL_PROCESSOR,
     decide,
@@ -84,4 +85,4 @@ class AtomPlatformMixin:
     @classmethod
     def model_runner(cls, vllm_config) -> str:
         """'mrv2' or 'v1': which model runner's logits-processor interface applies."""
-        return "mrv2" if vllm_config.use_v2_model_runner else "v1"
+        return runners.model_runner(vllm_config)
