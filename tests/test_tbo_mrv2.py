@@ -364,6 +364,9 @@ PROBE = textwrap.dedent(
         out = {"lanes": num_workspace_lanes(cfg), "refusals": {
             "plain": mrv2_refusal(cfg),
             "lora": mrv2_refusal(EngineArgs(**args, enable_lora=True).create_engine_config()),
+            "spec": mrv2_refusal(EngineArgs(**args, speculative_config={
+                "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+                "prompt_lookup_min": 2}).create_engine_config()),
         }}
         # The CPU platform turns vLLM's micro-batching off; a GPU platform keeps it on.
         for name, setting in (("dbo", {"enable_dbo": True}), ("ubatch_size", {"ubatch_size": 2})):
@@ -445,6 +448,7 @@ def test_the_release_dependent_reads_answer_on_032(probe):
     assert probe["lanes"] == 1
     assert probe["refusals"]["plain"] is None
     assert "LoRA adapters (--enable-lora) are not split by TBO" in probe["refusals"]["lora"]
+    assert "speculative decoding (--speculative-config) is not split" in probe["refusals"]["spec"]
     for name in ("dbo", "ubatch_size"):  # never both splits on one step
         assert (
             "vLLM's own micro-batching (--enable-dbo or --ubatch-size) is on"

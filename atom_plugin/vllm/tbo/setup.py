@@ -81,6 +81,10 @@ def mrv2_refusal(vllm_config) -> str | None:
             return f"context parallelism ({flag} {size}) is not split by TBO"
     if vllm_config.lora_config is not None:
         return "LoRA adapters (--enable-lora) are not split by TBO on Model Runner V2"
+    if vllm_config.speculative_config is not None:
+        # The drafter reads the step's attention metadata, which a split step builds per
+        # micro-batch only.
+        return "speculative decoding (--speculative-config) is not split by TBO on Model Runner V2"
     return None
 
 
