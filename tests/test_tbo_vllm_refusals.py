@@ -71,4 +71,5 @@ def test_model_runner_v2_is_refused_with_the_setting_that_works(tiny_llama):
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
     error = json.loads(line[len("RESULT ") :])["mrv2"]
     assert error and "tbo='prefill' cannot run" in error and "Model Runner V2" in error, error
-    assert "Set VLLM_USE_V2_MODEL_RUNNER=0" in error and '"v1_logits_processors": true' in error
+    assert "setting VLLM_USE_V2_MODEL_RUNNER to 0" in error
+    assert '"v1_logits_processors": true' in error

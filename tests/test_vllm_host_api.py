@@ -326,7 +326,7 @@ def test_supported_range_is_declared_once_and_pyproject_repeats_it():
         "optional-dependencies"
     ]
     assert extras["vllm"] == [f"vllm{compat.SUPPORTED_VLLM}"]
-    assert compat.SUPPORTED_VLLM == ">=0.32,<0.34"
+    assert compat.SUPPORTED_VLLM == ">=0.32,<0.35"
     assert all(compat.is_supported(v) for v in compat.CHECKED_RELEASES)
 
 
@@ -337,8 +337,10 @@ def test_supported_range_is_declared_once_and_pyproject_repeats_it():
         ("0.33.0", True),
         ("0.33.2+cpu", True),
         ("0.31.1", False),
-        ("0.34.0", False),
-        ("0.34.0rc1.dev12", False),
+        ("0.34.0", True),
+        ("0.34.1", True),
+        ("0.35.0", False),
+        ("0.35.0rc1.dev12", False),
         ("1.0.0", False),
         ("dev", False),
     ],
@@ -348,7 +350,7 @@ def test_versions_inside_and_outside_the_range(version, supported):
     message = compat.unsupported_message(version)
     assert (message is None) is supported
     if message:
-        assert f"vLLM {version}" in message and ">=0.32,<0.34" in message
+        assert f"vLLM {version}" in message and ">=0.32,<0.35" in message
 
 
 def test_start_up_warns_once_outside_the_range(monkeypatch):
@@ -367,7 +369,7 @@ def test_start_up_warns_once_outside_the_range(monkeypatch):
         logger.removeHandler(handler)
     warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "this is vLLM 0.35.0" in warnings[0] and ">=0.32,<0.34" in warnings[0]
+    assert "this is vLLM 0.35.0" in warnings[0] and ">=0.32,<0.35" in warnings[0]
 
 
 # skip_scale (vLLM 0.33's seventh argument) ----------------------------------------------

@@ -11,6 +11,8 @@ from vllm.logger import init_logger
 
 from atom_plugin import manager
 from atom_plugin.tbo.judgement import EngineLimits, tbo_judgement
+from atom_plugin.vllm.compat.runners import MRV2_RELEASE, has_v1_runner, model_runner
+from atom_plugin.vllm.guard import PluginRefusal, running_vllm
 from atom_plugin.vllm.settings import PluginSettings
 
 logger = init_logger("vllm.atom_plugin")
@@ -40,13 +42,20 @@ def tbo_refusal(device_type: str, vllm_config, chosen_worker: str) -> str | None
         )
     if parallel.enable_dbo:
         return "vLLM's own micro-batching (--enable-dbo) is on; use one of the two, not both"
-    if vllm_config.use_v2_model_runner:
+    if model_runner(vllm_config) == "mrv2":
         # docs/tbo.md ("Model Runner V2") says what its micro-batching would need.
+        if not has_v1_runner():
+            return (
+                f"TBO runs inside vLLM's V1 model runner, which vLLM {running_vllm()} no longer "
+                f"has (removed in vLLM {MRV2_RELEASE}: Model Runner V2 is its only runner); set "
+                "atom_plugin tbo to off"
+            )
         return (
             "TBO runs inside vLLM's V1 model runner and this engine selected Model Runner V2 "
             "(vLLM's GPU default), whose own micro-batching cannot carry the plugin's split: "
             "it splits only with --enable-dbo and data parallelism > 1, at vLLM's cut and "
-            "thresholds, decided inside its execute_model. Set VLLM_USE_V2_MODEL_RUNNER=0 "
+            "thresholds, decided inside its execute_model. On this vLLM the V1 runner is "
+            "selected by setting VLLM_USE_V2_MODEL_RUNNER to 0 "
             '(and, with --tool-call-parser atom_kimi_k3, add "v1_logits_processors": true '
             "to the atom_plugin settings to keep the K3 channel on the V1 runner)"
         )
@@ -107,10 +116,12 @@ def install_tbo(device_type: str, vllm_config, settings: PluginSettings, chosen_
         return
     refusal = tbo_refusal(device_type, vllm_config, chosen_worker)
     if refusal:
-        raise ValueError(f"atom_plugin tbo={settings.tbo!r} cannot run: {refusal}")
+        raise PluginRefusal(f"atom_plugin tbo={settings.tbo!r} cannot run: {refusal}")
     runner = manager.microbatch_runner()
     if runner is None:
-        raise ValueError(f"atom_plugin tbo={settings.tbo!r}: no micro-batch runner is registered")
+        raise PluginRefusal(
+            f"atom_plugin tbo={settings.tbo!r}: no micro-batch runner is registered"
+        )
     vllm_config.parallel_config.worker_cls = TBO_WORKERS[device_type]
     logger.info(
         "atom-plugin: two-batch overlap %s (%s split), micro-batch runner %s, worker %s",
