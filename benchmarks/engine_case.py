@@ -59,12 +59,18 @@ def worker_facts(worker) -> dict:
     if mode is None:
         mode = runner.compilation_config.cudagraph_mode
     import torch
+    from vllm.platforms import current_platform
 
     return {
+        "platform": type(current_platform).__name__,
+        "logits_processors": [str(p) for p in runner.model_config.logits_processors or []],
         "attention_backends": names,
         "cudagraph_mode": str(mode),
         "runner": type(runner).__module__ + "." + type(runner).__name__,
         "block_size": runner.cache_config.block_size,
+        "prefix_caching": bool(runner.cache_config.enable_prefix_caching),
+        # vLLM 0.34's extensible KV cache (None on releases without it)
+        "extensible_kv_cache": getattr(runner.cache_config, "enable_extensible_kv_cache", None),
         # vLLM's CPU worker module swaps torch.cuda's streams and events for placeholders
         # in any process that imports it; a GPU engine must still have torch's own.
         "torch_cuda_event": f"{torch.cuda.Event.__module__}.{torch.cuda.Event.__qualname__}",

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# vLLM's GPU engine with this checkout's plugin, on the H200 (vLLM's CUDA build installed by
-# ../shared/device-vllm/install.sh into /tmp/site). Run from the repo root there:
-#   bash scripts/gpu_engine.sh STAGE...
+# vLLM's GPU engine with this checkout's plugin, on the H200/H100 (vLLM's CUDA build installed from
+# ../shared/device-vllm/ (0.32) or ../shared/device-vllm/v0.34/ (0.34)). Run from the repo root there:
+#   VLLM=0.34 bash scripts/gpu_engine.sh STAGE...        (VLLM: 0.34, the default, or 0.32)
+# Both releases can sit side by side: 0.34's parts go to /tmp/parts034 and install into /tmp/site034,
+# 0.32's to /tmp/parts and /tmp/site (its recipe's own paths).
 # Stages:
-#   install     joins the parts sent to /tmp/parts (install.sh among them) and installs them
-#   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs)
-#               and TBO's refusal of Model Runner V2 on the GPU build
+#   install     joins the parts sent to the release's parts folder (its install.sh among them) and
+#               installs them
+#   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs; prefix
+#               caching on and off; vLLM 0.34's extensible KV cache on and off) and the K3 served tests
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
 #               four pytest workers on the one GPU
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
@@ -21,35 +24,41 @@
 # Each stage writes its log under $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
+VLLM=${VLLM:-0.34}
+case "$VLLM" in
+  0.34) PARTS=/tmp/parts034 SITE=/tmp/site034 ;;
+  0.32) PARTS=/tmp/parts SITE=/tmp/site ;;
+  *) echo "VLLM=$VLLM: the recipes here are for 0.34 and 0.32" >&2; exit 2 ;;
+esac
+export PARTS SITE W=/tmp/w$VLLM
 mkdir -p "$OUT"
 if [ "${1:-}" = install ]; then
   shift
-  printf '\n===== install (%s)\n' "$(date -u +%H:%M:%S)"
-  mkdir -p /tmp/w && cp /tmp/parts/install.sh /tmp/w/ && bash /tmp/w/install.sh || exit 1
+  printf '\n===== install vLLM %s (%s)\n' "$VLLM" "$(date -u +%H:%M:%S)"
+  bash "$PARTS/install.sh" || exit 1
 fi
-source /tmp/w/install.sh env || exit 1
+source "$PARTS/install.sh" env || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PYTHONPATH"
 # vLLM discovers plugins through installed entry points: announce this checkout's package.
-dist=/tmp/site/atom_plugin-0.1.0.dist-info
+dist=$SITE/atom_plugin-0.1.0.dist-info
 mkdir -p "$dist"
 printf 'Metadata-Version: 2.1\nName: atom-plugin\nVersion: 0.1.0\n' >"$dist/METADATA"
-python3 - "$dist/entry_points.txt" <<'EOF'
+python3 - "$dist/entry_points.txt" <<'EOF2'
 import sys, tomllib
 eps = tomllib.load(open("pyproject.toml", "rb"))["project"]["entry-points"]
 with open(sys.argv[1], "w") as f:
     for group, names in eps.items():
         f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in names.items()) + "\n")
-EOF
+EOF2
 status=0
 stage() { printf '\n===== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 for what in "$@"; do
   case "$what" in
     tests)
-      stage "GPU engine tests"
-      timeout 560 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
-        "tests/test_tbo_vllm_refusals.py::test_model_runner_v2_is_refused_with_the_setting_that_works" \
-        "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
-        2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
+      stage "GPU engine tests (vLLM $VLLM)"
+      timeout 580 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
+        tests/test_k3_e2e.py -k "gpu_engine or serve or channel_off" \
+        2>&1 | tee "$OUT/gpu_engine_tests_$VLLM.log" || status=1 ;;
     kernels)
       stage "kernel GPU tests"
       timeout 500 python3 -m pytest -q -p no:cacheprovider -n 4 \
