@@ -30,7 +30,13 @@ def model_runner(vllm_config) -> Runner:
     if not has_v1_runner():
         return "mrv2"
     # 0.32/0.33: a property of the config (the environment, the platform, the features).
-    return "mrv2" if vllm_config.use_v2_model_runner else "v1"
+    use_v2 = getattr(vllm_config, "use_v2_model_runner", None)
+    if use_v2 is None:
+        raise AttributeError(
+            "this vLLM has the V1 model runner but its config does not say which runner the "
+            "engine takes (no VllmConfig.use_v2_model_runner)"
+        )
+    return "mrv2" if use_v2 else "v1"
 
 
 def standalone_cpu_runner(platform) -> bool:
