@@ -72,6 +72,8 @@ def test_adapter_conforms_to_the_installed_vllm(installed_host):
     missing = EXPECTED_OVERRIDES - set(coverage.overrides)
     assert not missing, f"not compared: {sorted(missing)}"
     assert coverage.call_sites > 0 and coverage.imports > 20
+    # the config and `self` reads and the calls of vLLM functions were compared as well
+    assert coverage.attribute_reads > 100 and coverage.function_calls > 10, coverage
 
 
 def test_adapter_conforms_to_the_installed_tree_read_statically(source_host_032):
