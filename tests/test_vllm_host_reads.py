@@ -137,16 +137,13 @@ def test_the_adapter_before_the_034_work_passes_on_032(adapter_before_034, sourc
     assert problems == [], "\n".join(map(str, problems))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the adapter still reads VllmConfig.use_v2_model_runner (platform.py, tbo/setup.py) "
-    "and Worker.use_v2_model_runner, and passes two arguments to _num_workspace_lanes "
-    "(tbo/worker_gpu.py): vLLM 0.34 removed both attributes and the argument. Remove this "
-    "mark once the adapter's 0.34 work is merged",
-)
 def test_adapter_conforms_to_the_034_cut(host_034):
-    problems = check(host_034, Adapter(ROOT))
+    coverage = Coverage()
+    problems = check(host_034, Adapter(ROOT), coverage)
     assert problems == [], "\n".join(map(str, problems))
+    # The V1 runner's modules are left to the releases that have that runner.
+    assert "atom_plugin.vllm.tbo.worker_gpu" in coverage.skipped
+    assert "atom_plugin.vllm.k3.logits_v1" in coverage.skipped
 
 
 # Config reads ------------------------------------------------------------------------

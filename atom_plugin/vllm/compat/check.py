@@ -40,6 +40,7 @@ from atom_plugin.vllm.compat.hosts import (
     is_host_module,
 )
 from atom_plugin.vllm.compat.reads import ConfigReads, HostClasses, self_reads
+from atom_plugin.vllm.compat.runners import release_has_v1_runner
 from atom_plugin.vllm.compat.signature import (
     call_problems,
     constructor_contract,
@@ -58,6 +59,9 @@ from atom_plugin.vllm.compat.source import (
 )
 
 ADAPTER_PACKAGE = "atom_plugin.vllm"
+# A module-level `ONLY_WITH_RUNNER = "v1"`: the module is imported only where vLLM has its
+# V1 model runner (0.32, 0.33), so hosts without that runner do not check it.
+RUNNER_MARK = "ONLY_WITH_RUNNER"
 # Attribute or variable names through which vLLM calls an object of a role, keyed by the
 # ending of the vLLM base class's name. Calls through them are checked like call sites.
 ROLE_RECEIVERS: dict[str, tuple[str, ...]] = {
@@ -129,13 +133,17 @@ class Coverage:
     call_sites: int = 0
     attribute_reads: int = 0  # config and `self` reads compared with the host's classes
     function_calls: int = 0  # calls of vLLM functions
+    skipped: list[str] = field(default_factory=list)  # modules for a runner the host lacks
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{self.imports} vLLM imports, {len(self.classes)} classes with vLLM bases, "
             f"{len(self.overrides)} overrides, {self.call_sites} vLLM call sites, "
             f"{self.attribute_reads} attribute reads, {self.function_calls} function calls"
         )
+        if self.skipped:
+            text += f"; not checked (V1 runner only): {', '.join(self.skipped)}"
+        return text
 
 
 def check(host, adapter: Adapter | None = None, coverage: Coverage | None = None) -> list[Problem]:
@@ -154,15 +162,25 @@ class _Checker:
         self.classes = HostClasses(host)
 
     def run(self) -> list[Problem]:
-        for module, info in self.adapter.modules.items():
+        modules = {m: info for m, info in self.adapter.modules.items() if self._loads_here(info)}
+        for module, info in modules.items():
             self._check_imports(module, info)
-        for module, info in self.adapter.modules.items():
+        for module, info in modules.items():
             for name in info.classes:
                 self._check_class(AdapterClass(module, name))
-        for module, info in self.adapter.modules.items():
+        for module, info in modules.items():
             self._check_config_reads(module, info)
             self._check_function_calls(module, info)
         return self.problems
+
+    def _loads_here(self, info: ModuleInfo) -> bool:
+        """False for a module marked `ONLY_WITH_RUNNER = "v1"` when the host has no V1
+        model runner: the adapter imports it only where vLLM runs that runner."""
+        runner = info.strings.get(RUNNER_MARK)
+        if runner is None or runner != "v1" or release_has_v1_runner(self.host.version()):
+            return True
+        self.coverage.skipped.append(info.name)
+        return False
 
     def _add(self, kind: str, where: str, detail: str) -> None:
         self.problems.append(Problem(kind, where, detail))

@@ -16,12 +16,22 @@ from typing import Literal
 
 Runner = Literal["v1", "mrv2"]
 MRV2_RELEASE = "0.34"  # the first release where Model Runner V2 is the only runner
+_MRV2_ONLY = (0, 34)
 
 
 @functools.cache
 def has_v1_runner() -> bool:
     """True when the installed vLLM still ships the V1 model runner (0.32, 0.33)."""
     return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+
+
+def release_has_v1_runner(version: str) -> bool:
+    """Whether the vLLM release `version` ships the V1 runner (the static checks ask this
+    of a source tree they cannot import); an unreadable version counts as the newest."""
+    from atom_plugin.vllm.compat import release_tuple
+
+    release = release_tuple(version)
+    return release is not None and release < _MRV2_ONLY
 
 
 def model_runner(vllm_config) -> Runner:

@@ -293,6 +293,8 @@ class ModuleInfo:
     # `X = A`, `X = A if cond else B`: the names X may stand for (a class chosen at import)
     aliases: dict[str, list[str]] = field(default_factory=dict)
     lazy_names: set[str] = field(default_factory=set)  # strings, when `__getattr__` exists
+    # top-level `NAME = "text"` assignments (the adapter's ONLY_WITH_RUNNER marks)
+    strings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, name: str, text: str, is_package: bool) -> ModuleInfo:
@@ -336,6 +338,10 @@ class ModuleInfo:
                             self.defined.add(sub.id)
                     if isinstance(target, ast.Name) and choices:
                         self.aliases[target.id] = choices
+                    value = node.value
+                    if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+                        if isinstance(value.value, str):
+                            self.strings[target.id] = value.value
             elif isinstance(node, ast.Import | ast.ImportFrom):
                 self.bindings.update(import_bindings(node, self.name, is_package))
             elif isinstance(node, ast.If | ast.Try | ast.With):

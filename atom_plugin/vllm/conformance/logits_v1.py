@@ -18,6 +18,8 @@ from atom_plugin.vllm.conformance.logits import (
 )
 
 __all__ = ["V1LogitsProcessor", "steps_v1"]
+# Imported only where vLLM has its V1 model runner (0.32, 0.33); compat checks it there.
+ONLY_WITH_RUNNER = "v1"
 
 
 def steps_v1(
