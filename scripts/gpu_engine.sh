@@ -9,6 +9,14 @@
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
 #               four pytest workers on the one GPU
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
+#   mla16       MLA at 16 query heads (DeepSeek-V3's TP8 slice) in each vLLM of MLA16_SITES (site
+#               folders, default VLLM_SITE or /tmp/site; e.g. "/tmp/site /tmp/site032" for 0.34
+#               then 0.32): one wave of MLA16_CASES (default ATOM_AITER_MLA, FLASH_ATTN_MLA,
+#               FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8, decode-2k, shared-8k), each pass twice
+#               (prefix cache on), the step probe, and torch-profiler captures of lat-1's decode
+#               and of decode-2k's prefix-hit prefill for the plugin and FLASH_ATTN_MLA;
+#               OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old; MLA16_ARGS
+#               adds arguments. About 3 minutes a site.
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
 #   same-mha, same-mla
@@ -29,17 +37,21 @@ if [ "${1:-}" = install ]; then
 fi
 source /tmp/w/install.sh env || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PYTHONPATH"
-# vLLM discovers plugins through installed entry points: announce this checkout's package.
-dist=/tmp/site/atom_plugin-0.1.0.dist-info
-mkdir -p "$dist"
-printf 'Metadata-Version: 2.1\nName: atom-plugin\nVersion: 0.1.0\n' >"$dist/METADATA"
-python3 - "$dist/entry_points.txt" <<'EOF'
+# vLLM discovers plugins through installed entry points: announce this checkout's package in
+# a site folder.
+announce() {
+  local dist=$1/atom_plugin-0.1.0.dist-info
+  mkdir -p "$dist"
+  printf 'Metadata-Version: 2.1\nName: atom-plugin\nVersion: 0.1.0\n' >"$dist/METADATA"
+  python3 - "$dist/entry_points.txt" <<'EOF'
 import sys, tomllib
 eps = tomllib.load(open("pyproject.toml", "rb"))["project"]["entry-points"]
 with open(sys.argv[1], "w") as f:
     for group, names in eps.items():
         f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in names.items()) + "\n")
 EOF
+}
+announce /tmp/site
 status=0
 stage() { printf '\n===== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 for what in "$@"; do
@@ -68,6 +80,27 @@ for what in "$@"; do
       python3 -m benchmarks.engine --out-dir /tmp/engine-mla ${ENGINE_ARGS:-} \
         2>&1 | tee "$OUT/engine_mla.log" || status=1
       tar -czf "$OUT/engine_mla.tgz" -C /tmp/engine-mla --exclude shapes . ;;
+    mla16)
+      cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA}
+      [ -n "${OLD_PLUGIN:-}" ] && cases="$cases,ATOM_AITER_MLA@old"
+      for site in ${MLA16_SITES:-${VLLM_SITE:-/tmp/site}}; do
+        tag=$(basename "$site")
+        stage "MLA at 16 heads, vLLM in $site"
+        announce "$site"
+        out=/tmp/engine-mla16-$tag
+        rm -rf "$out"
+        # this site's vLLM only (its own NCCL; 0.34's CuTe DSL where present)
+        PYTHONPATH="$PWD:$site:$site/nvidia_cutlass_dsl/dsl_packages" \
+          LD_LIBRARY_PATH="$site/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}" \
+          timeout 290 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
+          --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats 1 \
+          --prefix-caching --again --probe --wave 4 --kv-gib 6 --gpu-util 0.15 \
+          --max-model-len 16384 --profile ATOM_AITER_MLA,FLASH_ATTN_MLA \
+          --profile-workloads lat-1,decode-2k@again --deadline-s 280 \
+          ${OLD_PLUGIN:+--old-plugin "$OLD_PLUGIN"} --out-dir "$out" ${MLA16_ARGS:-} \
+          2>&1 | tee "$OUT/engine_mla16_$tag.log" || status=1
+        tar -czf "$OUT/engine_mla16_$tag.tgz" -C "$out" --exclude shapes . || status=1
+      done ;;
     anchors)
       stage "kernels beside FlashMLA and FA3"
       timeout 540 python3 -m benchmarks.kernels_vs_vllm --out "$OUT/kernels_vs_vllm.md" \
@@ -94,7 +127,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests kernels mha mla mla16 anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
