@@ -308,7 +308,9 @@ def profile_report(case: str, prof: dict) -> str:
         f"\n**{case}, profiled {prof['workload']} ({prof['phase']}, {prof['steps']} steps)**: "
         f"wall {prof['wall_ms_per_step']:.3f} ms a step, GPU busy "
         f"{prof['gpu_busy_ms_per_step']:.3f} ms, {prof['kernels_per_step']:.0f} kernels, "
-        f"{prof['h2d_copies_per_step']:.1f} host-to-device copies a step"
+        f"{prof['h2d_copies_per_step']:.1f} host-to-device copies a step "
+        f"({prof.get('h2d_copies_in_build_per_step', 0):.1f} from the metadata builders, "
+        f"which made {prof.get('syncs_in_build_per_step', 0):.1f} sync calls a step)"
         + (f"; trace {prof['trace']}" if prof.get("trace") else ""),
         "",
         "| kernel | calls a step | us a step | mean us |",

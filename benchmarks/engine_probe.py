@@ -355,22 +355,34 @@ class PhaseProfiler:
 def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -> dict:
     """Per-step figures of a PhaseProfiler's trace; the trace itself gzipped to
     `trace_path` when given."""
-    from torch.autograd import DeviceType
-
     prof, steps = profiler.prof, max(1, profiler.steps)
     kernels: dict[str, list[float]] = {}
     intervals = []
     host: dict[str, list[float]] = {}
-    h2d = 0  # host-to-device copies
-    for ev in prof.events():
-        dur = ev.time_range.end - ev.time_range.start
-        if ev.device_type == DeviceType.CUDA:
-            if ev.name.startswith("Memcpy HtoD"):
-                h2d += 1
-            kernels.setdefault(ev.name, []).append(dur)
-            intervals.append((ev.time_range.start, ev.time_range.end))
-        elif ev.name in SYNC_CALLS or ev.name in ("cudaGraphLaunch", BUILD_LABEL):
-            host.setdefault(ev.name, []).append(dur)
+    builds: list[tuple[float, float]] = []  # the metadata builders' host intervals
+    launched_at: dict[int, float] = {}  # correlation id -> when the host called CUDA
+    copies: list[int] = []  # host-to-device copies, by correlation id
+    syncs: list[float] = []  # when each sync call began
+    for name, on_gpu, start, end, correlation in _trace_events(prof):
+        dur = end - start
+        if on_gpu:
+            if name.startswith("Memcpy HtoD"):
+                copies.append(correlation)
+            kernels.setdefault(name, []).append(dur)
+            intervals.append((start, end))
+            continue
+        if correlation:
+            launched_at[correlation] = start
+        if name == BUILD_LABEL:
+            builds.append((start, end))
+        if name in SYNC_CALLS:
+            syncs.append(start)
+        if name in SYNC_CALLS or name in ("cudaGraphLaunch", BUILD_LABEL):
+            host.setdefault(name, []).append(dur)
+
+    def in_build(t: float | None) -> bool:
+        return t is not None and any(a <= t <= b for a, b in builds)
+
     busy = _union_us(intervals)
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     result = {
@@ -380,7 +392,10 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
         "wall_ms_per_step": 1e3 * profiler.wall_s / steps,
         "gpu_busy_ms_per_step": busy / 1e3 / steps,
         "kernels_per_step": sum(len(v) for v in kernels.values()) / steps,
-        "h2d_copies_per_step": h2d / steps,
+        "h2d_copies_per_step": len(copies) / steps,
+        # of those, and of the syncs, the ones the metadata builders' host code called
+        "h2d_copies_in_build_per_step": sum(in_build(launched_at.get(c)) for c in copies) / steps,
+        "syncs_in_build_per_step": sum(in_build(t) for t in syncs) / steps,
         "kernels": [
             {
                 "name": k[:100],
@@ -402,6 +417,25 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
         raw.unlink()
         result["trace"] = trace_path.name
     return result
+
+
+def _trace_events(prof):
+    """(name, on the GPU, start us, end us, correlation id) of every traced event: read
+    from Kineto's flat event list (`prof.events()` builds the whole call tree, minutes on
+    a large trace). A GPU event's correlation id is that of the host's CUDA call that
+    launched it (0 where none)."""
+    from torch.autograd import DeviceType
+
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        for ev in prof.events():
+            on_gpu = ev.device_type == DeviceType.CUDA
+            yield ev.name, on_gpu, ev.time_range.start, ev.time_range.end, 0
+        return
+    for ev in results.events():
+        start = ev.start_ns() / 1e3
+        on_gpu = ev.device_type() == DeviceType.CUDA
+        yield ev.name(), on_gpu, start, start + ev.duration_ns() / 1e3, ev.correlation_id()
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:

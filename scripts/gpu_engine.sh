@@ -99,7 +99,11 @@ for what in "$@"; do
           --profile-workloads lat-1,decode-2k@again --deadline-s 280 \
           ${OLD_PLUGIN:+--old-plugin "$OLD_PLUGIN"} --out-dir "$out" ${MLA16_ARGS:-} \
           2>&1 | tee "$OUT/engine_mla16_$tag.log" || status=1
-        tar -czf "$OUT/engine_mla16_$tag.tgz" -C "$out" --exclude shapes . || status=1
+        tar -czf "$OUT/engine_mla16_$tag.tgz" -C "$out" --exclude shapes --exclude '*.json.gz' . \
+          || status=1
+        # the profiles' Chrome traces apart (the largest files)
+        traces=$(cd "$out" && ls -- *.json.gz 2>/dev/null)
+        [ -z "$traces" ] || tar -cf "$OUT/engine_mla16_${tag}_traces.tar" -C "$out" $traces
       done ;;
     anchors)
       stage "kernels beside FlashMLA and FA3"

@@ -345,3 +345,28 @@ def test_the_probe_names_the_plan_a_decode_graph_replays():
     assert _plan_key(metadata).startswith("per_token") and graph.startswith("packed")
     assert _graph_plan(builder, metadata, Namespace(max_query_len=2)) is None
     assert _graph_plan(Namespace(), metadata, Namespace(max_query_len=1)) is None
+
+
+def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
+    """A host-to-device copy counts as the builders' when the host's CUDA call that
+    launched it fell inside a builder's `probe::build` range; a sync call likewise."""
+    from benchmarks import engine_probe
+
+    events = [  # name, on the GPU, start, end, correlation id
+        ("probe::build", False, 10.0, 20.0, 0),
+        ("cudaMemcpyAsync", False, 12.0, 13.0, 5),  # inside the build
+        ("cudaStreamSynchronize", False, 15.0, 16.0, 0),
+        ("cudaMemcpyAsync", False, 30.0, 31.0, 6),
+        ("cudaStreamSynchronize", False, 40.0, 41.0, 0),
+        ("Memcpy HtoD (Pinned -> Device)", True, 50.0, 51.0, 5),
+        ("Memcpy HtoD (Pinned -> Device)", True, 52.0, 53.0, 6),
+        ("kernel", True, 53.0, 60.0, 7),
+    ]
+    monkeypatch.setattr(engine_probe, "_trace_events", lambda prof: iter(events))
+    profiler = engine_probe.PhaseProfiler("decode")
+    profiler.steps = 2
+    reduced = engine_probe.reduce_trace(profiler, "lat-1", None)
+    assert reduced["h2d_copies_per_step"] == 1.0
+    assert reduced["h2d_copies_in_build_per_step"] == 0.5
+    assert reduced["syncs_in_build_per_step"] == 0.5
+    assert reduced["gpu_busy_ms_per_step"] == 0.0045  # (1 + 1 + 7) us over 2 steps
