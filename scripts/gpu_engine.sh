@@ -11,6 +11,11 @@
 #               caching on and off; vLLM 0.34's extensible KV cache on and off) and the K3 served tests
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
 #               four pytest workers on the one GPU
+#   mla16       MLA at 16 query heads (DeepSeek-V3's TP8 slice): one wave of MLA16_CASES (default
+#               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
+#               decode-2k, shared-8k), each pass twice (prefix cache on), with the step probe and
+#               profiles; OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old;
+#               MLA16_ARGS adds arguments. About 3 minutes.
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
@@ -66,7 +71,26 @@ for what in "$@"; do
         tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
         tests/test_k3_gate_core.py tests/test_tbo_gpu.py tests/test_kernels_vs_vllm.py \
         tests/test_mla_plan.py tests/test_mla_gluon_lazy.py tests/test_mha_gluon_prefill.py \
+        tests/test_mla_decode_planner.py \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
+    mla16)
+      cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA}
+      [ -n "${OLD_PLUGIN:-}" ] && cases="$cases,ATOM_AITER_MLA@old"
+      stage "MLA at 16 heads, vLLM $VLLM"
+      out=/tmp/engine-mla16-$VLLM
+      rm -rf "$out"
+      timeout 290 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
+        --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats 1 \
+        --prefix-caching --again --probe --wave 4 --kv-gib 6 --gpu-util 0.15 \
+        --max-model-len 16384 --profile ATOM_AITER_MLA,FLASH_ATTN_MLA \
+        --profile-workloads lat-1,decode-2k@again --deadline-s 280 \
+        ${OLD_PLUGIN:+--old-plugin "$OLD_PLUGIN"} --out-dir "$out" ${MLA16_ARGS:-} \
+        2>&1 | tee "$OUT/engine_mla16_$VLLM.log" || status=1
+      tar -czf "$OUT/engine_mla16_$VLLM.tgz" -C "$out" --exclude shapes --exclude '*.json.gz' . \
+        || status=1
+      # the profiles' Chrome traces apart (the largest files)
+      traces=$(cd "$out" && ls -- *.json.gz 2>/dev/null)
+      [ -z "$traces" ] || tar -cf "$OUT/engine_mla16_${VLLM}_traces.tar" -C "$out" $traces ;;
     mha)
       stage "engine benchmark, MHA"
       python3 -m benchmarks.engine --shape llama-3.1-8b --out-dir /tmp/engine-mha ${ENGINE_ARGS:-} \
@@ -103,7 +127,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests kernels mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests kernels mla16 mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
