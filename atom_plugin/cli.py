@@ -14,7 +14,15 @@ def _info(args: argparse.Namespace) -> int:
     from atom_plugin.platform import aiter_available, detect_platform, triton_available
 
     yes_no = {True: "yes", False: "no"}
+    from atom_plugin.vllm.compat import SUPPORTED_VLLM
+
     print(f"atom-plugin {__version__}")
+    print(f"supported vLLM releases: {SUPPORTED_VLLM} (`atom-plugin info --support`: where)")
+    if args.support:
+        from atom_plugin.vllm.compat.support import matrix_markdown
+
+        print(matrix_markdown())
+        return 0
     print(f"platform: {detect_platform()}")
     print(f"aiter available: {yes_no[aiter_available()]}")
     print(f"triton available: {yes_no[triton_available()]}")
@@ -87,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="vLLM engine arguments, one string (--model M --additional-config ...): "
         "also print what two-batch overlap will do in such an engine (needs vLLM)",
+    )
+    info.add_argument(
+        "--support",
+        action="store_true",
+        help="print only the support matrix: each vLLM release x capability x where it ran",
     )
     info.set_defaults(func=_info)
     doctor = sub.add_parser("doctor", help="GPU host health check (run before a server or CI)")

@@ -14,13 +14,12 @@ The cache is vLLM's layout ([blocks, Hkv, block_size, 2*D] split into K/V
 views) with shuffled block tables; each call is one CUDA-graph replay timed
 with events after an L2 flush.
 
-    python -m benchmarks.attention [--out table.md] [--json rows.json] [--sweep decode,prefill]
+    python -m benchmarks attention [--out table.md] [--json rows.json] [--no-mla]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import attention_mla
+from benchmarks._report import run_facts
 from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, matmul_tflops, time_us
 
 BATCHES = (1, 8, 32, 128, 256)
@@ -42,31 +42,9 @@ PREFILL_CASES = {
 GIB = 1 << 30
 SDPA_MARGIN = 2 * GIB
 
-SWEEP_DECODE = [
-    {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3},
-]
-# BLOCK_Q counts tokens; a program's rows are BLOCK_Q x 4 query heads. K/V addresses come
-# from a block-table load, so Triton prefetches K/V (num_stages - 1) // 2 tiles ahead:
-# 3 and 4 stages compile the same, 5 and 7 reach 2 and 3 tiles.
-SWEEP_PREFILL = [
-    {"BLOCK_Q": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_Q": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 5},
-    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 5},
-    {"BLOCK_Q": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 7},
-    {"BLOCK_Q": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 5},
-    {"BLOCK_Q": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 5},
-    {"BLOCK_Q": 64, "BLOCK_N": 64, "num_warps": 16, "num_stages": 5},
-]
-
 
 def _target(batch: int, context: int) -> float | None:
-    """The issue's decode targets as a fraction of copy bandwidth, where one applies."""
+    """The decode kernel's target as a fraction of copy bandwidth, where one applies."""
     if batch >= 32 and context >= 4096:
         return 0.85
     if batch == 1 and context == 65536:
@@ -229,38 +207,6 @@ def _sdpa_prefill(pool, meta, reqs, q, out, flops, flush) -> dict:
     return {"sdpa_us": us, "sdpa_tflops": flops / (us * 1e-6) / 1e12, "maxdiff": diff}
 
 
-def sweep(pool, flush, copy_gbps, mm_tflops, which) -> tuple[list[str], dict | None]:
-    """Time the config candidates ("decode" and/or "prefill") on a few shapes.
-
-    Returns the lines to print and the fastest prefill config (None if not swept).
-    """
-    lines, best = [], None
-    if "decode" in which:
-        for cfg in SWEEP_DECODE:
-            for batch, context in ((1, 65536), (32, 4096), (128, 16384), (256, 1024)):
-                r = bench_decode(pool, batch, context, flush, copy_gbps, cfg, with_sdpa=False)
-                lines.append(
-                    f"decode {cfg} B={batch} ctx={context}: {r['us']:.1f} us "
-                    f"{100 * r['frac_copy']:.1f}% of copy"
-                )
-    if "prefill" in which:
-        name, reqs = next(iter(PREFILL_CASES.items()))
-        best_us = float("inf")
-        for cfg in SWEEP_PREFILL:
-            try:
-                r = bench_prefill(pool, name, reqs, flush, mm_tflops, cfg, with_sdpa=False)
-            except Exception as exc:  # e.g. a config needing more shared memory than exists
-                lines.append(f"prefill {cfg}: failed {exc!r:.100}")
-                continue
-            lines.append(
-                f"prefill {cfg}: {r['us']:.1f} us {r['tflops']:.0f} TFLOP/s "
-                f"{100 * r['frac_matmul']:.1f}% of matmul"
-            )
-            if r["us"] < best_us:
-                best, best_us = cfg, r["us"]
-    return lines, best
-
-
 def decode_table(rows) -> str:
     lines = [
         "| batch | context | splits | Triton us | KV GB/s | of copy BW | target | SDPA us "
@@ -320,19 +266,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write the markdown report here")
     p.add_argument("--json", help="write the rows as JSON here")
-    p.add_argument(
-        "--sweep",
-        default="",
-        help="comma list of decode,prefill: time those kernel config candidates first",
-    )
     p.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     p.add_argument("--decode-config", type=json.loads, default=None, help="JSON kernel config")
-    p.add_argument(
-        "--prefill-config",
-        type=lambda v: v if v == "best" else json.loads(v),
-        default=None,
-        help="JSON kernel config, or 'best': the fastest of the prefill sweep",
-    )
+    p.add_argument("--prefill-config", type=json.loads, default=None, help="JSON kernel config")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=BATCHES)
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=CONTEXTS)
     p.add_argument("--no-mla", action="store_true", help="skip the MLA section")
@@ -340,27 +276,16 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    device = torch.cuda.get_device_name()
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    facts = run_facts()
     copy_gbps = copy_bandwidth_gbps()
     mm = matmul_tflops()
     flush = L2Flusher()
     tokens = max(max(args.batches) * max(args.contexts), 8192 * 4)
     pool = KVPool(tokens + args.block_size * max(args.batches), args.block_size)
-    print(f"# {device}; copy {copy_gbps:.0f} GB/s (read+write); bf16 matmul {mm:.0f} TFLOP/s")
+    print(f"# {facts}; copy {copy_gbps:.0f} GB/s (read+write); bf16 matmul {mm:.0f} TFLOP/s")
     print(f"# KV pool {pool.raw.numel() * 2 / GIB:.1f} GiB, block size {args.block_size}")
-    report = {"device": device, "date": when, "copy_gbps": copy_gbps, "matmul_tflops": mm}
-    which = {w for w in args.sweep.split(",") if w}
-    if which - {"decode", "prefill"}:
-        p.error(f"--sweep takes decode and/or prefill, got {args.sweep!r}")
-    if args.prefill_config == "best" and "prefill" not in which:
-        p.error("--prefill-config best needs --sweep prefill")
-    best = None
-    if which:
-        report["sweep"], best = sweep(pool, flush, copy_gbps, mm, which)
-        print("\n".join(report["sweep"]), flush=True)
-    prefill_config = best if args.prefill_config == "best" else args.prefill_config
-    report["prefill_config"] = prefill_config
+    report = {"run": facts, "copy_gbps": copy_gbps, "matmul_tflops": mm}
+    prefill_config = report["prefill_config"] = args.prefill_config
     decode_rows = []
     for batch in args.batches:
         for context in args.contexts:
@@ -376,7 +301,7 @@ def main(argv=None) -> int:
     torch.cuda.empty_cache()
     mla = "" if args.no_mla else _mla_section(copy_gbps, mm, flush)
     text = (
-        f"Device: {device}; {when}; torch {torch.__version__}; KV block size {args.block_size}\n"
+        f"{facts}; KV block size {args.block_size}\n"
         f"Copy bandwidth (device-to-device, read+write): {copy_gbps:.0f} GB/s; "
         f"dense bf16 matmul (8192^3): {mm:.0f} TFLOP/s\n\n"
         f"MHA decode ({HQ} query heads, {HKV} KV heads, head size {D}, bf16):\n\n"

@@ -1,8 +1,7 @@
 """MLA decode benchmark: the plugin's Triton MLA decode at 16, 64 and 128 heads, bf16 and
 fp8 caches, one and two query tokens, against the physical limits measured in the same
-run, torch SDPA over the same latent rows gathered contiguously (what a user without a
-paged MLA kernel would run) and, when `--baseline` names its source file, the kernel
-this one replaced (timed on the same inputs, so "no shape slower" is checked in one run).
+run and torch SDPA over the same latent rows gathered contiguously (what a user without a
+paged MLA kernel would run).
 
 Two limits apply. The device-to-device copy bandwidth bounds the KV read; the dense
 bf16 matmul rate (8192^3) bounds the arithmetic, FLOPS_PER_KEY_HEAD per key, head and
@@ -15,20 +14,19 @@ cache's element size (fp8: 1 byte, one per-tensor scale). Each measurement is th
 of 20 CUDA-graph replays timed with events, L2 flushed before every replay; the per-step
 plan is built outside the timed region, as the metadata builder builds it once per step.
 
-    git show 435a366:atom_plugin/attention/mla/triton.py > /tmp/mla_old.py
-    python -m benchmarks.attention_mla --baseline /tmp/mla_old.py [--sweep] \\
+    python -m benchmarks attention_mla [--heads 16,64,128] [--caches bf16,fp8] \\
         [--json out.json] [--markdown out.md]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 
 import torch
 
+from benchmarks._report import run_facts
 from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, matmul_tflops, time_us
 
 HEADS = (16, 64, 128)
@@ -40,59 +38,6 @@ LORA, ROPE = 512, 64
 PAGE = 64
 FP8_SCALE = 0.37  # a non-unit per-tensor scale
 FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
-
-# Alternatives to the default (mla_launch_plan.plan_launch's choice; a config naming no kernel
-# tunes the packed one): each group's configs on its shapes and caches, at the rule's
-# split count and at the group's extra split counts. The first config of a group is
-# the reference its outputs are compared with.
-_WIDE = {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}  # 16 heads: 64-key tiles, 8 warps
-SWEEP = [
-    {
-        "heads": 16,
-        "caches": ("bf16",),
-        "shapes": ((32, 4096, 1),),
-        "configs": [{}, _WIDE, {"num_stages": 3}],
-        "splits": (),
-    },
-    {
-        "heads": 16,
-        "caches": ("bf16",),
-        "shapes": ((1, 16384, 1), (1, 32768, 1)),
-        "configs": [{}],
-        "splits": (64, 128),
-    },
-    {
-        "heads": 128,
-        "caches": ("bf16",),
-        "shapes": ((1, 4096, 1), (1, 32768, 1)),
-        "configs": [{}, {"kernel": "per_token", "merge_dv": 512}],
-        "splits": (),
-    },
-    {
-        "heads": 16,  # the Gluon kernel's 64 rows hold 16 heads x up to 4 tokens
-        "caches": ("bf16", "fp8"),
-        "shapes": ((1, 32768, 1), (32, 4096, 1), (128, 4096, 1), (32, 8192, 2)),
-        "configs": [{}, {"kernel": "gluon"}],
-        "splits": (),
-    },
-    *(
-        {
-            "heads": heads,  # the Gluon kernel's two schedules (16-bit caches)
-            "caches": ("bf16",),
-            "shapes": shapes,
-            "configs": [
-                {"kernel": "gluon", "schedule": "lockstep"},
-                {"kernel": "gluon", "schedule": "alternate"},
-            ],
-            "splits": (),
-        }
-        for heads, shapes in (
-            (16, ((1, 32768, 1), (32, 8192, 2))),
-            (64, ((1, 32768, 1), (32, 4096, 1), (32, 32768, 1), (128, 32768, 1), (32, 8192, 2))),
-            (128, ((32, 4096, 1), (32, 32768, 1), (128, 4096, 1), (128, 32768, 1), (32, 8192, 2))),
-        )
-    ),
-]
 
 
 def make_decode_batch(
@@ -128,15 +73,6 @@ def make_decode_batch(
     )
     q = torch.randn(t, heads, LORA + ROPE, dtype=torch.bfloat16, device=device) * 0.1
     return meta, q, kv, kv_scale
-
-
-def load_baseline(path: str):
-    """The replaced kernel's module, from its source file (see the module docstring)."""
-    spec = importlib.util.spec_from_file_location("mla_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Shape:
@@ -175,45 +111,23 @@ class Shape:
             layout=MLAStepLayout(self.q.dtype, PAGE, LORA, ROPE),
         )
 
-    def decode(self, mla_decode_triton, out, **kw):
-        """`mla_decode_triton` (the plugin's or the baseline's) on this shape's inputs."""
-        return mla_decode_triton(
-            self.q, self.kv, self.meta, scale=self.scale, output=out, kv_scale=self.kv_scale, **kw
-        )
-
     def run_new(self, out, plan):
         from atom_plugin.attention.mla.triton import mla_decode_triton
 
-        return self.decode(mla_decode_triton, out, plan=plan)
+        return mla_decode_triton(
+            self.q,
+            self.kv,
+            self.meta,
+            scale=self.scale,
+            output=out,
+            kv_scale=self.kv_scale,
+            plan=plan,
+        )
 
     def time_new(self, flush, config=None, num_splits=None):
         out, plan = self.new_out(), self.plan(config, num_splits)
         us = time_us(lambda: self.run_new(out, plan), flush=flush)
         return us, out, plan
-
-    def time_old(self, old, flush):
-        """The baseline module timed on the same inputs: a kernel that takes a per-step
-        plan gets one made by its own `plan_launch`; an older one takes the token plan."""
-        from atom_plugin.attention.mla.plan import TritonMLAPlan, mla_token_plan
-
-        out = self.new_out()
-        token_plan = mla_token_plan(self.meta, self.q.shape[0])
-        if hasattr(old, "plan_launch"):
-            m = self.meta
-            launch = old.plan_launch(
-                m.num_reqs,
-                self.q.shape[0],
-                m.max_query_len,
-                self.heads,
-                m.max_seq_len,
-                self.q.device,
-                fp8_cache=self.cache == "fp8",
-            )
-            kw = {"plan": TritonMLAPlan(*token_plan, launch)}
-        else:
-            kw = {"token_plan": token_plan}
-
-        return time_us(lambda: self.decode(old.mla_decode_triton, out, **kw), flush=flush), out
 
     def sdpa(self):
         """SDPA over the rows gathered contiguously (gather not timed): all heads as
@@ -246,7 +160,7 @@ def _maxdiff(a, b) -> float:
 
 
 def target_of(heads: int, batch: int, context: int, q_len: int) -> str | None:
-    """The issue's target for a one-token shape, as a short label; None where none."""
+    """The kernel's target for a one-token shape, as a short label; None where none."""
     if q_len != 1:
         return None
     if heads == 16 and batch >= 32:
@@ -278,7 +192,7 @@ def kernel_name(launch) -> str:
     return launch.kernel
 
 
-def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) -> dict:
+def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True) -> dict:
     us, out, plan = shape.time_new(flush)
     limit_us = max(shape.kv_bytes / (copy_gbps * 1e3), shape.flops / (matmul_rate * 1e6))
     row = {
@@ -301,10 +215,6 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, old=None, with_sdpa=True) 
     row["frac_copy"] = row["kv_gbps"] / copy_gbps
     row["frac_matmul"] = row["tflops"] / matmul_rate
     row["met"] = target_met(row)
-    if old is not None:
-        row["old_us"], old_out = shape.time_old(old, flush)
-        row["speedup"] = row["old_us"] / us
-        row["maxdiff_vs_old"] = _maxdiff(out, old_out)
     if with_sdpa and shape.cache == "bf16":
         row["sdpa_us"], sdpa_out, err = shape.time_sdpa(flush)
         if err:
@@ -324,7 +234,6 @@ def run_mla_benchmarks(
     copy_gbps: float | None = None,
     matmul_rate: float | None = None,
     flush: L2Flusher | None = None,
-    old=None,
     with_sdpa: bool = True,
     device="cuda",
 ) -> list[dict]:
@@ -339,7 +248,7 @@ def run_mla_benchmarks(
         for cache in caches:
             for b, c, ql in shapes:
                 shape = Shape(b, c, h, ql, cache, device)
-                rows.append(bench_shape(shape, flush, copy_gbps, matmul_rate, old, with_sdpa))
+                rows.append(bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa))
                 print(_row_line(rows[-1]), flush=True)
                 del shape
                 torch.cuda.empty_cache()
@@ -358,114 +267,26 @@ def _merge(r: dict) -> str:
 
 
 def _row_line(r: dict) -> str:
-    old = f" old {r['old_us']:.1f} us ({r['speedup']:.2f}x)" if "old_us" in r else ""
     return (
         f"H={r['heads']} {r['cache']} B={r['batch']} ctx={r['context']} q={r['q_len']}: "
         f"{r['us']:.1f} us, {100 * r['frac_copy']:.1f}% copy, {r['tflops']:.0f} TFLOP/s, "
         f"{100 * r['frac_limit']:.1f}% limit, {r['kernel']} x {r['num_splits']} splits"
-        f"{_merge(r)}{old}"
+        f"{_merge(r)}"
     )
-
-
-_SEEN_KERNELS: set[int] = set()
-
-
-def _new_kernels() -> str:
-    """Shared memory, registers and spills of the stage-1 kernels compiled since the
-    last call (what bounds how many programs an SM holds)."""
-    from atom_plugin.attention.mla import triton_kernels as kernels
-
-    found = []
-    for fn in (kernels._mla_decode_stage1, kernels._mla_decode_per_token):
-        try:
-            caches = [c[0] for c in fn.device_caches.values()]
-        except (AttributeError, TypeError, IndexError):
-            return ""
-        for cache in caches:
-            for k in cache.values():
-                if id(k) not in _SEEN_KERNELS:
-                    _SEEN_KERNELS.add(id(k))
-                    try:
-                        k._init_handles()
-                        md = k.metadata
-                        found.append(f"smem {md.shared} regs {k.n_regs} spills {k.n_spills}")
-                    except Exception as exc:  # informational only
-                        found.append(repr(exc)[:60])
-    return "; ".join(found)
-
-
-def sweep(copy_gbps, flush, heads=HEADS, device="cuda") -> list[dict]:
-    """Each SWEEP group of `heads` at the rule's split count and at the group's splits."""
-    results = []
-    for group in SWEEP:
-        if group["heads"] not in heads:
-            continue
-        for cache in group["caches"]:
-            for b, c, ql in group["shapes"]:
-                shape = Shape(b, c, group["heads"], ql, cache, device)
-                results += sweep_shape(shape, group["configs"], group["splits"], copy_gbps, flush)
-                del shape
-                torch.cuda.empty_cache()
-    return results
-
-
-def sweep_shape(shape, configs, extra_splits, copy_gbps, flush) -> list[dict]:
-    """One shape's sweep rows: each config (the first is the reference the others'
-    outputs are compared with) at the rule's split count, then at `extra_splits`; a
-    config that fails gives one error row and its remaining split counts are skipped."""
-    h, cache, b, c, ql = shape.heads, shape.cache, shape.batch, shape.context, shape.q_len
-    results = []
-    ref = None
-    for cfg in configs:
-        for splits in (None, *extra_splits):
-            try:
-                us, out, plan = shape.time_new(flush, cfg or None, splits)
-            except Exception as exc:
-                results.append({"heads": h, "config": cfg, "error": repr(exc)[:200]})
-                print(f"H={h} {cache} {cfg}: {exc!r:.200}", flush=True)
-                break
-            ref = out if ref is None else ref
-            r = {
-                "heads": h,
-                "cache": cache,
-                "batch": b,
-                "context": c,
-                "q_len": ql,
-                "config": cfg,
-                "kernel": kernel_name(plan.launch),
-                "num_splits": plan.launch.num_splits,
-                "merge_block_s": plan.launch.merge_block_s,
-                "rule": splits is None,
-                "us": us,
-                "frac_copy": shape.kv_gbps(us) / copy_gbps,
-                "maxdiff_vs_first": _maxdiff(out, ref),
-                "compiled": _new_kernels(),
-            }
-            results.append(r)
-            print(
-                f"sweep H={h} {cache} B={b} ctx={c} q={ql} {cfg} "
-                f"{r['kernel']} splits={r['num_splits']}{_merge(r)}"
-                f"{' (rule)' if r['rule'] else ''}: "
-                f"{us:.1f} us {100 * r['frac_copy']:.1f}% "
-                f"(diff {r['maxdiff_vs_first']:.1e}) {r['compiled']}",
-                flush=True,
-            )
-    return results
 
 
 def format_table(rows: list[dict]) -> str:
     lines = [
-        "| heads | cache | batch | context | q | kernel | us | old us | speedup | KV GB/s "
+        "| heads | cache | batch | context | q | kernel | us | KV GB/s "
         "| of copy BW | TFLOP/s | of matmul | of limit | SDPA us | target | met |",
-        "|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
+        "|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
     ]
     for r in rows:
-        old = f"{r['old_us']:.1f} | {r['speedup']:.2f}x" if "old_us" in r else "n/a | n/a"
         sdpa = f"{r['sdpa_us']:.1f}" if r.get("sdpa_us") else "n/a"
         met = {None: "", True: "met", False: "missed"}[r["met"]]
         lines.append(
             f"| {r['heads']} | {r['cache']} | {r['batch']} | {r['context']} | {r['q_len']} | "
-            f"{r['kernel']} | {r['us']:.1f} | {old} | {r['kv_gbps']:.0f} | "
+            f"{r['kernel']} | {r['us']:.1f} | {r['kv_gbps']:.0f} | "
             f"{100 * r['frac_copy']:.1f}% | {r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | "
             f"{100 * r['frac_limit']:.1f}% | "
             f"{sdpa} | {r['target'] or ''} | {met} |"
@@ -479,10 +300,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", help="source file of the replaced kernel, timed beside")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the table as markdown here")
-    p.add_argument("--sweep", action="store_true", help="time the SWEEP groups too")
     p.add_argument("--heads", default=",".join(map(str, HEADS)), help="comma-separated")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated")
     p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated")
@@ -495,17 +314,14 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    device_name = torch.cuda.get_device_name()
+    facts = run_facts()
     copy_gbps, matmul_rate, flush = copy_bandwidth_gbps(), matmul_tflops(), L2Flusher()
     header = (
-        f"device: {device_name}; torch {torch.__version__}; copy bandwidth {copy_gbps:.0f} GB/s "
-        f"(read+write); dense bf16 matmul {matmul_rate:.0f} TFLOP/s"
+        f"{facts}; copy bandwidth {copy_gbps:.0f} GB/s (read+write); dense bf16 matmul "
+        f"{matmul_rate:.0f} TFLOP/s"
     )
     print(header, flush=True)
-    result = {"device": device_name, "copy_gbps": copy_gbps, "matmul_tflops": matmul_rate}
-    if args.sweep:
-        result["sweep"] = sweep(copy_gbps, flush, _ints(args.heads))
-    old = load_baseline(args.baseline) if args.baseline else None
+    result = {"run": facts, "copy_gbps": copy_gbps, "matmul_tflops": matmul_rate}
     rows = run_mla_benchmarks(
         _ints(args.heads),
         _ints(args.batches),
@@ -515,7 +331,6 @@ def main(argv=None) -> int:
         copy_gbps=copy_gbps,
         matmul_rate=matmul_rate,
         flush=flush,
-        old=old,
     )
     result["rows"] = rows
     table = format_table(rows)

@@ -3,12 +3,22 @@ by side in one run, each in its own process (benchmarks/engine_case.py).
 
 A case is `BACKEND[@VARIANT]`: `default` is vLLM's own choice; `@disabled` runs with
 ATOM_PLUGIN_DISABLE=1 (vLLM as if the plugin were absent); `@old` runs the plugin sources
-found under --old-plugin instead of this checkout's. Cases start in waves of --wave
-processes; within a wave they measure one at a time. Weights are random
+found under --old-plugin instead of this checkout's; `@fp8` runs with an fp8 KV cache
+(its ratios are against the best vLLM backend's `@fp8` case). Cases start in waves of
+--wave processes; within a wave they measure one at a time. Weights are random
 (`load_format="dummy"`), prompts are random token ids, outputs run to a fixed length.
+
+--prefix-caching turns vLLM's prefix cache on; --again then times each workload a second
+time on the same prompts (cache hits), reported in a row of its own ("again"). --probe
+records each model step's host and GPU time, syncs and decode plan
+(benchmarks/engine_probe.py); --profile CASES with --profile-workloads
+`NAME[@again][:decode|:prefill]` profiles a few decode or prefill steps of a pass.
 
     python -m benchmarks.engine --shape llama-3.1-8b \
         --cases FLASH_ATTN,FLASH_ATTN@disabled,TRITON_ATTN,ATOM_AITER --out-dir DIR
+    python -m benchmarks.engine --shape deepseek-v3-tp8 --prefix-caching --again --probe \
+        --cases ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA,TRITON_MLA,ATOM_AITER_MLA@fp8,FLASHMLA@fp8 \
+        --workloads lat-1,lat-8,decode-2k,shared-8k --out-dir DIR
     python -m benchmarks.engine --report DIR [DIR ...]     # tables from saved results
 """
 
@@ -23,12 +33,14 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.engine_probe import parse_profile_entry
 from benchmarks.engine_shapes import MLA_SHAPES, WORKLOADS, parse_workloads, write_shape
 
 REPO = Path(__file__).resolve().parent.parent
 CASE_SCRIPT = REPO / "benchmarks" / "engine_case.py"
 PLUGIN_BACKENDS = ("ATOM_AITER", "ATOM_AITER_MLA")
-VARIANTS = ("", "disabled", "old")
+VARIANTS = ("", "disabled", "old", "fp8")
+KV_VARIANTS = ("fp8",)  # variants that change the measured engine, compared among themselves
 GIB = 1 << 30
 
 
@@ -59,7 +71,7 @@ def case_env(variant: str, old_plugin: Path | None) -> dict[str, str]:
     return env
 
 
-def llm_kwargs(args, shape_dir: Path, backend: str) -> dict:
+def llm_kwargs(args, shape_dir: Path, backend: str, variant: str = "") -> dict:
     kwargs = dict(
         model=str(shape_dir),
         load_format="dummy",
@@ -69,9 +81,11 @@ def llm_kwargs(args, shape_dir: Path, backend: str) -> dict:
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=int(args.kv_gib * GIB),
         gpu_memory_utilization=args.gpu_util,
-        enable_prefix_caching=False,
+        enable_prefix_caching=args.prefix_caching,
         enforce_eager=args.eager,
     )
+    if variant == "fp8":
+        kwargs["kv_cache_dtype"] = "fp8"
     if backend != "default":
         kwargs["attention_config"] = {"backend": backend}
     if args.capture_sizes:
@@ -90,10 +104,13 @@ def run_wave(args, cases: list[str], shape_dir: Path, out_dir: Path, deadline: f
         slug = case.replace("@", "-")
         spec = {
             "case": case,
-            "llm": llm_kwargs(args, shape_dir, backend),
+            "llm": llm_kwargs(args, shape_dir, backend, variant),
             "workloads": [w.name for w in args.workloads],
             "repeats": args.repeats,
+            "again": args.again,
+            "probe": args.probe,
             "profile": args.profile_workloads if case in args.profile else [],
+            "trace_dir": str(out_dir),
             "ready_dir": str(wave_dir),
             "wave_size": len(cases),
             "wave_timeout_s": args.start_timeout,
@@ -124,63 +141,83 @@ def load_results(dirs: list[Path]) -> list[dict]:
     return results
 
 
-def _best_vllm(results: list[dict], workload: str) -> tuple[str, float] | None:
+def _kind(case: str) -> str:
+    """The cases a case is compared with: its KV variant's ('' for the model dtype)."""
+    _, variant = parse_case(case)
+    return variant if variant in KV_VARIANTS else ""
+
+
+def _best_vllm(results: list[dict], label: str, kind: str = "") -> tuple[str, float] | None:
+    """The fastest vLLM backend of this KV kind on a row (plugin backends, @disabled and
+    @old cases never count)."""
     best = None
     for r in results:
         backend, variant = parse_case(r["case"])
-        if backend in PLUGIN_BACKENDS or variant:
+        if backend in PLUGIN_BACKENDS or variant not in ("", *KV_VARIANTS):
             continue
-        run = _run(r, workload)
+        if _kind(r["case"]) != kind:
+            continue
+        run = _run(r, label)
         if run and (best is None or run["output_tok_s"] > best[1]):
             best = (r["case"], run["output_tok_s"])
     return best
 
 
-def _run(result: dict, workload: str) -> dict | None:
-    runs = [r for r in result.get("runs", []) if r["workload"] == workload]
+def _label(run: dict) -> str:
+    return run["workload"] + (" again" if run.get("pass") == "again" else "")
+
+
+def _run(result: dict, label: str) -> dict | None:
+    runs = [r for r in result.get("runs", []) if _label(r) == label]
     if not runs:
         return None
     best = max(runs, key=lambda r: r["output_tok_s"])  # repeats: the best pass
     return best
 
 
+def _labels(results: list[dict]) -> list[str]:
+    """Every measured row, in workload order, each workload's "again" row after it."""
+    seen = {_label(run) for r in results for run in r.get("runs", [])}
+    order = [n for name in WORKLOADS for n in (name, f"{name} again")]
+    return [n for n in order if n in seen]
+
+
 def report(results: list[dict]) -> str:
-    """Markdown: per workload, output tok/s of every case and each one's ratio to the best
-    vLLM backend (plugin backends and variants excluded from "best")."""
+    """Markdown: per workload (and pass), output tok/s of every case and each one's ratio
+    to the best vLLM backend of its KV kind (plugin backends and @disabled/@old cases
+    excluded from "best")."""
     if not results:
         return "no results\n"
     cases = [r["case"] for r in results]
+    labels = _labels(results)
     lines = ["| workload | " + " | ".join(cases) + " | best vLLM backend |"]
     lines.append("|---" * (len(cases) + 2) + "|")
-    for name in WORKLOADS:
-        if not any(_run(r, name) for r in results):
-            continue
-        best = _best_vllm(results, name)
+    for name in labels:
+        kinds = sorted({_kind(c) for c in cases})
+        bests = {k: _best_vllm(results, name, k) for k in kinds}
         cells = []
         for r in results:
             run = _run(r, name)
             if run is None:
                 cells.append("-")
                 continue
+            best = bests[_kind(r["case"])]
             ratio = f" ({run['output_tok_s'] / best[1]:.2f}x)" if best else ""
             cells.append(f"{run['output_tok_s']:,.0f}{ratio}")
-        best_cell = f"{best[0]}" if best else "-"
+        best_cell = ", ".join(b[0] for b in bests.values() if b) or "-"
         lines.append(f"| {name} output tok/s | " + " | ".join(cells) + f" | {best_cell} |")
     for metric, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms")):
-        for name in ("lat-1", "lat-8", "long-16k"):
+        for name in labels:
             vals = [_run(r, name) for r in results]
-            if any(vals):
+            if any(v and v.get(metric) for v in vals):
                 cells = [f"{v[metric]:.2f}" if v and v.get(metric) else "-" for v in vals]
                 lines.append(f"| {name} {label} | " + " | ".join(cells) + " | |")
-    for name in ("thr-512", "mixed-4k"):
+    for name in labels:
         vals = [_run(r, name) for r in results]
-        if any(vals):
-            cells = [
-                f"{v['decode_step_ms']:.2f}" if v and v["decode_step_ms"] else "-" for v in vals
-            ]
-            lines.append(f"| {name} decode step ms (median) | " + " | ".join(cells) + " | |")
-            cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
-            lines.append(f"| {name} prefill-phase s | " + " | ".join(cells) + " | |")
+        cells = [f"{v['decode_step_ms']:.2f}" if v and v["decode_step_ms"] else "-" for v in vals]
+        lines.append(f"| {name} decode step ms (median) | " + " | ".join(cells) + " | |")
+        cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
+        lines.append(f"| {name} prefill-phase s | " + " | ".join(cells) + " | |")
     cold = [r.get("cold") for r in results]
     if any(cold):
         cells = [f"{c['output_tok_s']:,.0f}" if c else "-" for c in cold]
@@ -197,36 +234,128 @@ def report(results: list[dict]) -> str:
     lines.append("| engine start s | " + " | ".join(cells) + " | |")
     cells = [
         f"{'/'.join(r['engine']['attention_backends'])}, {r['engine']['cudagraph_mode']}, "
-        f"block {r['engine']['block_size']}"
+        f"block {r['engine']['block_size']}, vLLM {r['engine'].get('versions', {}).get('vllm')}"
         if "engine" in r
         else "-"
         for r in results
     ]
     lines.append("| ran | " + " | ".join(cells) + " | |")
     out = "\n".join(lines) + "\n"
+    out += probe_report(results, labels)
     for r in results:
         if "error" in r:
             out += f"\n{r['case']} failed:\n```\n{r['error'][-1500:]}\n```\n"
         for prof in r.get("profiles") or ([r["profile"]] if "profile" in r else []):
             out += profile_report(r["case"], prof)
+    out += kernel_differences(results)
     return out
 
 
+PROBE_ROWS = (
+    ("steps", "{:d}"),
+    ("host_ms", "{:.3f}"),
+    ("gpu_ms", "{:.3f}"),
+    ("build_us", "{:.0f}"),
+    ("host_bound_steps", "{:d}"),
+    ("syncs_exec", "{:d}"),
+    ("syncs_build", "{:d}"),
+    ("syncs_sample", "{:d}"),
+)
+
+
+def probe_report(results: list[dict], labels: list[str]) -> str:
+    """The step probe's figures (benchmarks/engine_probe.py) per row and step kind:
+    medians of host time (execute_model + sample_tokens) and GPU time a step, the
+    metadata builders' host time a step, host-bound steps, syncs, tokens on the decode
+    path, and the plugin's decode plans (the step's, and its CUDA graph's capture)."""
+    lines = []
+    for name in labels:
+        for kind in ("decode", "prefill"):
+            probes = [((_run(r, name) or {}).get("probe") or {}).get(kind) for r in results]
+            if not any(probes):
+                continue
+            for key, fmt in PROBE_ROWS:
+                cells = [
+                    fmt.format(p[key]) if p and p.get(key) is not None else "-" for p in probes
+                ]
+                lines.append(f"| {name} {kind} {key} | " + " | ".join(cells) + " |")
+            cells = [f"{p['decode_path_tokens']}/{p['tokens']}" if p else "-" for p in probes]
+            lines.append(f"| {name} {kind} tokens on the decode path | " + " | ".join(cells) + " |")
+            cells = [
+                "; ".join(f"{k} x{n}" for k, n in p["plans"].items()) if p and p["plans"] else "-"
+                for p in probes
+            ]
+            lines.append(f"| {name} {kind} plans | " + " | ".join(cells) + " |")
+            cells = [
+                "; ".join(f"{k} x{n}" for k, n in p["graph_plans"].items())
+                if p and p.get("graph_plans")
+                else "-"
+                for p in probes
+            ]
+            lines.append(f"| {name} {kind} graph plans | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    cases = [r["case"] for r in results]
+    head = ["", "**Step probe** (medians a model step)", "", "| row | " + " | ".join(cases) + " |"]
+    head.append("|---" * (len(cases) + 1) + "|")
+    return "\n".join(head + lines) + "\n"
+
+
 def profile_report(case: str, prof: dict) -> str:
+    if "kernels" not in prof:  # results saved before the phase profiler
+        return ""
     lines = [
-        f"\n**{case}, profiled {prof['workload']}**: wall {prof['wall_s_profiled']:.2f} s over "
-        f"{prof['steps']} steps, GPU busy {prof['gpu_busy_s']:.2f} s "
-        f"({100 * prof['gpu_busy_fraction']:.0f}%), {prof['kernel_launches']:,} kernels, "
-        f"attention kernels {prof['attention_kernel_s'] * 1e3:.0f} ms",
+        f"\n**{case}, profiled {prof['workload']} ({prof['phase']}, {prof['steps']} steps)**: "
+        f"wall {prof['wall_ms_per_step']:.3f} ms a step, GPU busy "
+        f"{prof['gpu_busy_ms_per_step']:.3f} ms, {prof['kernels_per_step']:.0f} kernels, "
+        f"{prof['h2d_copies_per_step']:.1f} host-to-device copies a step "
+        f"({prof.get('h2d_copies_in_build_per_step', 0):.1f} from the metadata builders, "
+        f"which made {prof.get('syncs_in_build_per_step', 0):.1f} sync calls a step)"
+        + (f"; trace {prof['trace']}" if prof.get("trace") else ""),
         "",
-        "| kernel | calls | total ms | mean us |",
+        "| kernel | calls a step | us a step | mean us |",
         "|---|---|---|---|",
     ]
-    for k in prof["top_kernels"]:
-        lines.append(f"| `{k['name']}` | {k['calls']} | {k['total_ms']:.1f} | {k['mean_us']:.1f} |")
+    for k in prof["kernels"]:
+        lines.append(
+            f"| `{k['name']}` | {k['calls_per_step']:.1f} | {k['us_per_step']:.1f} | "
+            f"{k['mean_us']:.1f} |"
+        )
     for name, h in prof["host"].items():
-        lines.append(f"| host `{name}` | {h['calls']} | {h['total_ms']:.1f} | {h['mean_us']:.1f} |")
+        lines.append(f"| host `{name}` | {h['per_step']:.1f} | | {h['mean_us']:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def kernel_differences(results: list[dict]) -> str:
+    """Per profiled pass, the kernels a plugin case ran that no vLLM case of the same
+    pass and phase ran (among each profile's top kernels)."""
+    by_pass: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in results:
+        for prof in r.get("profiles") or []:
+            if "kernels" in prof:
+                by_pass.setdefault((prof["workload"], prof["phase"]), {})[r["case"]] = prof
+    lines = []
+    for (workload, phase), profs in by_pass.items():
+        theirs = {
+            k["name"]
+            for case, prof in profs.items()
+            if parse_case(case)[0] not in PLUGIN_BACKENDS
+            for k in prof["kernels"]
+        }
+        for case, prof in profs.items():
+            if parse_case(case)[0] not in PLUGIN_BACKENDS or not theirs:
+                continue
+            for k in prof["kernels"]:
+                if k["name"] not in theirs:
+                    lines.append(
+                        f"| {case} | {workload} {phase} | `{k['name']}` | "
+                        f"{k['calls_per_step']:.1f} | {k['us_per_step']:.1f} |"
+                    )
+    if not lines:
+        return ""
+    head = "\n**Kernels only the plugin ran** (of each profile's top kernels)\n\n"
+    head += "| case | pass | kernel | calls a step | us a step |\n|---|---|---|---|---|\n"
+    return head + "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,8 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="passes of the first workload")
     p.add_argument("--profile", default="", help="cases profiled once more (torch profiler)")
     p.add_argument(
-        "--profile-workloads", default="", help="the workloads profiled (default: the first)"
+        "--profile-workloads",
+        default="",
+        help="NAME[@again][:decode|:prefill],... profiled (default: the first workload's decode)",
     )
+    p.add_argument("--prefix-caching", action="store_true", help="vLLM's prefix cache on")
+    p.add_argument(
+        "--again", action="store_true", help="each workload once more on the same prompts"
+    )
+    p.add_argument("--probe", action="store_true", help="host/GPU time, syncs, plans a step")
+    p.add_argument("--layers", type=int, help="the shape's layer count (default: its own)")
     p.add_argument("--old-plugin", type=Path, help="folder holding the atom_plugin of @old cases")
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--kv-gib", type=float, default=20.0, help="KV cache per engine, GiB")
@@ -255,9 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         print(report(load_results(args.report)), end="")
         return 0
     args.workloads = parse_workloads(args.workloads)
-    profiled = parse_workloads(args.profile_workloads) if args.profile_workloads else []
-    args.profile_workloads = [w.name for w in profiled or args.workloads[:1]]
+    entries = [e.strip() for e in args.profile_workloads.split(",") if e.strip()]
+    for entry in entries:
+        parse_workloads(parse_profile_entry(entry)[0])  # names the bad workload
+    args.profile_workloads = entries or [args.workloads[0].name]
     args.profile = {c for c in args.profile.split(",") if c}
+    if args.again and not args.prefix_caching:
+        raise SystemExit("--again times cache hits: it needs --prefix-caching")
     cases = [c for c in args.cases.split(",") if c]
     for c in cases:
         backend, _ = parse_case(c)
@@ -265,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"case {c}: shape {args.shape} has no MLA layers")
     deadline = time.monotonic() + args.deadline_s
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    shape_dir = write_shape(args.shape, args.out_dir / "shapes")
+    shape_dir = write_shape(args.shape, args.out_dir / "shapes", args.layers)
     print(f"# {datetime.date.today()} shape {args.shape}, cases {cases}", flush=True)
     for i in range(0, len(cases), args.wave):
         if time.monotonic() > deadline - 60:

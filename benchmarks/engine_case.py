@@ -2,9 +2,14 @@
 
 Started by benchmarks/engine.py, one process per case. The engine core runs in this
 process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the steps can be timed one by one and
-the torch profiler sees the worker. Cases of one wave start together and then measure
-one at a time: each marks itself ready, waits for the wave, and takes the lock, so no
-measurement overlaps another case's start-up or measurement.
+the torch profiler and the step probe (benchmarks/engine_probe.py) see the worker. Cases
+of one wave start together and then measure one at a time: each marks itself ready,
+waits for the wave, and takes the lock, so no measurement overlaps another case's
+start-up or measurement.
+
+Prompts are random token ids drawn from the workload's name and the pass's seed, so no
+two workloads or passes share a prefix by chance; an `again` pass submits the prompts of
+the workload's first pass once more (with prefix caching on, their cached blocks hit).
 
     python -m benchmarks.engine_case SPEC_JSON
 """
@@ -20,34 +25,8 @@ import time
 import traceback
 from pathlib import Path
 
+from benchmarks import engine_probe
 from benchmarks.engine_shapes import Workload
-
-ATTENTION_KERNELS = (
-    "decode_split",
-    "decode_reduce",
-    "prefill_kernel",
-    "write_kv",
-    "flash",
-    "fmha",
-    "attn",
-    "attention",
-    "reshape_and_cache",
-    "mla",
-    "paged",
-)
-SYNC_CALLS = (
-    "cudaStreamSynchronize",
-    "cudaDeviceSynchronize",
-    "cudaEventSynchronize",
-    "aten::_local_scalar_dense",
-    "aten::nonzero",
-)
-HOST_OPS = (
-    "vllm::unified_attention_with_output",
-    "vllm::unified_kv_cache_update",
-    "vllm::unified_mla_attention_with_output",
-    "vllm::unified_mla_kv_cache_update",
-)
 
 
 def worker_facts(worker) -> dict:
@@ -59,12 +38,18 @@ def worker_facts(worker) -> dict:
     if mode is None:
         mode = runner.compilation_config.cudagraph_mode
     import torch
+    from vllm.platforms import current_platform
 
     return {
+        "platform": type(current_platform).__name__,
+        "logits_processors": [str(p) for p in runner.model_config.logits_processors or []],
         "attention_backends": names,
         "cudagraph_mode": str(mode),
         "runner": type(runner).__module__ + "." + type(runner).__name__,
         "block_size": runner.cache_config.block_size,
+        "prefix_caching": bool(runner.cache_config.enable_prefix_caching),
+        # vLLM 0.34's extensible KV cache (None on releases without it)
+        "extensible_kv_cache": getattr(runner.cache_config, "enable_extensible_kv_cache", None),
         # vLLM's CPU worker module swaps torch.cuda's streams and events for placeholders
         # in any process that imports it; a GPU engine must still have torch's own.
         "torch_cuda_event": f"{torch.cuda.Event.__module__}.{torch.cuda.Event.__qualname__}",
@@ -87,16 +72,22 @@ def _versions() -> dict:
     }
 
 
-def _prompts(workload: Workload, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
+def prompts(workload: Workload, seed: int | str) -> list[list[int]]:
+    """The pass's prompts: the same for the same workload name, sizes and seed."""
+    rng = random.Random(f"{workload.name}/{seed}")
+    shared = [rng.randrange(1000, 30000) for _ in range(workload.shared_prefix)]
+    own = workload.prompt_len - workload.shared_prefix
     return [
-        [rng.randrange(1000, 30000) for _ in range(workload.prompt_len)]
-        for _ in range(workload.requests)
+        shared + [rng.randrange(1000, 30000) for _ in range(own)] for _ in range(workload.requests)
     ]
 
 
-def run_workload(llm, workload: Workload, tag: str, seed: int = 0) -> dict:
-    """Submit every prompt at once, then step the engine to the end, timing each step."""
+def run_workload(
+    llm, workload: Workload, tag: str, seed: int | str = 0, observer=None, probe: bool = False
+) -> dict:
+    """Submit every prompt at once, then step the engine to the end, timing each step.
+    `observer` (engine_probe.PhaseProfiler) hears of each step; `probe`: the step
+    probe's summary of the pass comes back under "probe"."""
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -106,18 +97,24 @@ def run_workload(llm, workload: Workload, tag: str, seed: int = 0) -> dict:
         temperature=0.0,
         detokenize=False,
     )
-    prompts = _prompts(workload, seed)
+    ids_per_request = prompts(workload, seed)
     engine = llm.llm_engine
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     steps: list[tuple[float, float, int]] = []  # (start, seconds, requests still prefilling)
+    if probe:
+        llm.collective_rpc(engine_probe.begin)
     t0 = time.perf_counter()
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(ids_per_request):
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
     while engine.has_unfinished_requests():
+        if observer is not None:
+            observer.before_step(prefilling=len(first) < workload.requests)
         start = time.perf_counter()
         outputs = engine.step()
         end = time.perf_counter()
+        if observer is not None:
+            observer.after_step()
         steps.append((start, end - start, workload.requests - len(first)))
         for out in outputs:
             rid = out.request_id
@@ -126,6 +123,9 @@ def run_workload(llm, workload: Workload, tag: str, seed: int = 0) -> dict:
             if out.finished:
                 done[rid] = end
     wall = time.perf_counter() - t0
+    if observer is not None:
+        observer.stop()
+    probed = llm.collective_rpc(engine_probe.end)[0] if probe else None
     n_out = workload.requests * workload.output_len
     decode_steps = [s for _, s, waiting in steps if waiting == 0]
     prefill_steps = [s for _, s, waiting in steps if waiting > 0]
@@ -148,79 +148,7 @@ def run_workload(llm, workload: Workload, tag: str, seed: int = 0) -> dict:
         "decode_step_ms": 1e3 * statistics.median(decode_steps) if decode_steps else None,
         "prefill_phase_s": sum(prefill_steps),
         "prefill_phase_steps": len(prefill_steps),
-    }
-
-
-def _union_us(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
-
-
-def profile_workload(llm, workload: Workload, tag: str) -> dict:
-    """One more pass under the torch profiler: GPU busy time, kernels, syncs, host op cost."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        result = run_workload(llm, workload, tag)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    intervals = []
-    host: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == DeviceType.CUDA:
-            dur = ev.time_range.end - ev.time_range.start
-            kernels.setdefault(ev.name, []).append(dur)
-            intervals.append((ev.time_range.start, ev.time_range.end))
-        elif ev.name in SYNC_CALLS or ev.name in HOST_OPS or ev.name == "cudaGraphLaunch":
-            host.setdefault(ev.name, []).append(ev.time_range.end - ev.time_range.start)
-    busy = _union_us(intervals)
-    total_kernel = sum(sum(v) for v in kernels.values())
-    attention = {k: v for k, v in kernels.items() if any(s in k.lower() for s in ATTENTION_KERNELS)}
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
-    return {
-        "workload": workload.name,
-        "wall_s_profiled": result["wall_s"],
-        "steps": result["steps"],
-        "gpu_busy_s": busy / 1e6,
-        "gpu_busy_fraction": busy / 1e6 / result["wall_s"],
-        "kernel_s": total_kernel / 1e6,
-        "kernel_launches": sum(len(v) for v in kernels.values()),
-        "attention_kernel_s": sum(sum(v) for v in attention.values()) / 1e6,
-        "top_kernels": [
-            {
-                "name": k[:90],
-                "calls": len(v),
-                "total_ms": sum(v) / 1e3,
-                "mean_us": statistics.mean(v),
-            }
-            for k, v in top
-        ],
-        "attention_kernels": [
-            {
-                "name": k[:90],
-                "calls": len(v),
-                "total_ms": sum(v) / 1e3,
-                "mean_us": statistics.mean(v),
-            }
-            for k, v in sorted(attention.items(), key=lambda kv: -sum(kv[1]))[:10]
-        ],
-        "host": {
-            k: {"calls": len(v), "mean_us": statistics.mean(v), "total_ms": sum(v) / 1e3}
-            for k, v in host.items()
-        },
+        **({"probe": probed} if probed is not None else {}),
     }
 
 
@@ -275,24 +203,51 @@ def main(spec: dict) -> dict:
         runs = []
         # The first pass of the first workload runs cold: JIT compiles that vLLM's own
         # warm-up did not reach land here (a user's first requests pay them too).
-        cold = run_workload(llm, workloads[0], "cold")
+        cold = run_workload(llm, workloads[0], "cold", seed="cold")
         result["cold"] = cold
         for w in workloads:  # small passes compile what each workload's steps need
-            run_workload(llm, w.scaled(min(w.requests, 4), 4), f"warm-{w.name}")
+            run_workload(llm, w.scaled(min(w.requests, 4), 4), f"warm-{w.name}", seed="warm")
+        probe = bool(spec.get("probe"))
+        if probe:
+            llm.collective_rpc(engine_probe.install)
         for w in workloads:
-            for rep in range(spec["repeats"] if w is workloads[0] else 1):
-                runs.append(run_workload(llm, w, f"{w.name}-{rep}", seed=rep))
+            passes = [(rep, "new") for rep in range(spec["repeats"] if w is workloads[0] else 1)]
+            if spec.get("again"):
+                passes.append((0, "again"))  # the first pass's prompts once more
+            for seed, kind in passes:
+                run = run_workload(llm, w, f"{w.name}-{kind}-{seed}", seed=seed, probe=probe)
+                runs.append({**run, "pass": kind})
                 print("RUN " + json.dumps(runs[-1]), flush=True)
                 # Saved after every pass: a case killed at the run's deadline keeps its rows.
                 result["runs"] = runs
                 save(spec, result)
-        # Shorter passes (their prefill steps and 31 decode steps) keep the traces small.
-        result["profiles"] = [
-            profile_workload(llm, w.scaled(w.requests, min(32, w.output_len)), f"profile-{w.name}")
-            for w in (WORKLOADS[name] for name in spec["profile"])
-        ]
+        result["profiles"] = [profile(llm, spec, entry) for entry in spec["profile"]]
         result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return result
+
+
+def profile(llm, spec: dict, entry: str) -> dict:
+    """One pass of a workload under torch's profiler, over its decode or its prefill
+    steps (`engine_probe.parse_profile_entry`); `@again` passes the prompts of the
+    workload's measured first pass (prefix-cache hits where caching is on)."""
+    from benchmarks.engine_shapes import WORKLOADS
+
+    name, again, phase = engine_probe.parse_profile_entry(entry)
+    w = WORKLOADS[name]
+    # only the profiled steps matter: decode steps need the prefill and a few tokens
+    w = w.scaled(w.requests, 2 if phase == "prefill" else min(w.output_len, 12))
+    observer = engine_probe.PhaseProfiler(phase)
+    run = run_workload(
+        llm, w, f"profile-{entry}", seed=0 if again else "profile", observer=observer
+    )
+    label = name + ("@again" if again else "")
+    trace_dir = spec.get("trace_dir")
+    trace = None
+    if trace_dir:
+        slug = f"{spec['case']}-{label}-{phase}".replace("@", "-")
+        trace = Path(trace_dir) / f"{slug}.json.gz"
+    reduced = engine_probe.reduce_trace(observer, label, trace)
+    return {**reduced, "pass_wall_s": run["wall_s"]}
 
 
 def save(spec: dict, result: dict) -> None:

@@ -8,7 +8,7 @@ tokenizer are needed. A workload is a batch of same-length prompts submitted at 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 LLAMA_8B = {
@@ -90,6 +90,28 @@ DEEPSEEK_V3_ATTENTION = {
     "vocab_size": 129280,
 }
 
+# One tensor-parallel-8 rank of DeepSeek-V3 (as DeepSeek and Kimi are served): 16 of the
+# 128 query heads, V3's attention widths (q_lora_rank 1536, hidden 7168), and dense MLPs
+# of 2304 columns, the TP8 share of the 8 routed and 1 shared experts a token runs
+# through (9 x 2048 / 8). 16 of V3's 61 layers (`--layers` sets another count): fewer
+# layers than the model, so a step's fixed host time weighs more here than in V3 itself;
+# the probe's figures (host and GPU time a step) say which bounds a step.
+DEEPSEEK_V3_TP8 = {
+    **_DEEPSEEK_MLA,
+    "hidden_size": 7168,
+    "intermediate_size": 2304,
+    "moe_intermediate_size": 256,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "q_lora_rank": 1536,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 61,
+    "vocab_size": 129280,
+}
+
 # A two-layer Llama for trying the harness on vLLM's CPU build.
 TINY_LLAMA = {
     **LLAMA_8B,
@@ -109,23 +131,26 @@ SHAPES: dict[str, dict] = {
     "llama-3.1-8b": LLAMA_8B,
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "deepseek-v3-attn-4l": DEEPSEEK_V3_ATTENTION,
+    "deepseek-v3-tp8": DEEPSEEK_V3_TP8,
 }
 
-MLA_SHAPES = frozenset({"deepseek-v2-lite", "deepseek-v3-attn-4l"})
+MLA_SHAPES = frozenset({"deepseek-v2-lite", "deepseek-v3-attn-4l", "deepseek-v3-tp8"})
 
 
 @dataclass(frozen=True)
 class Workload:
-    """`requests` prompts of `prompt_len` random token ids, each generating `output_len`."""
+    """`requests` prompts of `prompt_len` random token ids, each generating `output_len`;
+    the first `shared_prefix` ids are the same in every prompt of the workload."""
 
     name: str
     requests: int
     prompt_len: int
     output_len: int
     what: str
+    shared_prefix: int = 0
 
     def scaled(self, requests: int, output_len: int) -> Workload:
-        return Workload(self.name, requests, self.prompt_len, output_len, self.what)
+        return replace(self, requests=requests, output_len=output_len)
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -137,17 +162,38 @@ WORKLOADS: dict[str, Workload] = {
         Workload("lat-8", 8, 1024, 256, "latency, 8 concurrent: 1024 -> 256"),
         Workload("long-16k", 8, 16384, 512, "long context, decode-heavy: 8 x 16K -> 512"),
         Workload("mixed-4k", 64, 4096, 256, "chunked prefill mixed with decode: 64 x 4K -> 256"),
+        Workload("decode-2k", 64, 2048, 512, "decode-heavy: 64 x 2K -> 512"),
+        Workload(
+            "shared-8k",
+            8,
+            8192 + 256,
+            256,
+            "a long shared prefix: 8 x (8K shared + 256 own) -> 256",
+            shared_prefix=8192,
+        ),
     )
 }
 
 
-def write_shape(name: str, root: Path) -> Path:
-    """The folder holding shape `name`'s config.json (made under `root` if absent)."""
+def shape_config(name: str, layers: int | None = None) -> dict:
+    """Shape `name`'s config; `layers` replaces its layer count (dense layers stay dense)."""
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
-    folder = root / name
+    config = dict(SHAPES[name])
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}")
+        config["num_hidden_layers"] = layers
+    return config
+
+
+def write_shape(name: str, root: Path, layers: int | None = None) -> Path:
+    """The folder holding shape `name`'s config.json (made under `root` if absent), with
+    `layers` layers when given."""
+    config = shape_config(name, layers)
+    folder = root / (name if layers is None else f"{name}-{layers}l")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(SHAPES[name], indent=1))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
 
 

@@ -15,7 +15,7 @@ before logits processors). For every case it measures, in the same run:
   the step's logits bytes;
 - ATOM's MI355X figures from the original change, quoted (not measured here).
 
-A second table (same run) is issue 27's schema-constrained calls: a mixed batch of 256 rows
+A second table (same run) is the schema-constrained calls: a mixed batch of 256 rows
 (required rows inside the arguments of four different schemas, named rows, forced-prefix
 rows, waiting rows and free rows, benchmarks/k3_calls.py) on a synthetic BPE-like vocabulary
 of the K3 size (benchmarks/k3_vocab.py; the K3 tokenizer cannot be downloaded): our one launch
@@ -446,7 +446,7 @@ def host_table(args) -> list[str]:
 
 
 def calls_table(args, device, xgr, timed) -> list[str]:
-    """Issue 27: the mixed batch with calls against xgrammar, and the token-class build."""
+    """The mixed batch with calls against xgrammar, and the token-class build."""
     from benchmarks.k3_calls import CallsBatch, XgrammarFill, class_build_seconds
     from benchmarks.k3_vocab import SyntheticK3Tokenizer
 
@@ -492,7 +492,7 @@ def calls_table(args, device, xgr, timed) -> list[str]:
     )
     return [
         "",
-        f"Schema-constrained calls (issue 27): synthetic BPE-like vocabulary of {vocab} ids "
+        f"Schema-constrained calls: synthetic BPE-like vocabulary of {vocab} ids "
         "(benchmarks/k3_vocab.py, not the K3 tokenizer, which cannot be downloaded); "
         f"batch {MIXED_BATCH}: {batch.describe()}.",
         "xgrammar apply: `apply_token_bitmask_inplace` with a bitmask giving the same mask "

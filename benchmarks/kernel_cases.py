@@ -4,12 +4,10 @@ reference where the case is small enough."""
 
 from __future__ import annotations
 
-import sys
-import time
-
 import torch
 
 from benchmarks import attention_mla
+from benchmarks._report import progress
 from benchmarks._timing import graphed, time_us
 from benchmarks.kernel_problems import (
     LORA,
@@ -31,12 +29,6 @@ from benchmarks.kernel_problems import (
 REFERENCE_MAX_KEYS = 65536  # float32 reference checks where batch * context is at most this
 REFERENCE_MAX_LOGITS = 1 << 28  # ... and one request's logits fit in 1 GiB of float32
 FA3_DECODE_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph default
-
-_T0 = time.monotonic()
-
-
-def progress(msg: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def timed(fn, flush, iters: int = 20) -> tuple[float, str]:

@@ -1,5 +1,5 @@
 """Nsight Compute profiles of the plugin's kernels beside FA3 and FlashMLA on the shapes
-where `benchmarks.kernels_vs_vllm` measured the plugin slower (issue #26): what limits each.
+where `benchmarks.kernels_vs_vllm` measured the plugin slower: what limits each.
 
 Per shape, one `ncu` run of this module's driver (`--run SHAPE`), which builds the
 problem with `benchmarks.kernel_problems` (the inputs and calls kernels_vs_vllm times),
@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks._report import progress
 from benchmarks.ncu_tables import (
     STALL_RE,
     TENSOR_RE,
@@ -133,13 +134,6 @@ class ProfileError(Exception):
 
 class MetricError(RuntimeError):
     """ncu refused a metric name: worth one more try without the extra metrics."""
-
-
-_T0 = time.monotonic()
-
-
-def progress(msg: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def check_shapes(names) -> list[str]:
@@ -398,7 +392,7 @@ def profile_all(cfg) -> int:
         tables.append(table)
         print(table, flush=True)
     text = (
-        "# Nsight Compute: plugin kernels vs FA3 / FlashMLA (issue #26)\n\n"
+        "# Nsight Compute: plugin kernels vs FA3 / FlashMLA\n\n"
         f"Sections {', '.join(SECTIONS)}; one launch of each side after warm-up; caches "
         f"flushed per kernel; clock control {cfg.clock_control}. Stalls: cycles per issued "
         "instruction spent in each reason (of the total per issue).\n\n" + "\n".join(tables)

@@ -1,6 +1,6 @@
 """Markdown tables, the targets and the exit status of `benchmarks.kernels_vs_vllm`'s rows.
 
-Targets (issue 26), judged on rows whose outputs passed: MHA prefill plugin/FA3 <= 1.0;
+Targets, judged on rows whose outputs passed: MHA prefill plugin/FA3 <= 1.0;
 MHA decode plugin/FA3 <= 1.0 and plugin/vLLM-Triton <= 1.0; MLA decode with a bf16 cache
 plugin/FlashMLA <= 1.0; with an fp8 cache at least FP8_LIMIT_SHARE of the physical limit
 (time <= limit / FP8_LIMIT_SHARE, the limit the larger of the times at the matmul rate

@@ -1,5 +1,5 @@
 """The plugin's attention kernels beside vLLM's strongest ones, on the same inputs in one run,
-each row's target marked met or missed (issue 26).
+each row's target marked met or missed.
 
 Each family is timed beside vLLM's kernels called as vLLM's backends call them:
 
@@ -46,7 +46,7 @@ says so. Progress goes to stderr; the tables to stdout and --out.
 
 Grids (--grid; a shape or head flag given replaces that part of it): `default` (36 MLA,
 19 MHA decode and 15 prefill rows; estimated at about 5 minutes on an H200) and `full`
-(the issue's whole grid: 108 MLA, 59 MHA decode and 60 prefill rows, several times
+(the whole grid: 108 MLA, 59 MHA decode and 60 prefill rows, several times
 longer; run it in parts with --only where one call has a time limit). GRIDS below lists
 both.
 
@@ -67,20 +67,19 @@ The full grid, in one call or in three:
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from dataclasses import dataclass
 
 import torch
 
 from benchmarks import attention
+from benchmarks._report import progress, run_facts
 from benchmarks._timing import L2Flusher, copy_bandwidth_gbps, matmul_tflops
 from benchmarks.kernel_cases import (
     FA3_DECODE_SPLITS,
     REFERENCE_MAX_KEYS,
     mha_case,
     mla_case,
-    progress,
 )
 from benchmarks.kernel_problems import (
     ATOL,
@@ -337,16 +336,6 @@ def decode_plan(shapes, heads: Heads, cap_gib: float):
 # ---------------------------------------------------------------- main
 
 
-def _versions() -> str:
-    parts = [f"torch {torch.__version__}"]
-    for mod in ("triton", "vllm"):
-        try:
-            parts.append(f"{mod} {__import__(mod).__version__}")
-        except Exception as exc:
-            parts.append(f"{mod} unavailable ({short_error(exc, 60)})")
-    return ", ".join(parts)
-
-
 def _pool(cases, heads: Heads):
     """One cache for `cases` at `heads` (freed by the caller before the next)."""
     torch.manual_seed(1)
@@ -435,7 +424,7 @@ def _prefill_rows(cfg: Config, flush) -> list[dict]:
 def run(cfg: Config) -> tuple[str, int]:
     flush = L2Flusher()
     anchors: dict = {"errors": {}}
-    progress(f"{torch.cuda.get_device_name()}; {_versions()}")
+    progress(run_facts())
     want_mm = "anchors" in cfg.families or ("mla" in cfg.families and "fp8" in cfg.mla_dtypes)
     for key, fn in (("copy_gbps", copy_bandwidth_gbps), ("matmul_tflops", matmul_tflops)):
         if key == "copy_gbps" or want_mm:
@@ -502,14 +491,13 @@ def run(cfg: Config) -> tuple[str, int]:
             f"pairs. Target: plugin/FA3 <= 1.0.\n\n" + prefill_table(rows, mm)
         )
 
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (
-        f"# Plugin kernels vs vLLM kernels\n\n{torch.cuda.get_device_name()}; {when}; "
-        f"{_versions()}. Times: median of {cfg.iters} CUDA-graph replays (CUDA events, L2 "
-        f"flushed before each); ratio > 1: the plugin is slower. Outputs asserted on every "
-        f"row: |a - b| <= {ATOL:g} + {RTOL:g}*|b| (plugin vs vLLM, and vs the float32 torch "
-        f"reference where batch * context <= {REFERENCE_MAX_KEYS}); queries scaled to logit "
-        f"std {LOGIT_STD:g} (peaked attention). Targets judged on rows whose outputs passed."
+        f"# Plugin kernels vs vLLM kernels\n\n{run_facts()}. Times: median of {cfg.iters} "
+        f"CUDA-graph replays (CUDA events, L2 flushed before each); ratio > 1: the plugin is "
+        f"slower. Outputs asserted on every row: |a - b| <= {ATOL:g} + {RTOL:g}*|b| (plugin "
+        f"vs vLLM, and vs the float32 torch reference where batch * context <= "
+        f"{REFERENCE_MAX_KEYS}); queries scaled to logit std {LOGIT_STD:g} (peaked attention). "
+        f"Targets judged on rows whose outputs passed."
     )
     status = exit_status(all_rows)
     verdict = {0: "all rows ok", 1: "some rows FAILED", 3: "some rows hit errors"}[status]

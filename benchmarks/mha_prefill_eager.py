@@ -1,4 +1,4 @@
-"""One request's MHA prefill as vLLM's engine runs it outside CUDA graphs (issue 26): a
+"""One request's MHA prefill as vLLM's engine runs it outside CUDA graphs: a
 1 x N prompt, 32 q / 8 kv heads, head 128, bf16, block 16, through `ops.paged_attention`
 with the step's plan, on one CUDA GPU.
 

@@ -1,6 +1,6 @@
 """Two-batch overlap across data-parallel ranks: decode step time with TBO on and off.
 
-Issue 7's benchmark. `--world` processes (default 2), one GPU each, run the
+`--world` processes (default 2), one GPU each, run the
 TBO test model with DP attention: each rank attends over its own requests
 (`--batches` per rank) and its own KV cache, and every layer's experts
 (sharded over the ranks) are reached through real collectives - an

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The H200 batch behind docs/benchmarks.md and the `gpu` tests: run from the repo
-# root on the GPU machine (torch, triton, pytest, hypothesis; no vLLM there).
+# The kernel, K3 and TBO benchmarks and the `gpu` tests on a bare CUDA machine (torch, triton,
+# pytest, hypothesis; no vLLM there): run from the repo root.
 #   bash scripts/gpu_batch.sh tests k3 tbo tbo_prefill attention mla (any subset, in order)
 #   bash scripts/gpu_batch.sh dp                         (needs 2 GPUs: the nvidia-h200-x2 kind)
 # The tbo stage runs benchmarks/tbo.py as one rank of 1 and of 8 expert-parallel
 # ranks (TBO_EP_RANKS="1 8"), each at contexts 1024 and 8192, communication off,
-# at 30% (the condition) and at 50% of the step. The tbo_prefill stage times an
+# at 30% and at 50% of the step. The tbo_prefill stage times an
 # eager prefill step (256..16384 new tokens) split at the token midpoint vs unsplit, for the
 # same ranks and communication fractions.
 # Each stage writes its log (and tables) under $OUT (default: ./gpu-out).
@@ -64,10 +64,9 @@ for what in "$@"; do
       timeout 400 python3 -m benchmarks.attention --out "$OUT/attention.md" \
         --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" || status=1 ;;
     mla)
-      # MLA_BASELINE: the replaced kernel's source, timed beside (benchmarks/attention_mla.py)
-      stage mla "MLA decode at 16/64/128 heads, bf16/fp8, 1-2 tokens, and launch alternatives"
-      timeout 500 python3 -m benchmarks.attention_mla ${MLA_BASELINE:+--baseline "$MLA_BASELINE"} \
-        --sweep --json "$OUT/mla.json" --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
+      stage mla "MLA decode at 16/64/128 heads, bf16/fp8, 1-2 tokens, vs the physical limit"
+      timeout 500 python3 -m benchmarks.attention_mla --json "$OUT/mla.json" \
+        --markdown "$OUT/mla.md" 2>&1 | tee "$OUT/mla.log" || status=1 ;;
     *) echo "unknown stage '$what'; stages: tests k3 tbo tbo_prefill attention mla dp" >&2; exit 2 ;;
   esac
 done

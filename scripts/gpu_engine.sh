@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# vLLM's GPU engine with this checkout's plugin, on the H200 (vLLM's CUDA build installed by
-# ../shared/device-vllm/install.sh into /tmp/site). Run from the repo root there:
-#   bash scripts/gpu_engine.sh STAGE...
+# vLLM's GPU engine with this checkout's plugin, on the H200/H100 (vLLM's CUDA build installed from
+# ../shared/device-vllm/ (0.32) or ../shared/device-vllm/v0.34/ (0.34)). Run from the repo root there:
+#   VLLM=0.34 bash scripts/gpu_engine.sh STAGE...        (VLLM: 0.34, the default, or 0.32)
+# Both releases can sit side by side: 0.34's parts go to /tmp/parts034 and install into /tmp/site034,
+# 0.32's to /tmp/parts and /tmp/site (its recipe's own paths).
 # Stages:
-#   install     joins the parts sent to /tmp/parts (install.sh among them) and installs them
-#   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs)
-#   tbo         two-batch overlap on Model Runner V2 (tests/test_gpu_tbo_mrv2.py: decode, prefill
-#               and all, graphs and eager, MHA and MLA MoE models, against TBO off by logprobs;
-#               the K3 channel beside TBO) and the TBO workers' torch.cuda check
+#   install     joins the parts sent to the release's parts folder (its install.sh among them) and
+#               installs them
+#   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs; prefix
+#               caching on and off; vLLM 0.34's extensible KV cache on and off)
+#   k3-tests    the K3 served tests (tests/test_k3_e2e.py: required, named and auto through
+#               `vllm serve --tool-call-parser atom_kimi_k3`, under vLLM's strict default)
+#   tbo-mha, tbo-mla
+#               two-batch overlap on Model Runner V2 (tests/test_gpu_tbo_mrv2.py): decode, prefill
+#               and all, graphs and eager, on the MHA (tiny Mixtral) or MLA (tiny DeepSeek-V2) MoE
+#               model, against TBO off by logprobs, splits and split graphs counted
+#   tbo-k3      the K3 channel beside TBO on Model Runner V2, and the TBO workers' torch.cuda check
 #   tbo-bench   TBO decode and prefill against off in the engine (benchmarks/tbo_engine.py,
 #               DeepSeek-V2-Lite shape); TBO_ARGS adds arguments
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
 #               four pytest workers on the one GPU
+#   mla16       MLA at 16 query heads (DeepSeek-V3's TP8 slice): one wave of MLA16_CASES (default
+#               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
+#               decode-2k, shared-8k), each pass twice (prefix cache on), with the step probe and
+#               profiles; OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old;
+#               MLA16_ARGS adds arguments. About 3 minutes.
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
@@ -25,43 +38,60 @@
 # Each stage writes its log under $OUT (default ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
+VLLM=${VLLM:-0.34}
+case "$VLLM" in
+  0.34) PARTS=/tmp/parts034 SITE=/tmp/site034 ;;
+  0.32) PARTS=/tmp/parts SITE=/tmp/site ;;
+  *) echo "VLLM=$VLLM: the recipes here are for 0.34 and 0.32" >&2; exit 2 ;;
+esac
+export PARTS SITE W=/tmp/w$VLLM
 mkdir -p "$OUT"
 if [ "${1:-}" = install ]; then
   shift
-  printf '\n===== install (%s)\n' "$(date -u +%H:%M:%S)"
-  mkdir -p /tmp/w && cp /tmp/parts/install.sh /tmp/w/ && bash /tmp/w/install.sh || exit 1
+  printf '\n===== install vLLM %s (%s)\n' "$VLLM" "$(date -u +%H:%M:%S)"
+  bash "$PARTS/install.sh" || exit 1
 fi
-source /tmp/w/install.sh env || exit 1
+source "$PARTS/install.sh" env || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PYTHONPATH"
 # vLLM discovers plugins through installed entry points: announce this checkout's package.
-dist=/tmp/site/atom_plugin-0.1.0.dist-info
+dist=$SITE/atom_plugin-0.1.0.dist-info
 mkdir -p "$dist"
 printf 'Metadata-Version: 2.1\nName: atom-plugin\nVersion: 0.1.0\n' >"$dist/METADATA"
-python3 - "$dist/entry_points.txt" <<'EOF'
+python3 - "$dist/entry_points.txt" <<'EOF2'
 import sys, tomllib
 eps = tomllib.load(open("pyproject.toml", "rb"))["project"]["entry-points"]
 with open(sys.argv[1], "w") as f:
     for group, names in eps.items():
         f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in names.items()) + "\n")
-EOF
+EOF2
 status=0
 stage() { printf '\n===== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 for what in "$@"; do
   case "$what" in
     tests)
-      stage "GPU engine tests"
-      timeout 560 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
-        2>&1 | tee "$OUT/gpu_engine_tests.log" || status=1 ;;
-    tbo)
-      stage "TBO on Model Runner V2"
-      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 1100 python3 -m pytest -q -p no:cacheprovider -s \
-        tests/test_gpu_tbo_mrv2.py "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
-        2>&1 | tee "$OUT/gpu_tbo_tests.log" || status=1 ;;
+      stage "GPU engine tests (vLLM $VLLM)"
+      timeout 590 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
+        2>&1 | tee "$OUT/gpu_engine_tests_$VLLM.log" || status=1 ;;
+    k3-tests)
+      stage "K3 served tests (vLLM $VLLM)"
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_k3_e2e.py \
+        -k "serve or channel_off" 2>&1 | tee "$OUT/k3_served_tests_$VLLM.log" || status=1 ;;
+    tbo-mha|tbo-mla)
+      stage "TBO on Model Runner V2, ${what#tbo-} MoE model (vLLM $VLLM)"
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 590 python3 -m pytest -q -p no:cacheprovider -s \
+        tests/test_gpu_tbo_mrv2.py -k "equals_tbo_off and ${what#tbo-}-" \
+        2>&1 | tee "$OUT/gpu_${what}_tests_$VLLM.log" || status=1 ;;
+    tbo-k3)
+      stage "K3 channel beside TBO on Model Runner V2 (vLLM $VLLM)"
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 400 python3 -m pytest -q -p no:cacheprovider -s \
+        tests/test_gpu_tbo_mrv2.py -k k3_channel \
+        "tests/test_tbo_workers.py::test_gpu_tbo_worker_leaves_torch_cuda_alone" \
+        2>&1 | tee "$OUT/gpu_tbo_k3_tests_$VLLM.log" || status=1 ;;
     tbo-bench)
-      stage "TBO in the engine against off"
+      stage "TBO in the engine against off (vLLM $VLLM)"
       VLLM_USE_FLASHINFER_SAMPLER=0 timeout 420 python3 -m benchmarks.tbo_engine \
-        --out "$OUT/tbo_engine.md" --json "$OUT/tbo_engine.json" ${TBO_ARGS:-} \
-        2>&1 | tee "$OUT/tbo_engine.log" || status=1 ;;
+        --out "$OUT/tbo_engine_$VLLM.md" --json "$OUT/tbo_engine_$VLLM.json" ${TBO_ARGS:-} \
+        2>&1 | tee "$OUT/tbo_engine_$VLLM.log" || status=1 ;;
     kernels)
       stage "kernel GPU tests"
       timeout 500 python3 -m pytest -q -p no:cacheprovider -n 4 \
@@ -69,7 +99,26 @@ for what in "$@"; do
         tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
         tests/test_k3_gate_core.py tests/test_tbo_gpu.py tests/test_kernels_vs_vllm.py \
         tests/test_mla_plan.py tests/test_mla_gluon_lazy.py tests/test_mha_gluon_prefill.py \
+        tests/test_mla_decode_planner.py \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
+    mla16)
+      cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA}
+      [ -n "${OLD_PLUGIN:-}" ] && cases="$cases,ATOM_AITER_MLA@old"
+      stage "MLA at 16 heads, vLLM $VLLM"
+      out=/tmp/engine-mla16-$VLLM
+      rm -rf "$out"
+      timeout 290 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
+        --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats 1 \
+        --prefix-caching --again --probe --wave 4 --kv-gib 6 --gpu-util 0.15 \
+        --max-model-len 16384 --profile ATOM_AITER_MLA,FLASH_ATTN_MLA \
+        --profile-workloads lat-1,decode-2k@again --deadline-s 280 \
+        ${OLD_PLUGIN:+--old-plugin "$OLD_PLUGIN"} --out-dir "$out" ${MLA16_ARGS:-} \
+        2>&1 | tee "$OUT/engine_mla16_$VLLM.log" || status=1
+      tar -czf "$OUT/engine_mla16_$VLLM.tgz" -C "$out" --exclude shapes --exclude '*.json.gz' . \
+        || status=1
+      # the profiles' Chrome traces apart (the largest files)
+      traces=$(cd "$out" && ls -- *.json.gz 2>/dev/null)
+      [ -z "$traces" ] || tar -cf "$OUT/engine_mla16_${VLLM}_traces.tar" -C "$out" $traces ;;
     mha)
       stage "engine benchmark, MHA"
       python3 -m benchmarks.engine --shape llama-3.1-8b --out-dir /tmp/engine-mha ${ENGINE_ARGS:-} \
@@ -106,7 +155,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests tbo tbo-bench kernels mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels mla16 mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

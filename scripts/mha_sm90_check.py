@@ -1,13 +1,14 @@
-"""Compile the MHA prefill and decode split kernels for sm_90 without a GPU, for every
-candidate of `benchmarks.mha_variants` (the Gluon prefill among them), and print ptxas'
-registers / spills and the shared memory of each (the compile-only driver of
-`gluon_sm90_check`; run it with the GPU machine's Triton 3.6, as that script says):
+"""Compile the MHA kernels for sm_90 without a GPU, as the ops launch them on an H200 (the
+Triton prefill's and the decode split kernel's production configs, the Gluon prefill at
+head sizes 128 and 64), and print ptxas' registers / spills and the shared memory of each
+(the compile-only driver of `gluon_sm90_check`; run it with the GPU machine's Triton 3.6,
+as that script says):
 
-    /tmp/t36/bin/python scripts/mha_sm90_check.py [--ptx DIR]
+    /tmp/t36/bin/python scripts/mha_sm90_check.py [--ptx DIR] [--defaults]
 
-`--ptx DIR` writes each candidate's instructions, to diff the default's across commits;
-`--defaults` compiles only the production configs (what an older commit has): the
-prefill's is the first CUDA candidate of `triton_prefill._configs`, as on the GPU.
+`--ptx DIR` writes each kernel's instructions, to diff them across commits; `--defaults`
+leaves the Gluon prefill out (what an older commit has). The Triton prefill's config is the
+first CUDA candidate of `triton_prefill._configs`, as on the GPU.
 
 The kernels compile as on the GPU (bf16 MMAs), not with the float32 products the launchers
 pick for CPU tensors (`triton_common.dot_flags`).
@@ -33,7 +34,6 @@ from atom_plugin.attention.mha import (  # noqa: E402
     triton_prefill,
 )
 from atom_plugin.attention.mha.params import AttentionParams  # noqa: E402
-from benchmarks import mha_variants  # noqa: E402
 from scripts.gluon_sm90_check import (  # noqa: E402
     SMEM_LIMIT,
     CompileOnlyDriver,
@@ -42,6 +42,10 @@ from scripts.gluon_sm90_check import (  # noqa: E402
 )
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
+GLUON = {"kernel": "gluon"}  # the Gluon Hopper prefill, launched directly (no Triton config)
+# (name, config); None: the production config the ops pick
+PREFILL_KERNELS = [("default", None), ("gluon", GLUON)]
+DECODE_KERNELS = [("default", None)]
 
 
 def _meta(q_len: int, seq_len: int) -> PagedAttentionMetadata:
@@ -61,8 +65,7 @@ def _meta(q_len: int, seq_len: int) -> PagedAttentionMetadata:
 
 
 def compile_one(decode: bool, cfg: dict | None, d: int = D):
-    """Compile one candidate (None: the production config) at head size `d` and return the
-    kernel."""
+    """Compile one kernel (config None: the production one) at head size `d` and return it."""
     raw = torch.zeros(64, HKV, BLOCK, 2 * d, dtype=torch.bfloat16)
     kc, vc = raw.transpose(1, 2).split(d, dim=-1)
     params = AttentionParams(scale=d**-0.5)
@@ -70,7 +73,7 @@ def compile_one(decode: bool, cfg: dict | None, d: int = D):
     q = torch.zeros(q_len, HQ, d, dtype=torch.bfloat16)
     out = torch.zeros_like(q)
     meta = _meta(q_len, 512)
-    if cfg is mha_variants.GLUON:
+    if cfg is GLUON:
         from atom_plugin.attention.mha import gluon_prefill
 
         kernel = gluon_prefill.prefill_kernel
@@ -90,8 +93,8 @@ def compile_one(decode: bool, cfg: dict | None, d: int = D):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ptx", help="write each candidate's instructions here")
-    p.add_argument("--defaults", action="store_true", help="only the production configs")
+    p.add_argument("--ptx", help="write each kernel's instructions here")
+    p.add_argument("--defaults", action="store_true", help="leave the Gluon prefill out")
     args = p.parse_args(argv)
     driver.set_active(CompileOnlyDriver())
     gpu_flags = lambda query: dict(UPCAST=False, PRECISION=None)  # noqa: E731
@@ -106,13 +109,11 @@ def main(argv=None) -> int:
     gluon_prefill_launch.work_counters = lambda device: cpu_counter
     failed = False
     for fam, cands, decode in (
-        ("prefill", mha_variants.PREFILL_CANDIDATES, False),
-        ("decode", mha_variants.DECODE_CANDIDATES, True),
+        ("prefill", PREFILL_KERNELS, False),
+        ("decode", DECODE_KERNELS, True),
     ):
         # the Gluon prefill's head size 64 runs three warpgroups: a kernel of its own
-        pairs = [
-            (n, c, d) for n, c in cands for d in ((D, 64) if c is mha_variants.GLUON else (D,))
-        ]
+        pairs = [(n, c, d) for n, c in cands for d in ((D, 64) if c is GLUON else (D,))]
         for name, cfg, d in pairs:
             if args.defaults and cfg is not None:
                 continue

@@ -2,11 +2,13 @@
 
     python -m scripts.vllm_api_stubs --source vllm-0.33.0-...whl --out DIR MODULE...
 
-Each stub keeps a module's imports, the names it defines, its classes with their bases
-and methods (parameters, defaults as `...`, the decorators that change binding or make
-a member abstract) and, inside methods, the shape of the calls the check looks at
-(`self.m(...)`, `<x>.impl.m(...)`, `current_platform.m(...)`) with `_` for every
-argument. No function body is kept. `tests/fixtures/vllm_0_33_api/` was made this way.
+Each stub keeps a module's imports, the names it defines, its classes with their bases,
+methods (parameters, defaults as `...`, the decorators that change binding or make a
+member abstract) and attributes (class-level names with their annotations, dataclass
+fields among them; `self.x = _` for each attribute a method assigns), top-level functions'
+parameters and, inside methods, the shape of the calls the check looks at (`self.m(...)`,
+`<x>.impl.m(...)`, `current_platform.m(...)`) with `_` for every argument. No function
+body is kept. `tests/fixtures/vllm_0_33_api/` and `vllm_0_34_api/` were made this way.
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ import ast
 from pathlib import Path
 
 from atom_plugin.vllm.compat.check import ROLE_RECEIVERS
-from atom_plugin.vllm.compat.hosts import KEPT_NAMES_MARK, SourceHost
-from atom_plugin.vllm.compat.source import MEANINGFUL_DECORATORS, receiver_name
+from atom_plugin.vllm.compat.hosts import (
+    ATTRIBUTES_MARK,
+    KEPT_NAMES_MARK,
+    STUB_MARK,
+    SourceHost,
+)
+from atom_plugin.vllm.compat.source import (
+    MEANINGFUL_DECORATORS,
+    receiver_name,
+    self_assignments,
+)
 
 RECEIVERS = {r for receivers in ROLE_RECEIVERS.values() for r in receivers} | {"self", "cls"}
 ANY = ast.Name("_")
@@ -61,6 +72,11 @@ def _decorators(node) -> list[ast.expr]:
 def _function(node, in_class: bool) -> ast.FunctionDef:
     body: list[ast.stmt] = []
     if in_class:
+        decorators = {getattr(d, "id", getattr(d, "attr", "")) for d in _decorators(node)}
+        if "staticmethod" not in decorators:
+            me = (node.args.posonlyargs + node.args.args)[:1]
+            for name in sorted(self_assignments(node)):
+                body.append(ast.Assign([ast.Attribute(ast.Name(me[0].arg), name)], ANY))
         for sub in ast.walk(node):
             if (
                 isinstance(sub, ast.Call)
@@ -79,13 +95,49 @@ def _function(node, in_class: bool) -> ast.FunctionDef:
     )
 
 
+def _class_attributes(body: list[ast.stmt]) -> list[ast.stmt]:
+    """`name: annotation = ...` / `name = ...` for each name a class body binds (fields,
+    class attributes, nested classes; inside `if` and `try` blocks too)."""
+    out: list[ast.stmt] = []
+    for item in body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            value = None if item.value is None else ast.Constant(...)
+            out.append(ast.AnnAssign(ast.Name(item.target.id), item.annotation, value, 1))
+        elif isinstance(item, ast.Assign | ast.ClassDef):
+            targets = [ast.Name(item.name)] if isinstance(item, ast.ClassDef) else item.targets
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        out.append(ast.Assign([ast.Name(sub.id)], ast.Constant(...)))
+        elif isinstance(item, ast.If | ast.Try):
+            for branch in (
+                item.body,
+                item.orelse,
+                *(h.body for h in getattr(item, "handlers", [])),
+            ):
+                out.extend(_class_attributes(branch))
+    return out
+
+
+def _alias(value: ast.expr | None) -> ast.expr | None:
+    """A name the module binds to another, kept for the reader (`CudaPlatform = Nvml...
+    if nvml_available else NonNvml...` becomes `... if _ else ...`); None for any other value."""
+    if isinstance(value, ast.Name | ast.Attribute):
+        return value
+    if isinstance(value, ast.IfExp):
+        body, orelse = _alias(value.body), _alias(value.orelse)
+        if body is not None and orelse is not None:
+            return ast.IfExp(ANY, body, orelse)
+    return None
+
+
 def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
     out: list[ast.stmt] = []
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             out.append(node)
         elif isinstance(node, ast.ClassDef):
-            members = [
+            members = _class_attributes(node.body) + [
                 _function(item, in_class=True)
                 for item in node.body
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
@@ -104,7 +156,11 @@ def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
             out.append(_function(node, in_class=False))
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            alias = _alias(node.value)
             for target in targets:
+                if alias is not None and isinstance(target, ast.Name):
+                    out.append(ast.Assign([ast.Name(target.id)], alias))
+                    continue
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Name):
                         out.append(ast.Assign([ast.Name(sub.id)], ast.Constant(...)))
@@ -122,9 +178,10 @@ def stub(text: str, origin: str, only: set[str] | None = None) -> str:
     if only is not None:
         body = [node for node in body if _keeps(node, only)]
     module = ast.Module(body=body, type_ignores=[])
-    header = f"# Signature-only stub of {origin} (scripts/vllm_api_stubs.py); no bodies.\n"
+    header = f"{STUB_MARK} {origin} (scripts/vllm_api_stubs.py); no bodies.\n"
     if only is not None:
         header += f"{KEPT_NAMES_MARK} {', '.join(sorted(only))}\n"
+    header += f"{ATTRIBUTES_MARK} class-level names and `self.x = _` per method\n"
     return header + ast.unparse(ast.fix_missing_locations(module)) + "\n"
 
 

@@ -267,7 +267,7 @@ def test_ubatch_halves_through_triton():
 
 @pytest.mark.parametrize(
     "per_sm, rows, groups, context, want, measured",
-    [  # the H200 sweeps (benchmarks/decode_splits.py, 132 SMs): 3 programs an SM (Triton
+    [  # the H200 split-count sweeps of 2026-12-02 (132 SMs): 3 programs an SM (Triton
         # 3.6) and 5 (Triton 3.7.1); `measured`: the best count there, for the record
         (3, 1, 8, 16384, 47, 48),  # the old rule's 33 was 1.03x slower
         (3, 8, 8, 16384, 6, 6),  # 8 splits (a thin second wave) 1.25x slower

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from argparse import Namespace
+
 import pytest
 
 from benchmarks.engine import parse_case, report
-from benchmarks.engine_shapes import parse_workloads, write_shape
+from benchmarks.engine_shapes import WORKLOADS, parse_workloads, shape_config, write_shape
 
 
 def test_a_case_is_a_backend_and_an_optional_variant():
@@ -47,10 +50,155 @@ def test_ratios_are_against_the_best_vllm_backend_not_the_plugin_or_a_variant():
     assert row.rstrip().endswith("| FLASH_ATTN |")
 
 
+def test_fp8_cases_run_an_fp8_cache_and_prefix_caching_is_a_flag(tmp_path):
+    from benchmarks.engine import llm_kwargs
+
+    args = Namespace(
+        max_model_len=4096,
+        kv_gib=1.0,
+        gpu_util=0.2,
+        prefix_caching=True,
+        eager=False,
+        capture_sizes="",
+    )
+    plain = llm_kwargs(args, tmp_path, "FLASHMLA")
+    fp8 = llm_kwargs(args, tmp_path, *parse_case("FLASHMLA@fp8"))
+    assert "kv_cache_dtype" not in plain and fp8["kv_cache_dtype"] == "fp8"
+    assert plain["enable_prefix_caching"] and plain["attention_config"] == {"backend": "FLASHMLA"}
+
+
+def test_again_needs_the_prefix_cache(tmp_path):
+    from benchmarks.engine import main
+
+    with pytest.raises(SystemExit, match="--again .* needs --prefix-caching"):
+        main(["--shape", "tiny-llama", "--again", "--out-dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompts_repeat_only_where_asked():
+    """A pass's prompts depend on the workload and the seed alone: the `again` pass
+    resubmits the first pass's; other passes and workloads share no prefix by chance;
+    a shared-prefix workload's prompts share exactly its prefix."""
+    from benchmarks.engine_case import prompts
+
+    w = WORKLOADS["lat-8"].scaled(3, 4)
+    assert prompts(w, 0) == prompts(w.scaled(3, 99), 0)  # output length plays no part
+    firsts = [p[0] for p in prompts(w, 0) + prompts(w, 1) + prompts(WORKLOADS["decode-2k"], 0)]
+    assert len(set(firsts)) == len(firsts)
+    shared = WORKLOADS["shared-8k"]
+    ps = prompts(shared, 0)
+    assert len(ps) == shared.requests and all(len(p) == shared.prompt_len for p in ps)
+    assert all(p[: shared.shared_prefix] == ps[0][: shared.shared_prefix] for p in ps)
+    assert len({p[shared.shared_prefix] for p in ps}) == shared.requests
+
+
+def test_the_tp8_slice_and_a_layer_count(tmp_path):
+    config = shape_config("deepseek-v3-tp8")
+    assert (config["num_attention_heads"], config["q_lora_rank"]) == (16, 1536)
+    assert (config["kv_lora_rank"], config["qk_rope_head_dim"]) == (512, 64)
+    assert config["first_k_dense_replace"] >= config["num_hidden_layers"]  # dense MLPs
+    folder = write_shape("deepseek-v2-lite", tmp_path, layers=8)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 8
+    assert folder.name == "deepseek-v2-lite-8l"
+    with pytest.raises(ValueError, match="layers must be >= 1, got 0"):
+        shape_config("deepseek-v3-tp8", layers=0)
+
+
+def _runs(case: str, rows: dict[str, float], probe: dict | None = None) -> dict:
+    runs = []
+    for label, tok_s in rows.items():
+        name, _, again = label.partition(" ")
+        run = {
+            "workload": name,
+            "pass": "again" if again else "new",
+            "output_tok_s": tok_s,
+            "decode_step_ms": 2.0,
+            "prefill_phase_s": 0.5,
+            "ttft_ms": 40.0,
+        }
+        if probe:
+            run["probe"] = probe
+        runs.append(run)
+    return {"case": case, "runs": runs, "startup_s": 70.0}
+
+
+def test_both_passes_and_fp8_ratios_against_their_own_kind():
+    table = report(
+        [
+            _runs("ATOM_AITER_MLA", {"decode-2k": 9000.0, "decode-2k again": 13000.0}),
+            _runs("FLASH_ATTN_MLA", {"decode-2k": 10000.0, "decode-2k again": 12000.0}),
+            _runs("ATOM_AITER_MLA@fp8", {"decode-2k": 9900.0, "decode-2k again": 9000.0}),
+            _runs("FLASHMLA@fp8", {"decode-2k": 9000.0, "decode-2k again": 10000.0}),
+        ]
+    )
+    rows = {line.split(" |")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    new, again = rows["| decode-2k output tok/s"], rows["| decode-2k again output tok/s"]
+    assert "9,000 (0.90x)" in new and "9,900 (1.10x)" in new
+    assert "13,000 (1.08x)" in again and "9,000 (0.90x)" in again
+    assert new.rstrip().endswith("| FLASH_ATTN_MLA, FLASHMLA@fp8 |")
+    assert "| decode-2k again TTFT ms" in rows
+
+
+def test_the_probe_rows_say_what_bounds_a_step():
+    decode = {
+        "steps": 500,
+        "host_ms": 1.9,
+        "gpu_ms": 1.2,
+        "build_us": 80.0,
+        "host_bound_steps": 480,
+        "syncs_exec": 0,
+        "syncs_build": 0,
+        "syncs_sample": 0,
+        "tokens": 32000,
+        "decode_path_tokens": 32000,
+        "plans": {"gluon/lockstep splits 8 tokens 1x1": 500},
+    }
+    table = report([_runs("ATOM_AITER_MLA", {"lat-1": 500.0}, {"decode": decode})])
+    assert "| lat-1 decode host_ms | 1.900 |" in table
+    assert "| lat-1 decode host_bound_steps | 480 |" in table
+    assert "| lat-1 decode tokens on the decode path | 32000/32000 |" in table
+    assert "gluon/lockstep splits 8 tokens 1x1 x500" in table
+
+
+def test_kernels_only_the_plugin_ran_are_listed():
+    def prof(names):
+        kernels = [
+            {"name": n, "calls_per_step": 16.0, "us_per_step": 40.0, "mean_us": 2.5} for n in names
+        ]
+        return {
+            "workload": "lat-1",
+            "phase": "decode",
+            "steps": 8,
+            "wall_ms_per_step": 2.0,
+            "gpu_busy_ms_per_step": 1.0,
+            "kernels_per_step": 300.0,
+            "h2d_copies_per_step": 3.0,
+            "kernels": kernels,
+            "host": {},
+        }
+
+    plugin = {**_runs("ATOM_AITER_MLA", {}), "profiles": [prof(["gemm", "_mla_stage2", "cat"])]}
+    vllm = {**_runs("FLASH_ATTN_MLA", {}), "profiles": [prof(["gemm", "flash_fwd"])]}
+    table = report([plugin, vllm])
+    only = table[table.index("Kernels only the plugin ran") :]
+    assert "`_mla_stage2`" in only and "`cat`" in only and "`gemm`" not in only
+
+
+def test_profile_entries_name_the_pass_and_phase():
+    from benchmarks.engine_probe import parse_profile_entry
+
+    assert parse_profile_entry("lat-1") == ("lat-1", False, "decode")
+    assert parse_profile_entry("decode-2k@again") == ("decode-2k", True, "prefill")
+    assert parse_profile_entry("decode-2k@again:decode") == ("decode-2k", True, "decode")
+    with pytest.raises(ValueError, match="'@twice' is not '@again'"):
+        parse_profile_entry("lat-1@twice")
+    with pytest.raises(ValueError, match="phase 'warmup' is not decode or prefill"):
+        parse_profile_entry("lat-1:warmup")
+
+
 @pytest.mark.vllm
 def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(tmp_path):
     """The whole harness on the CPU build: a wave of two engines, one with the plugin off."""
-    import json
     import subprocess
     import sys
 
@@ -61,6 +209,9 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
         *("--shape", "tiny-llama", "--cases", "default,default@disabled", "--workloads", "lat-1"),
         *("--wave", "2", "--repeats", "1", "--kv-gib", "0.25", "--max-model-len", "2048"),
         *("--eager", "--out-dir", str(out)),
+        # the prefix cache, the same prompts again, the step probe, both profile phases
+        *("--prefix-caching", "--again", "--probe", "--profile", "default"),
+        *("--profile-workloads", "lat-1,lat-1@again"),
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.engine", *args],
@@ -75,8 +226,147 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
     assert set(results) == {"default", "default@disabled"}
     for path in results.values():
         result = json.loads(path.read_text())
-        [run] = [r for r in result["runs"] if r["workload"] == "lat-1"]
-        assert run["steps"] >= run["output_len"] and result["cold"]["workload"] == "lat-1"
+        new, again = [r for r in result["runs"] if r["workload"] == "lat-1"]
+        assert (new["pass"], again["pass"]) == ("new", "again")
+        assert new["steps"] >= new["output_len"] and result["cold"]["workload"] == "lat-1"
+        # every model step recorded: one prefill, the rest decodes
+        assert new["probe"]["prefill"]["steps"] >= 1
+        assert new["probe"]["decode"]["steps"] >= new["output_len"] - 2
+    profiles = json.loads(results["default"].read_text())["profiles"]
+    assert [(p["workload"], p["phase"]) for p in profiles] == [
+        ("lat-1", "decode"),
+        ("lat-1@again", "prefill"),
+    ]
+    assert all(p["steps"] >= 1 for p in profiles)  # no kernels on the CPU build
+    assert (out / "default-lat-1-decode.json.gz").exists()
+    assert "| lat-1 again output tok/s |" in proc.stdout
+    assert "| lat-1 decode host_ms |" in proc.stdout
     # The plugin's platform logs what it installed in the plugin's case only.
     assert "atom-plugin logits processors" in (out / "default.log").read_text()
     assert "atom-plugin" not in (out / "default-disabled.log").read_text()
+
+
+class _Builder:
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        launch = Namespace(kernel="packed", schedule="lockstep", num_splits=4, tokens=1)
+        launch.token_chunks = 1
+        decode = Namespace(plan=Namespace(launch=launch))
+        tokens = common_attn_metadata.num_actual_tokens
+        return Namespace(num_decode_tokens=tokens, decode=decode, prefill=None)
+
+
+class _Runner:
+    """A model runner's shape as the probe meets it: execute_model builds each group's
+    metadata, sample_tokens follows."""
+
+    def __init__(self):
+        group = Namespace(backend=Namespace(get_name=lambda: "ATOM_AITER_MLA"))
+        group.metadata_builders = [_Builder()]
+        self.attn_groups = [[group]]
+
+    def execute_model(self, max_query_len, tokens):
+        common = Namespace(max_query_len=max_query_len, num_actual_tokens=tokens)
+        for group in self.attn_groups[0]:
+            group.metadata_builders[0].build(0, common)
+
+    def sample_tokens(self):
+        return "sampled"
+
+
+def test_the_probe_records_each_model_step():
+    from benchmarks.engine_probe import StepProbe
+
+    runner = _Runner()
+    probe = StepProbe(runner)
+    runner.execute_model(1, 4)  # before begin(): not recorded
+    probe.begin()
+    runner.execute_model(7, 40)
+    assert runner.sample_tokens() == "sampled"
+    for _ in range(3):
+        runner.execute_model(1, 4)
+        runner.sample_tokens()
+    summary = probe.end()
+    assert summary["prefill"]["steps"] == 1 and summary["decode"]["steps"] == 3
+    assert summary["decode"]["tokens"] == 12 and summary["decode"]["decode_path_tokens"] == 12
+    assert summary["decode"]["plans"] == {"packed/lockstep splits 4 tokens 1x1": 3}
+    assert summary["decode"]["build_us"] > 0 and summary["decode"]["syncs_build"] == 0
+    runner.execute_model(1, 4)  # after end(): not recorded
+    assert len(probe.steps) == 4
+
+
+def test_the_phase_profiler_covers_the_phase_it_names():
+    from benchmarks.engine_probe import PhaseProfiler, reduce_trace
+
+    def drive(profiler, prefilling):
+        for p in prefilling:
+            profiler.before_step(p)
+            sum(range(1000))
+            profiler.after_step()
+        profiler.stop()
+
+    decode = PhaseProfiler("decode", max_steps=3)
+    drive(decode, [True, True, False, False, False, False, False])
+    prefill = PhaseProfiler("prefill")
+    drive(prefill, [True, True, False, False])
+    assert (decode.steps, prefill.steps) == (3, 2)
+    reduced = reduce_trace(decode, "lat-1", None)
+    assert (reduced["phase"], reduced["steps"]) == ("decode", 3)
+
+
+def test_the_probe_names_the_plan_a_decode_graph_replays():
+    """A decode step's FULL CUDA graph replays the launch its capture planned for
+    max_model_len keys, not the step's own plan."""
+    import torch
+
+    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+    from atom_plugin.vllm.attention.mla import MLADecodePlanner
+    from benchmarks.engine_probe import _graph_plan, _plan_key
+
+    planner = MLADecodePlanner(
+        kernel_impl="triton",
+        num_heads=16,
+        kv_dtype=torch.bfloat16,
+        layout=MLAStepLayout(torch.bfloat16, 64),
+        max_tokens=8,
+        device="cpu",
+    )
+    decode = planner.decode_metadata(
+        block_table=torch.zeros(1, 16, dtype=torch.int32),
+        seq_lens=torch.tensor([1000], dtype=torch.int32),
+        max_seq_len=1000,
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        slot_mapping=torch.zeros(1, dtype=torch.int64),
+        num_tokens=1,
+        max_query_len=1,
+    )
+    metadata = Namespace(decode=decode, prefill=None)  # the builder's MLA metadata
+    builder = Namespace(planner=planner, model_config=Namespace(max_model_len=16384))
+    graph = _graph_plan(builder, metadata, Namespace(max_query_len=1))
+    assert _plan_key(metadata).startswith("per_token") and graph.startswith("packed")
+    assert _graph_plan(builder, metadata, Namespace(max_query_len=2)) is None
+    assert _graph_plan(Namespace(), metadata, Namespace(max_query_len=1)) is None
+
+
+def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
+    """A host-to-device copy counts as the builders' when the host's CUDA call that
+    launched it fell inside a builder's `probe::build` range; a sync call likewise."""
+    from benchmarks import engine_probe
+
+    events = [  # name, on the GPU, start, end, correlation id
+        ("probe::build", False, 10.0, 20.0, 0),
+        ("cudaMemcpyAsync", False, 12.0, 13.0, 5),  # inside the build
+        ("cudaStreamSynchronize", False, 15.0, 16.0, 0),
+        ("cudaMemcpyAsync", False, 30.0, 31.0, 6),
+        ("cudaStreamSynchronize", False, 40.0, 41.0, 0),
+        ("Memcpy HtoD (Pinned -> Device)", True, 50.0, 51.0, 5),
+        ("Memcpy HtoD (Pinned -> Device)", True, 52.0, 53.0, 6),
+        ("kernel", True, 53.0, 60.0, 7),
+    ]
+    monkeypatch.setattr(engine_probe, "_trace_events", lambda prof: iter(events))
+    profiler = engine_probe.PhaseProfiler("decode")
+    profiler.steps = 2
+    reduced = engine_probe.reduce_trace(profiler, "lat-1", None)
+    assert reduced["h2d_copies_per_step"] == 1.0
+    assert reduced["h2d_copies_in_build_per_step"] == 0.5
+    assert reduced["syncs_in_build_per_step"] == 0.5
+    assert reduced["gpu_busy_ms_per_step"] == 0.0045  # (1 + 1 + 7) us over 2 steps

@@ -1,8 +1,10 @@
-"""The plugin inside vLLM's GPU engine (H200; skipped without CUDA).
+"""The plugin inside vLLM's GPU engine (H200/H100; skipped without CUDA).
 
 Every configuration runs a real vLLM engine in a process of its own (graphs on and
-eager, Model Runner V2 and the V1 runner, two-batch overlap), generates greedily with
-the sampled tokens' logprobs (the decode path), and scores each prompt plus its
+eager, Model Runner V2 and, where the release still has it, the V1 runner, prefix caching
+on and off, vLLM 0.34's extensible KV cache on and off, two-batch overlap), generates
+greedily with the sampled tokens' logprobs (the decode path; with prefix caching on, the
+same prompts twice, the second time from cached blocks), and scores each prompt plus its
 generated tokens teacher-forced (the prefill path). vLLM's own backends then score the
 same sequences. Greedy tokens of random bf16 models flip on near ties, so outputs are
 compared as logprobs: the plugin's distance from vLLM's reference backend
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from atom_plugin.k3.plugin import CHANNEL_PROCESSORS
 from tests.engine import IN_PROCESS_ENGINE, engine_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
@@ -58,12 +61,14 @@ SCORE = textwrap.dedent(
         if spec["generate"]:
             params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, logprobs=0,
                                     ignore_eos=True, detokenize=False)
-            outs = llm.generate([{"prompt_token_ids": p} for p in spec["generate"]], params,
-                                use_tqdm=False)
-            result["generated"] = [list(o.outputs[0].token_ids) for o in outs]
-            result["sampled"] = [[lp[t].logprob for t, lp in
-                                  zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
-                                 for o in outs]
+            prompts = [{"prompt_token_ids": p} for p in spec["generate"]]
+            for again in ("", "_again")[: 1 + spec["again"]]:
+                # The second pass finds the prompts' blocks in the prefix cache.
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                result["generated" + again] = [list(o.outputs[0].token_ids) for o in outs]
+                result["sampled" + again] = [[lp[t].logprob for t, lp in
+                                              zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                                             for o in outs]
             sequences = [p + g for p, g in zip(spec["generate"], result["generated"])]
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
                                 detokenize=False)
@@ -83,7 +88,7 @@ class Config:
     name: str
     model: str  # "mha" or "mla"
     backend: str
-    runner: str = "mrv2"  # or "v1"
+    runner: str = "mrv2"  # or "v1" (vLLM 0.32 and 0.33 only)
     eager: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -94,9 +99,23 @@ class Config:
             VLLM_USE_V2_MODEL_RUNNER="0" if self.runner == "v1" else None,
         )
 
+    @property
+    def prefix_caching(self) -> bool:
+        return self.extra.get("enable_prefix_caching", False)
+
+    @property
+    def extensible(self) -> bool:
+        """Sized from measured memory, the engine takes vLLM 0.34's extensible KV cache (its
+        default on CUDA); a fixed kv_cache_memory_bytes turns it off."""
+        return self.extra.get("kv_cache_memory_bytes", 0) is None
+
 
 # Small chunks make the graphs-on runs mix chunked prefill with decode in one step.
 CHUNKED = {"max_num_batched_tokens": 64}
+PREFIX = {"enable_prefix_caching": True}
+# vLLM's defaults: prefix caching on and the KV cache sized from measured memory. Such an
+# engine measures the GPU's memory while it starts, so these run after the others, alone.
+MEASURED = {**PREFIX, "kv_cache_memory_bytes": None, "gpu_memory_utilization": 0.1}
 TBO_DECODE = {"additional_config": {"atom_plugin": {"tbo": "decode", "tbo_decode_min_requests": 4}}}
 TBO_PREFILL = {
     "additional_config": {"atom_plugin": {"tbo": "prefill", "tbo_prefill_min_tokens": 32}}
@@ -105,16 +124,20 @@ TBO_PREFILL = {
 PLUGIN = [
     Config("mha-mrv2-graphs", "mha", "ATOM_AITER", extra=CHUNKED),
     Config("mha-mrv2-eager", "mha", "ATOM_AITER", eager=True),
+    Config("mha-mrv2-prefix", "mha", "ATOM_AITER", extra={**CHUNKED, **PREFIX}),
     Config("mha-v1-graphs", "mha", "ATOM_AITER", runner="v1", extra=CHUNKED),
     Config("mha-v1-eager", "mha", "ATOM_AITER", runner="v1", eager=True),
     Config("mla-mrv2-graphs", "mla", "ATOM_AITER_MLA", extra=CHUNKED),
     Config("mla-mrv2-eager", "mla", "ATOM_AITER_MLA", eager=True),
+    Config("mla-mrv2-prefix", "mla", "ATOM_AITER_MLA", extra={**CHUNKED, **PREFIX}),
     Config("mla-v1-graphs", "mla", "ATOM_AITER_MLA", runner="v1", extra=CHUNKED),
     Config("mla-v1-eager", "mla", "ATOM_AITER_MLA", runner="v1", eager=True),
     Config("tbo-decode-graphs", "mha", "ATOM_AITER", runner="v1", extra=TBO_DECODE),
     Config(
         "tbo-prefill-graphs", "mha", "ATOM_AITER", runner="v1", extra={**TBO_PREFILL, **CHUNKED}
     ),
+    Config("mha-mrv2-measured", "mha", "ATOM_AITER", extra=MEASURED),
+    Config("mla-mrv2-measured", "mla", "ATOM_AITER_MLA", extra=MEASURED),
 ]
 # (reference, second backend) per model: the second one's distance from the reference
 # is the yardstick.
@@ -125,13 +148,23 @@ EXPECTED_RUNNER = {
 }
 
 
-def _run(config_name: str, llm: dict, env: dict, generate, score, tbo: bool) -> dict:
+def _runs_here(config: Config) -> bool:
+    """Whether this vLLM has the runner `config` asks for (vLLM 0.34 removed V1)."""
+    from atom_plugin.vllm.compat.runners import has_v1_runner
+
+    return config.runner != "v1" or has_v1_runner()
+
+
+def _run(
+    config_name: str, llm: dict, env: dict, generate, score, tbo: bool, again: bool = False
+) -> dict:
     spec = {
         "llm": llm,
         "generate": generate,
         "score": score,
         "max_tokens": MAX_TOKENS,
         "tbo": tbo,
+        "again": again,
     }
     proc = subprocess.run(
         [sys.executable, "-c", SCORE, json.dumps(spec)],
@@ -181,13 +214,19 @@ def runs(models):
             "enforce_eager": c.eager,
             **c.extra,
         }
+        llm = {k: v for k, v in llm.items() if v is not None}
+        tbo = "additional_config" in c.extra
         try:
-            return c.name, _run(c.name, llm, c.env(), prompts, None, "additional_config" in c.extra)
+            result = _run(c.name, llm, c.env(), prompts, None, tbo, again=c.prefix_caching)
+            return c.name, result
         except AssertionError as failure:  # reported by this configuration's own test
             return c.name, failure
 
-    with ThreadPoolExecutor(len(PLUGIN)) as pool:
-        plugin = dict(pool.map(plugin_run, PLUGIN))
+    here = [c for c in PLUGIN if _runs_here(c)]
+    with ThreadPoolExecutor(len(here)) as pool:
+        plugin = dict(pool.map(plugin_run, [c for c in here if not c.extensible]))
+    for config in (c for c in here if c.extensible):  # one at a time: each measures memory
+        plugin.update([plugin_run(config)])
 
     def reference_run(item):
         model, backend = item
@@ -209,7 +248,11 @@ def runs(models):
 
 def _ran(plugin: dict, model: str) -> list[Config]:
     """The configurations of `model` whose engine ran, in PLUGIN order."""
-    return [c for c in PLUGIN if c.model == model and not isinstance(plugin[c.name], Exception)]
+    return [
+        c
+        for c in PLUGIN
+        if c.model == model and c.name in plugin and not isinstance(plugin[c.name], Exception)
+    ]
 
 
 def _reference_rows(plugin, reference, config: Config, backend: str) -> list[list[float]]:
@@ -227,6 +270,14 @@ def _reference_rows(plugin, reference, config: Config, backend: str) -> list[lis
     raise KeyError(config.name)
 
 
+def _same_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two generations share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     worst = 0.0
     for row_a, row_b in zip(a, b, strict=True):
@@ -236,6 +287,8 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 
 @pytest.mark.parametrize("config", PLUGIN, ids=[c.name for c in PLUGIN])
 def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
+    if not _runs_here(config):
+        pytest.skip(f"this vLLM has no {config.runner} model runner (vLLM 0.34 removed V1)")
     plugin, reference = runs
     result = plugin[config.name]
     if isinstance(result, Exception):
@@ -247,6 +300,9 @@ def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
     assert facts["runner"].startswith(expected), facts
     assert facts["torch_cuda_event"] == "torch.cuda.streams.Event", facts
     assert ("NONE" in facts["cudagraph_mode"]) == config.eager, facts
+    assert facts["prefix_caching"] == config.prefix_caching, facts
+    if facts["extensible_kv_cache"] is not None:  # a release with the extensible KV cache
+        assert facts["extensible_kv_cache"] == config.extensible, facts
     ref_name, second_name = REFERENCES[config.model]
     ref = _reference_rows(plugin, reference, config, ref_name)
     second = _reference_rows(plugin, reference, config, second_name)
@@ -260,12 +316,38 @@ def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
     print(f"{config.name}: prefill {prefill:.4f} decode {decode:.4f} "
           f"{second_name} vs {ref_name} {yardstick:.4f} bound {bound:.4f}")  # fmt: skip
     assert prefill <= bound and decode <= bound, (prefill, decode, yardstick)
+    if config.prefix_caching:  # the same prompts again, their blocks from the prefix cache
+        # Compared up to a row's first token that differs from the first pass (a near tie).
+        pairs = zip(result["generated"], result["generated_again"], strict=True)
+        same = [_same_prefix(a, b) for a, b in pairs]
+        again = _max_diff(
+            [row[:n] for row, n in zip(result["sampled_again"], same, strict=True)],
+            [row[-MAX_TOKENS:][:n] for row, n in zip(ref, same, strict=True)],
+        )
+        assert sum(same) >= MAX_TOKENS * len(same) // 2, same  # most tokens repeat
+        print(f"{config.name}: decode from cached prompts {again:.4f}")
+        assert again <= bound, (again, yardstick)
     if "tbo" in result:
         stats = result["tbo"]
         kind = config.extra["additional_config"]["atom_plugin"]["tbo"]
         assert stats[kind] > 0, stats  # the split path ran
         if kind == "decode":
             assert stats["replayed"] > 0, stats  # and its graphs replayed
+
+
+@pytest.mark.parametrize("model", sorted(REFERENCES))
+def test_engine_that_asks_nothing_of_the_plugin_serves_with_it_installed(runs, model):
+    """vLLM's own backends, the plugin installed: its platform and K3 processor in place,
+    nothing else of it used."""
+    _, reference = runs
+    for backend in REFERENCES[model]:
+        result = reference[(model, backend)]
+        if isinstance(result, Exception):
+            raise result
+        facts = result["facts"]
+        assert facts["platform"] == "AtomCudaPlatform", facts
+        assert facts["attention_backends"] == [backend], facts
+        assert facts["logits_processors"] == [CHANNEL_PROCESSORS["mrv2"]], facts
 
 
 def test_k3_required_and_named_are_forced_under_model_runner_v2(tmp_path):

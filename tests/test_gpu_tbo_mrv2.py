@@ -117,38 +117,47 @@ def _attempt(name, llm, generate, score, tbo):
 
 @pytest.fixture(scope="module")
 def runs(models):
-    """Every TBO configuration, then per model TBO off and vLLM's two reference backends
-    scoring the sequences the configurations of that model made."""
+    """`runs(model)`: every TBO configuration of `model`, then the plugin with TBO off and
+    vLLM's two reference backends scoring the sequences those configurations made. Each
+    model's engines start only when one of its tests asks (a `-k` selection of one model
+    runs that model's engines alone)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    prompts = _prompts(500)
-    with ThreadPoolExecutor(len(CONFIGS)) as pool:
-        results = pool.map(lambda c: _attempt(c.name, c.llm(models), prompts, None, True), CONFIGS)
-        tbo = dict(zip((c.name for c in CONFIGS), results, strict=True))
+    done: dict[str, tuple[dict, dict]] = {}
 
-    def score(item):
-        model, scorer = item
-        ran = [c for c in CONFIGS if c.model == model and not isinstance(tbo[c.name], Exception)]
+    def run_model(model: str) -> tuple[dict, dict]:
+        if model in done:
+            return done[model]
+        prompts = _prompts(500)
+        configs = [c for c in CONFIGS if c.model == model]
+
+        def generate(c):
+            return _attempt(c.name, c.llm(models), prompts, None, True)
+
+        with ThreadPoolExecutor(len(configs)) as pool:
+            tbo = dict(zip((c.name for c in configs), pool.map(generate, configs), strict=True))
+        ran = [c for c in configs if not isinstance(tbo[c.name], Exception)]
         sequences = [s for c in ran for s in tbo[c.name]["sequences"]]
-        if not sequences:
-            return item, AssertionError(f"no {model} TBO configuration ran")
-        llm = {**ENGINE, "model": models[model]}
-        if scorer == "tbo-off":  # the plugin's backend, graphs on, nothing split
-            llm["attention_config"] = {"backend": BACKENDS[model]}
-        else:
-            llm["attention_config"] = {"backend": scorer}
-        return item, _attempt(f"{model}-{scorer}", llm, None, sequences, False)
 
-    scorers = [(m, s) for m in BACKENDS for s in ("tbo-off", *REFERENCES[m])]
-    with ThreadPoolExecutor(len(scorers)) as pool:
-        scored = dict(pool.map(score, scorers))
-    return tbo, scored
+        def score(scorer):
+            if not sequences:
+                return scorer, AssertionError(f"no {model} TBO configuration ran")
+            backend = BACKENDS[model] if scorer == "tbo-off" else scorer
+            llm = {**ENGINE, "model": models[model], "attention_config": {"backend": backend}}
+            return scorer, _attempt(f"{model}-{scorer}", llm, None, sequences, False)
+
+        scorers = ("tbo-off", *REFERENCES[model])  # TBO off: the plugin's backend, graphs on
+        with ThreadPoolExecutor(len(scorers)) as pool:
+            done[model] = tbo, dict(pool.map(score, scorers))
+        return done[model]
+
+    return run_model
 
 
 def _rows(runs, config: TboConfig, scorer: str) -> list[list[float]]:
     """`scorer`'s teacher-forced scores of `config`'s sequences."""
-    tbo, scored = runs
-    result = scored[(config.model, scorer)]
+    tbo, scored = runs(config.model)
+    result = scored[scorer]
     if isinstance(result, Exception):
         raise result
     start = 0
@@ -164,7 +173,7 @@ def _rows(runs, config: TboConfig, scorer: str) -> list[list[float]]:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_tbo_on_mrv2_equals_tbo_off_and_splits(runs, config):
-    result = runs[0][config.name]
+    result = runs(config.model)[0][config.name]
     if isinstance(result, Exception):
         raise result
     facts = result["facts"]

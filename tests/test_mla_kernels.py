@@ -16,6 +16,7 @@ from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance 
 from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
 from atom_plugin.attention.mla import ops as mla_ops  # noqa: E402
+from atom_plugin.attention.mla.gluon.probe import MLAStepLayout  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 from atom_plugin.attention.mla.reference import (  # noqa: E402
     mla_decode_reference,
@@ -185,6 +186,55 @@ def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens):
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert not out.isnan().any()
+
+
+# Prefill rows on the decode kernel (vLLM hands the decode rows of up to
+# PREFILL_ROWS_ON_DECODE new tokens): a prefix-cache hit's remainder over its context, a
+# short prompt from position 0, beside decode rows and inert padding.
+PREFILL_ROWS = [(1, 30), (13, 50), (9, 9), (1, 1), (6, 23)]
+
+
+@INTERPRETER_ONLY
+@pytest.mark.parametrize(
+    "cfg,tokens,chunks",
+    [
+        ({"kernel": "packed"}, 4, 4),  # 16 heads x 4 tokens a program, 13 tokens in 4 chunks
+        ({"kernel": "packed", "BLOCK_N": 16}, 4, 4),
+        ({"kernel": "per_token"}, 1, 1),
+    ],
+)
+def test_triton_decode_runs_prefill_rows(cfg, tokens, chunks):
+    b = make_mla_batch(
+        PREFILL_ROWS, heads=16, lora=32, rope=16, pad_rows=1, pad_tokens=2, nan_unused=True
+    )
+    plan = plan_mla_decode(b.meta, b.q.shape[0], 16, kernel_impl="triton", config=cfg)
+    assert (plan.launch.tokens, plan.launch.token_chunks) == (tokens, chunks)
+    want_out, want_lse = _direct(b, 32)
+    out, lse = _run("triton", b, 32, plan=plan)
+    T = b.meta.num_actual_tokens
+    torch.testing.assert_close(out[:T], want_out[:T], **tolerance(torch.float32))
+    torch.testing.assert_close(lse[:T], want_lse[:T], **tolerance(torch.float32))
+    assert (out[T:] == SENTINEL).all(), "a padding token's output was written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("kernel", ["packed", "per_token", None])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_decode_runs_prefill_rows(heads, kernel, cache):
+    """DeepSeek sizes: rows of 16, 64 and 128 new tokens over 2K-4K contexts and a
+    128-token prompt from position 0, beside decode rows; the Triton kernels and the
+    plan's own choice (the Gluon kernel on Hopper)."""
+    reqs = [(1, 2100), (16, 2064), (64, 4000), (128, 128), (128, 3000), (1, 5)]
+    b = gpu_edge_batch(reqs, heads, cache)
+    want_out, want_lse = _run("torch", b, 512)
+    config = {"kernel": kernel} if kernel else None
+    out, lse = _run("triton", b, 512, config=config, layout=MLAStepLayout(torch.bfloat16, 64))
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    T = b.meta.num_actual_tokens
+    assert not out[:T].isnan().any()
+    torch.testing.assert_close(out[:T], want_out[:T], **tol)
+    torch.testing.assert_close(lse[:T], want_lse[:T], atol=1e-2, rtol=1e-3)
 
 
 @INTERPRETER_ONLY

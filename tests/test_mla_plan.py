@@ -98,6 +98,16 @@ def test_uniform_decode_step_takes_the_short_path():
     assert len(short) <= 4 < len(general), (short, general)
 
 
+def test_uniform_decode_step_writes_its_buffers_in_place():
+    """With the builder's persistent buffers a decode step's token plan is one arange
+    and one copy into them: no temporaries, no copies of copies."""
+    uniform = _meta([(1, 40), (1, 0), (1, 7)])
+    bufs = (torch.full((8,), 99, dtype=torch.int32), torch.full((8,), 99, dtype=torch.int32))
+    ops = _ops(lambda: plan_mla_decode(uniform, 3, 16, kernel_impl="torch", out=bufs))
+    assert [op for op in ops if op != "aten::slice"] == ["aten::arange", "aten::copy_"], ops
+    assert bufs[0].tolist() == [0, 1, 2, *[99] * 5] and bufs[1].tolist()[:4] == [40, 0, 7, 99]
+
+
 def test_token_plan_causal_rows_and_padding():
     b = make_mla_batch([(1, 5), (3, 10)], heads=1, lora=16, rope=16, pad_rows=2, pad_tokens=1)
     req, kv_len = mla_token_plan(b.meta, 5)

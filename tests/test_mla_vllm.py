@@ -43,8 +43,12 @@ def cpu_mla_tokens(tiny_deepseek):
 
 @pytest.mark.vllm
 def test_greedy_tokens_equal_vllm_cpu_mla(tiny_deepseek, cpu_mla_tokens):
+    """The prompts (all shorter than PREFILL_ROWS_ON_DECODE) prefill on the decode
+    kernel, causal from position 0, as vLLM hands such rows to the decode; CPU_MLA
+    prefills them on its own prefill path."""
     run = generate(_llm(tiny_deepseek, "atom_aiter"), PROMPTS, GREEDY)
     assert "Using ATOM_AITER_MLA backend (atom-plugin)" in run["log"]
+    assert "prefill rows of up to 128 new tokens run on the decode kernel" in run["log"]
     assert run["tokens"] == cpu_mla_tokens
     assert all(len(t) == GREEDY["max_tokens"] for t in run["tokens"])
 

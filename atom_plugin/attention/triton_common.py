@@ -16,7 +16,8 @@ MIN_TOKENS_PER_SPLIT = 256  # below this, partial-result traffic costs more than
 # device's own figure (`triton_decode.programs_per_sm`): the H200's with Triton 3.6
 DECODE_PROGRAMS_PER_SM = 3
 # Decode programs an SM needs in flight to keep DRAM busy: a wave with fewer takes as long
-# as one with this many (the H200 sweeps with 3 and 5 programs an SM, docs/benchmarks.md)
+# as one with this many (the H200 sweeps with 3 and 5 programs an SM, docs/benchmarks.md
+# at 7b425cd)
 SATURATING_PROGRAMS_PER_SM = 3
 SPLIT_COST_TOLERANCE = 1.05
 REGISTERS_PER_SM = 65536  # every NVIDIA GPU since Maxwell

@@ -9,8 +9,10 @@ idempotent: vLLM may call them several times in one process.
 from __future__ import annotations
 
 import functools
+import importlib
 
 from atom_plugin.vllm.compat import unsupported_message
+from atom_plugin.vllm.guard import setup_step
 from atom_plugin.vllm.registration import (
     plugin_disabled,
     register_attention_backends,
@@ -35,12 +37,18 @@ def detect_builtin_platform() -> str | None:
 
 
 def register_platform() -> str | None:
-    """Platform plugin: register backend names, return the platform subclass path."""
+    """Platform plugin: register backend names, return the platform subclass path (None:
+    vLLM keeps its own platform, also when the plugin cannot set itself up here)."""
     if plugin_disabled():
         return None
-    register_attention_backends()
-    name = detect_builtin_platform()
-    return _PLATFORM_CLASSES.get(name) if name else None
+    with setup_step("its platform and attention backends"):
+        register_attention_backends()
+        name = detect_builtin_platform()
+        path = _PLATFORM_CLASSES.get(name) if name else None
+        if path is not None:
+            _import_class(path)  # vLLM imports it next: a class that cannot import stands aside
+        return path
+    return None
 
 
 def register_general() -> None:
@@ -50,9 +58,15 @@ def register_general() -> None:
     """
     if plugin_disabled():
         return
-    specs = register_attention_backends()
-    register_tool_parsers()
-    _announce(tuple(spec.name for spec in specs))
+    with setup_step("its attention backends and tool parsers"):
+        specs = register_attention_backends()
+        register_tool_parsers()
+        _announce(tuple(spec.name for spec in specs))
+
+
+def _import_class(path: str) -> type:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 @functools.cache

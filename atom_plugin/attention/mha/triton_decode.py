@@ -254,9 +254,9 @@ def _decode_reduce_kernel(
 
 @functools.cache
 def _config(head_size: int, kv_block: int) -> dict:
-    """The production config (H200 sweeps, docs/benchmarks.md): up to head size 128, 64-key
-    tiles three stages deep whose block-table reads go one per cache block. Read only:
-    every call of a shape shares it."""
+    """The production config (H200 sweeps, docs/benchmarks.md at 7b425cd): up to head size
+    128, 64-key tiles three stages deep whose block-table reads go one per cache block. Read
+    only: every call of a shape shares it."""
     if head_size > 128:
         return dict(BLOCK_N=32, num_warps=4, num_stages=2)
     return dict(BLOCK_N=64, num_warps=4, num_stages=3, table_blocks=64 % kv_block == 0)

@@ -225,7 +225,7 @@ def _prefill_kernel(
 
 
 def _configs(head_size: int, block_g: int, cuda: bool) -> list[dict]:
-    """Candidates, fastest first (H200 sweeps, docs/benchmarks.md); a GPU with too little
+    """Candidates, fastest first (H200 sweeps, docs/benchmarks.md at 7b425cd); a GPU with too little
     shared memory for one falls back to the next.
 
     On CUDA the first holds 128 rows on 8 warps with 3 stages and caps its registers at

@@ -5,8 +5,8 @@ step's sizes (`mla.plan.plan_mla_decode` calls `plan_launch`): which stage-1 ker
 holds, the KV split count (`best_num_splits`), the Gluon kernel's schedule
 (`gluon_schedule`), the merge's columns per program (`merge_block_dv`) and its split
 tile (`merge_block_s`). Correctness does not depend on the split count; the rules aim at
-speed, and the H200 measurements behind them are in docs/benchmarks.md ("Attention
-(MLA)").
+speed, and the H200 measurements behind them are in docs/benchmarks.md as of 7b425cd
+("Attention (MLA)").
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ def merge_block_s(splits: int) -> int:
 
 
 # A program's fixed cost (query load, partial-result store, its share of the merge) in
-# key tiles; fitted to the H200 split sweep in docs/benchmarks.md.
+# key tiles; fitted to the H200 split sweep (docs/benchmarks.md as of 7b425cd).
 SPLIT_OVERHEAD_TILES = 3
 
 

@@ -23,7 +23,10 @@ if TYPE_CHECKING:  # launch_plan imports Triton, which the torch and AITER paths
 
 
 def mla_token_plan(
-    meta, num_tokens: int, token_kv_lens: torch.Tensor | None = None
+    meta,
+    num_tokens: int,
+    token_kv_lens: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query token: its request row (-1: not covered by any request) and how many
     cached keys it sees (int32, on the metadata's device, no host sync).
@@ -32,15 +35,25 @@ def mla_token_plan(
     position seq_len - q_len + j, so it sees seq_len - q_len + j + 1 keys. Rows with
     seq_len 0 are inert and see none. `token_kv_lens` replaces the visible counts (decode
     context parallelism, where the cache holds only this rank's share of each context).
+    `out`: persistent buffers the plan is written into (their first `num_tokens`
+    entries are returned).
     """
     qsl = meta.query_start_loc[: meta.num_reqs + 1]
     device = qsl.device
+    if out is not None and out[0].shape[0] < num_tokens:
+        raise ValueError(f"plan buffers hold {out[0].shape[0]} tokens, the step has {num_tokens}")
     if token_kv_lens is None and meta.max_query_len <= 1 and num_tokens == meta.num_reqs:
         # A uniform decode step (query_start_loc is 0, 1, ..., n): token t is request t's
         # only query and sees all of its seq_len keys. Two ops instead of some forty
-        # small ones, each a kernel launch and its host cost on every decode step.
-        req = torch.arange(num_tokens, device=device, dtype=torch.int32)
-        return req, meta.seq_lens[:num_tokens].to(torch.int32)
+        # small ones, each a kernel launch and its host cost on every decode step; with
+        # buffers, written straight into them (no temporaries, no copies).
+        if out is None:
+            req = torch.arange(num_tokens, device=device, dtype=torch.int32)
+            return req, meta.seq_lens[:num_tokens].to(torch.int32)
+        req, kv_len = out[0][:num_tokens], out[1][:num_tokens]
+        torch.arange(num_tokens, out=req)
+        kv_len.copy_(meta.seq_lens[:num_tokens])
+        return req, kv_len
     t = torch.arange(num_tokens, device=device, dtype=qsl.dtype)
     req = torch.searchsorted(qsl[1:].contiguous(), t, right=True)
     covered = (req < meta.num_reqs) & (t >= qsl[0])
@@ -59,7 +72,11 @@ def mla_token_plan(
         kv_len = torch.where(seq[req] > 0, kv_len, torch.zeros_like(kv_len))
     kv_len = torch.where(covered, kv_len.clamp(min=0), torch.zeros_like(kv_len)).to(torch.int32)
     req = torch.where(covered, req, torch.full_like(req, -1)).to(torch.int32)
-    return req, kv_len
+    if out is None:
+        return req, kv_len
+    out[0][:num_tokens].copy_(req)
+    out[1][:num_tokens].copy_(kv_len)
+    return out[0][:num_tokens], out[1][:num_tokens]
 
 
 @dataclass(frozen=True)
@@ -112,14 +129,7 @@ def plan_mla_decode(
         raise ValueError(f"kernel_impl must be one of {KERNEL_IMPLS}, got {impl!r}")
     if impl == "aiter":
         return _plan_aiter(meta, num_heads, kv_dtype, layout, token_kv_lens)
-    req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens)
-    if out is not None:
-        n = req.shape[0]
-        if out[0].shape[0] < n:
-            raise ValueError(f"plan buffers hold {out[0].shape[0]} tokens, the step has {n}")
-        out[0][:n].copy_(req)
-        out[1][:n].copy_(kv_len)
-        req, kv_len = out[0][:n], out[1][:n]
+    req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens, out)
     if impl == "torch":
         return TorchMLAPlan(req, kv_len)
     # imported here: Triton is optional (not installed on every platform)

@@ -21,7 +21,7 @@ packed kernel widens an fp8 tile unscaled to fp16 or bf16 (FP16_MATH; e4m3 value
 exact in both) and folds the per-tensor scale into the score scale and the output; the
 per-token kernel reads fp8 through pointer loads only and dequantizes in fp32.
 
-The kernels keep their names: profiles (docs/benchmarks.md) name them.
+The kernels keep their names: profiles (benchmarks/results/kernel-profiles-h200/) name them.
 """
 
 from __future__ import annotations

@@ -8,11 +8,12 @@ backend supplies the decode (`mla.ops.mla_decode`: AITER, Triton or the torch
 reference, whichever path the builder's per-step plan belongs to) and the cache write
 (`mla.ops.write_mla_kv`, on the path the impl resolves at its first write).
 
-Decode rows may carry several query tokens (speculative verification, any mix of
-lengths: `QueryLenSupport.VARLEN`); they are causal. Under decode context parallelism
-the cache holds this rank's share of each context; single-token rows see all of it
-(`dcp_local_seq_lens`), multi-token rows see the local rows whose global position is
-at most their own.
+Decode rows may carry several query tokens (speculative verification, and prefill rows
+of up to `PREFILL_ROWS_ON_DECODE` new tokens: any mix of lengths,
+`QueryLenSupport.VARLEN`); they are causal. Under decode context parallelism the cache
+holds this rank's share of each context; single-token rows see all of it
+(`dcp_local_seq_lens`), multi-token rows see the local rows whose global position is at
+most their own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
+from vllm.logger import init_logger
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
     MLACommonDecodeMetadata,
@@ -40,6 +42,19 @@ from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_probl
 from atom_plugin.attention.mla.plan import MLAPlan, mla_token_plan, plan_mla_decode
 from atom_plugin.attention.select import select_kernel_impl
 from atom_plugin.vllm.attention.mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
+
+logger = init_logger("vllm.atom_plugin")
+
+# The longest prefill row (new tokens of one request) vLLM's MLA layer hands this
+# backend's decode rather than its MHA prefill: a prefix-cache hit's remainder, a chunked
+# prefill's tail, a short prompt. The MHA prefill up-projects every cached context row
+# (kv_b_proj: 512 -> heads x 256, 131,072 multiply-adds a row and head) and runs two
+# attention calls and a merge; the decode reads each latent row as it is and scores a
+# query token against it in 1,088 multiply-adds a head, against the prefill's 320
+# (DeepSeek's widths). The two cost the same near 170 new tokens a row at any head
+# count; 128 stays below that (vLLM's FLASHMLA takes 128, FLASH_ATTN_MLA 512). The
+# AITER path keeps 1: its decode was checked on speculative rows only.
+PREFILL_ROWS_ON_DECODE = 128
 
 
 @dataclass
@@ -63,39 +78,149 @@ def dcp_token_kv_lens(
     return get_dcp_local_seq_lens(visible, dcp_size, dcp_rank, interleave).to(torch.int32)
 
 
+class MLADecodePlanner:
+    """The builder's work on a step's decode rows, from the device tensors and host
+    integers vLLM's builder hands it: the rows in the plugin's form and their plan, made
+    once a step for every layer, its token tables in persistent buffers (a captured CUDA
+    graph reads each step's plan at the addresses it was captured with; under TBO each
+    micro-batch's builder has a planner, and buffers, of its own). Nothing here reads the
+    device back: under async scheduling a read would stall the host until the GPU has
+    finished the step before."""
+
+    def __init__(
+        self,
+        *,
+        kernel_impl: str,
+        num_heads: int,
+        kv_dtype: torch.dtype,
+        layout: MLAStepLayout,
+        max_tokens: int,
+        device: torch.device | str,
+        decode_query_len: int = 1,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        dcp_interleave: int = 1,
+    ) -> None:
+        self.kernel_impl = kernel_impl
+        self.num_heads = num_heads  # the query heads the kernel sees (all DCP ranks')
+        self.kv_dtype = kv_dtype
+        self.layout = layout  # what the kernel choice needs beyond the step's sizes
+        self.decode_query_len = decode_query_len  # a decode row's tokens (1 + drafts)
+        self.dcp_world_size, self.dcp_rank = dcp_world_size, dcp_rank
+        self.dcp_interleave = dcp_interleave
+        self.buffers = tuple(
+            torch.zeros(max_tokens, dtype=torch.int32, device=device) for _ in range(2)
+        )
+        self._prefill_rows_seen = False
+
+    def decode_metadata(
+        self,
+        *,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_seq_len: int,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_tokens: int,
+        max_query_len: int,
+        dcp_tot_seq_lens: torch.Tensor | None = None,
+        context: int | None = None,
+    ) -> AtomMLADecodeMetadata:
+        """`context`: the key count the split rule plans for (None: `max_seq_len`; a
+        CUDA-graph capture passes the longest context the graph may replay)."""
+        num_rows = seq_lens.shape[0]
+        single = max_query_len <= 1
+        if max_query_len > self.decode_query_len and not self._prefill_rows_seen:
+            self._prefill_rows_seen = True
+            logger.info(
+                "ATOM_AITER_MLA: prefill rows of up to %d new tokens run on the decode "
+                "kernel (this step: up to %d)",
+                PREFILL_ROWS_ON_DECODE,
+                max_query_len,
+            )
+        paged = PagedAttentionMetadata(
+            num_reqs=num_rows,
+            num_actual_tokens=num_tokens,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            num_decodes=num_rows if single else 0,
+            num_decode_tokens=num_tokens if single else 0,
+            query_start_loc=query_start_loc.to(torch.int32),
+            seq_lens=seq_lens.to(torch.int32),
+            block_table=block_table.to(torch.int32),
+            slot_mapping=slot_mapping[:num_tokens].to(torch.int64),
+        )
+        token_kv_lens = None
+        if dcp_tot_seq_lens is not None and max_query_len > 1:
+            token_kv_lens = dcp_token_kv_lens(
+                paged,
+                dcp_tot_seq_lens,
+                num_tokens,
+                self.dcp_world_size,
+                self.dcp_rank,
+                self.dcp_interleave,
+            )
+        plan = plan_mla_decode(
+            paged,
+            num_tokens,
+            self.num_heads,
+            kernel_impl=self.kernel_impl,
+            kv_dtype=self.kv_dtype,
+            layout=self.layout,
+            token_kv_lens=token_kv_lens,
+            context=context,
+            out=self.buffers,
+        )
+        return AtomMLADecodeMetadata(
+            block_table=paged.block_table,
+            seq_lens=paged.seq_lens,
+            dcp_tot_seq_lens=dcp_tot_seq_lens,
+            paged=paged,
+            plan=plan,
+        )
+
+
 class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.VARLEN
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        kernel_impl = select_kernel_impl(torch.device(device))
+        # read by vLLM's builder as it starts (speculative rows may raise it further)
+        self.reorder_batch_threshold = PREFILL_ROWS_ON_DECODE if kernel_impl != "aiter" else 1
         super().__init__(
             kv_cache_spec, layer_names, vllm_config, device, supports_dcp_with_varlen=True
         )
-        self.kernel_impl = select_kernel_impl(torch.device(device))
-        self.dcp_rank = 0
+        self.kernel_impl = kernel_impl
+        dcp_rank = 0
         if self.dcp_world_size > 1:
             from vllm.distributed.parallel_state import get_dcp_group
 
-            self.dcp_rank = get_dcp_group().rank_in_group
+            dcp_rank = get_dcp_group().rank_in_group
         cache_dtype = vllm_config.cache_config.cache_dtype
-        self._kv_dtype = (
-            current_platform.fp8_dtype() if cache_dtype.startswith("fp8") else kv_cache_spec.dtype
-        )
-        # what the decode plan's kernel choice needs beyond the step's sizes
-        self._step_layout = MLAStepLayout(
-            self.model_config.dtype,
-            self.page_size,
-            self.mla_dims.kv_lora_rank,
-            self.mla_dims.qk_rope_head_dim,
+        spec = vllm_config.speculative_config
+        self.planner = MLADecodePlanner(
+            kernel_impl=kernel_impl,
+            num_heads=self.num_heads * self.dcp_world_size,
+            kv_dtype=(
+                current_platform.fp8_dtype()
+                if cache_dtype.startswith("fp8")
+                else kv_cache_spec.dtype
+            ),
+            layout=MLAStepLayout(
+                self.model_config.dtype,
+                self.page_size,
+                self.mla_dims.kv_lora_rank,
+                self.mla_dims.qk_rope_head_dim,
+            ),
+            max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            device=device,
+            decode_query_len=1 + ((spec.num_speculative_tokens or 0) if spec else 0),
+            dcp_world_size=self.dcp_world_size,
+            dcp_rank=dcp_rank,
+            dcp_interleave=self.cp_kv_cache_interleave_size,
         )
         self._slot_mapping: torch.Tensor | None = None
-        # The decode plan's token tensors live in persistent buffers, so a captured CUDA
-        # graph reads each step's plan at the addresses it was captured with (under TBO
-        # each micro-batch has a builder, and buffers, of its own).
-        n = vllm_config.scheduler_config.max_num_batched_tokens
-        self._plan_buffers = tuple(
-            torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2)
-        )
         # The key count the split rule plans for while a CUDA graph is captured (its
         # dummy batch has context 1, but the graph replays any context).
         self._capture_context: int | None = None
@@ -122,50 +247,16 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         max_query_len,
         dcp_tot_seq_lens_device,
     ) -> AtomMLADecodeMetadata:
-        num_rows = seq_lens_device.shape[0]
-        single = max_query_len <= 1
-        paged = PagedAttentionMetadata(
-            num_reqs=num_rows,
-            num_actual_tokens=num_decode_tokens,
-            max_query_len=max_query_len,
+        return self.planner.decode_metadata(
+            block_table=block_table_tensor,
+            seq_lens=seq_lens_device,
             max_seq_len=int(max_seq_len),
-            num_decodes=num_rows if single else 0,
-            num_decode_tokens=num_decode_tokens if single else 0,
-            query_start_loc=query_start_loc_device.to(torch.int32),
-            seq_lens=seq_lens_device.to(torch.int32),
-            block_table=block_table_tensor.to(torch.int32),
-            slot_mapping=self._slot_mapping[:num_decode_tokens].to(torch.int64),
-        )
-        return self._decode_metadata(paged, dcp_tot_seq_lens_device)
-
-    def _decode_metadata(self, paged, dcp_tot_seq_lens) -> AtomMLADecodeMetadata:
-        token_kv_lens = None
-        if dcp_tot_seq_lens is not None and paged.max_query_len > 1:
-            token_kv_lens = dcp_token_kv_lens(
-                paged,
-                dcp_tot_seq_lens,
-                paged.num_actual_tokens,
-                self.dcp_world_size,
-                self.dcp_rank,
-                self.cp_kv_cache_interleave_size,
-            )
-        plan = plan_mla_decode(
-            paged,
-            paged.num_actual_tokens,
-            self.num_heads * self.dcp_world_size,  # the query heads the kernel sees
-            kernel_impl=self.kernel_impl,
-            kv_dtype=self._kv_dtype,
-            layout=self._step_layout,
-            token_kv_lens=token_kv_lens,
+            query_start_loc=query_start_loc_device,
+            slot_mapping=self._slot_mapping,
+            num_tokens=num_decode_tokens,
+            max_query_len=max_query_len,
+            dcp_tot_seq_lens=dcp_tot_seq_lens_device,
             context=self._capture_context,
-            out=self._plan_buffers,
-        )
-        return AtomMLADecodeMetadata(
-            block_table=paged.block_table,
-            seq_lens=paged.seq_lens,
-            dcp_tot_seq_lens=dcp_tot_seq_lens,
-            paged=paged,
-            plan=plan,
         )
 
 

@@ -12,12 +12,12 @@ import re
 # The one declaration of the supported range: pyproject's `vllm` extra repeats it
 # (a test keeps the two equal) and the adapter warns at start outside it.
 SUPPORTED_VLLM_MIN = (0, 32)  # inclusive
-SUPPORTED_VLLM_BELOW = (0, 34)  # exclusive
+SUPPORTED_VLLM_BELOW = (0, 35)  # exclusive
 SUPPORTED_VLLM = (
     f">={'.'.join(map(str, SUPPORTED_VLLM_MIN))},<{'.'.join(map(str, SUPPORTED_VLLM_BELOW))}"
 )
 # The releases the checks were run on (docs/conformance.md says how).
-CHECKED_RELEASES = ("0.32.0", "0.33.0")
+CHECKED_RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 
 
 def release_tuple(version: str) -> tuple[int, ...] | None:

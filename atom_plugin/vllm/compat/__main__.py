@@ -18,7 +18,8 @@ from atom_plugin.vllm.compat.check import ADAPTER_PACKAGE, Adapter, Coverage, ch
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m atom_plugin.vllm.compat",
-        description="Check that a vLLM offers every name, signature and call the adapter uses.",
+        description="Check that a vLLM offers every name, signature, call and attribute the "
+        "adapter uses.",
     )
     parser.add_argument(
         "--source",

@@ -15,33 +15,54 @@ other findings), and for every class with a vLLM class among its ancestors:
 - call (undeclared): a method vLLM calls through the role's attribute without declaring
   it on the base (the MHA impl's `do_kv_cache_update` in 0.32) binds to one of the calls;
 - super-call: what the adapter passes to `super().m(...)` binds to the host's method;
-- abstract: every abstract member of its vLLM ancestors is implemented.
+- abstract: every abstract member of its vLLM ancestors is implemented;
+- attribute: every `self.x` its methods read is given by it or a vLLM ancestor (`reads`).
 
 Methods of mixins without vLLM bases (`AtomPlatformMixin`) are checked on each class
-that uses them, against that class's vLLM ancestors.
+that uses them, against that class's vLLM ancestors. Over every module:
+
+- attribute: reads of vLLM config objects (`vllm_config.x`, `vllm_config.y.z`) name what
+  the host's config classes have (`reads` says how a config is recognised);
+- function: calls of vLLM's module-level functions bind to the host's signature (`calls`).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_plugin.vllm.compat.hosts import ClassRef, QualifiedClass, is_host_module
+from atom_plugin.vllm.compat.calls import function_calls
+from atom_plugin.vllm.compat.hosts import (
+    ATTRIBUTELESS_BASES,
+    ClassRef,
+    QualifiedClass,
+    is_host_module,
+)
+from atom_plugin.vllm.compat.reads import ConfigReads, HostClasses, self_reads
+from atom_plugin.vllm.compat.runners import release_has_v1_runner
 from atom_plugin.vllm.compat.signature import (
     call_problems,
     constructor_contract,
     override_problems,
 )
 from atom_plugin.vllm.compat.source import (
+    CLASS,
     INSTANCE,
     PROPERTY,
+    STATIC,
     ModuleInfo,
     SourceTree,
     binding_target,
+    code_scopes,
     dotted_name,
 )
 
 ADAPTER_PACKAGE = "atom_plugin.vllm"
+# A module-level `ONLY_WITH_RUNNER = "v1"`: the module is imported only where vLLM has its
+# V1 model runner (0.32, 0.33), so hosts without that runner do not check it.
+RUNNER_MARK = "ONLY_WITH_RUNNER"
 # Attribute or variable names through which vLLM calls an object of a role, keyed by the
 # ending of the vLLM base class's name. Calls through them are checked like call sites.
 ROLE_RECEIVERS: dict[str, tuple[str, ...]] = {
@@ -57,7 +78,7 @@ _SKIPPED = {"__repr__", "__str__", "__eq__", "__hash__", "__post_init__", "__ini
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # import, signature, call, super-call, abstract
+    kind: str  # import, signature, call, super-call, abstract, attribute, function
     where: str  # file:line and the adapter's name for it
     detail: str
 
@@ -91,6 +112,20 @@ class Adapter:
     def location(self, module: str) -> str:
         return self.tree.location(module)
 
+    @functools.cache  # noqa: B019 - one adapter per check run
+    def syntax(self, module: str) -> ast.Module:
+        return ast.parse(self.tree.text(module))
+
+    def method_nodes(self, cls: QualifiedClass) -> dict[str, ast.FunctionDef]:
+        for node in self.syntax(cls.module).body:
+            if isinstance(node, ast.ClassDef) and node.name == cls.name:
+                return {
+                    item.name: item
+                    for item in node.body
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                }
+        return {}
+
 
 @dataclass
 class Coverage:
@@ -100,12 +135,19 @@ class Coverage:
     classes: list[str] = field(default_factory=list)  # adapter classes with vLLM bases
     overrides: list[str] = field(default_factory=list)  # "Class.method"
     call_sites: int = 0
+    attribute_reads: int = 0  # config and `self` reads compared with the host's classes
+    function_calls: int = 0  # calls of vLLM functions
+    skipped: list[str] = field(default_factory=list)  # modules for a runner the host lacks
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{self.imports} vLLM imports, {len(self.classes)} classes with vLLM bases, "
-            f"{len(self.overrides)} overrides, {self.call_sites} vLLM call sites"
+            f"{len(self.overrides)} overrides, {self.call_sites} vLLM call sites, "
+            f"{self.attribute_reads} attribute reads, {self.function_calls} function calls"
         )
+        if self.skipped:
+            text += f"; not checked (V1 runner only): {', '.join(self.skipped)}"
+        return text
 
 
 def check(host, adapter: Adapter | None = None, coverage: Coverage | None = None) -> list[Problem]:
@@ -121,14 +163,28 @@ class _Checker:
         self.coverage = coverage
         self.problems: list[Problem] = []
         self._mro_cache: dict = {}
+        self.classes = HostClasses(host)
 
     def run(self) -> list[Problem]:
-        for module, info in self.adapter.modules.items():
+        modules = {m: info for m, info in self.adapter.modules.items() if self._loads_here(info)}
+        for module, info in modules.items():
             self._check_imports(module, info)
-        for module, info in self.adapter.modules.items():
+        for module, info in modules.items():
             for name in info.classes:
                 self._check_class(AdapterClass(module, name))
+        for module, info in modules.items():
+            self._check_config_reads(module, info)
+            self._check_function_calls(module, info)
         return self.problems
+
+    def _loads_here(self, info: ModuleInfo) -> bool:
+        """False for a module marked `ONLY_WITH_RUNNER = "v1"` when the host has no V1
+        model runner: the adapter imports it only where vLLM runs that runner."""
+        runner = info.strings.get(RUNNER_MARK)
+        if runner is None or runner != "v1" or release_has_v1_runner(self.host.version()):
+            return True
+        self.coverage.skipped.append(info.name)
+        return False
 
     def _add(self, kind: str, where: str, detail: str) -> None:
         self.problems.append(Problem(kind, where, detail))
@@ -234,6 +290,7 @@ class _Checker:
         info = self.adapter.modules[cls.module].classes[cls.name]
         where = f"{self.adapter.location(cls.module)}:{info.line} {cls.name}"
         self._check_abstract(cls, mro, where)
+        self._check_self_reads(cls, mro)
 
     def _first_host_definition(self, later: list, name: str):
         for node in later:
@@ -336,3 +393,80 @@ class _Checker:
                 seen.add(name)
                 if isinstance(node, ClassRef) and method.abstract:
                     self._add("abstract", where, f"does not implement {name} (abstract in {node})")
+
+    # attribute reads and function calls ------------------------------------------
+    def _known_names(self, mro: list, of_class: bool) -> set[str] | None:
+        """Every name the classes of `mro` give an instance (`of_class`: the class object);
+        None when one of them is unknown."""
+        known: set[str] = set()
+        for node in mro:
+            if isinstance(node, ClassRef):
+                names = self.classes.names(node, of_class)
+                if names is None:
+                    return None
+                known |= names
+                continue
+            info = self.adapter.modules[node.module]
+            for expr in info.classes[node.name].bases:
+                resolved = self._resolve_adapter_base(info, expr)
+                if resolved is None and dotted_name(expr) not in ATTRIBUTELESS_BASES:
+                    return None  # a base outside vLLM and the adapter
+            cls_info = info.classes[node.name]
+            if "__getattr__" in cls_info.methods and not of_class:
+                return None  # any name may resolve on an instance
+            known |= cls_info.class_defines if of_class else cls_info.defines
+        return known
+
+    def _check_self_reads(self, cls: AdapterClass, mro: list) -> None:
+        known = {False: self._known_names(mro, False), True: self._known_names(mro, True)}
+        host_base = next(c for c in mro if isinstance(c, ClassRef))
+        for node in mro:
+            if not isinstance(node, AdapterClass):
+                continue
+            if node != cls and any(isinstance(c, ClassRef) for c in self._bases(node)):
+                continue  # checked as itself
+            methods = self.adapter.modules[node.module].classes[node.name].methods
+            location = self.adapter.location(node.module)
+            label = node.name if node == cls else f"{node.name} (in {cls.name})"
+            for name, method in self.adapter.method_nodes(node).items():
+                names = None if methods[name].kind == STATIC else known[methods[name].kind == CLASS]
+                if names is None:
+                    continue
+                for line, attr in self_reads(method):
+                    self.coverage.attribute_reads += 1
+                    if attr not in names:
+                        me = "cls" if methods[name].kind == CLASS else "self"
+                        self._add(
+                            "attribute",
+                            f"{location}:{line} {label}.{name}",
+                            f"reads {me}.{attr}, which neither {cls.name} nor its vLLM bases "
+                            f"({host_base} and its ancestors) define",
+                        )
+
+    def _check_config_reads(self, module: str, info: ModuleInfo) -> None:
+        if self.classes.vllm_config is None:
+            return  # a tree without vLLM's configs (a cut that leaves them out)
+        location = self.adapter.location(module)
+        for label, scope in code_scopes(self.adapter.syntax(module)):
+            reads = ConfigReads(scope, info, self.classes)
+            self.coverage.attribute_reads += reads.checked
+            for read in reads.missing:
+                self._add(
+                    "attribute",
+                    f"{location}:{read.line} {label}".rstrip(),
+                    f"reads {read.text}: {read.owner} has no attribute {read.attr!r}",
+                )
+
+    def _check_function_calls(self, module: str, info: ModuleInfo) -> None:
+        location = self.adapter.location(module)
+        is_package = self.adapter.tree.is_package(module)
+        for call in function_calls(self.host, self.adapter.syntax(module), info, is_package):
+            self.coverage.function_calls += 1
+            problems = call.problems
+            if problems:
+                self._add(
+                    "function",
+                    f"{location}:{call.line} {call.scope}".rstrip(),
+                    f"calls {call.written}({call.shape}); host {call.target}"
+                    f"{call.sigs[0]}: {'; '.join(problems)}",
+                )

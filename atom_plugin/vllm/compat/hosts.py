@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from atom_plugin.vllm.compat.signature import CallShape, Sig, sig_from_callable
+from atom_plugin.vllm.compat.signature import CallShape, Sig, sig_from_ast, sig_from_callable
 from atom_plugin.vllm.compat.source import (
     CLASS,
     INSTANCE,
@@ -26,8 +26,13 @@ from atom_plugin.vllm.compat.source import (
 )
 
 HOST_PACKAGE = "vllm"
-# The line under a stub's header when the stub keeps only some of the module's names.
+# The first line of a stub (scripts/vllm_api_stubs.py), and the header lines that say
+# it keeps only some of the module's names, and that it keeps its classes' attributes.
+STUB_MARK = "# Signature-only stub of"
 KEPT_NAMES_MARK = "# Kept names only:"
+ATTRIBUTES_MARK = "# Class attributes kept:"
+# Bases outside vLLM that give a class's instances no attributes the checks need to know.
+ATTRIBUTELESS_BASES = {"object", "ABC", "abc.ABC", "Generic", "typing.Generic"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,20 @@ class HostMethod:
 
 
 @dataclass(frozen=True)
+class HostAttributes:
+    """What one vLLM class itself gives its instances (its bases' not included).
+
+    `open_bases`: bases whose attributes are unknown (outside vLLM, or not in the tree);
+    `dynamic`: it defines `__getattr__`, so any name may resolve on an instance."""
+
+    names: frozenset[str]
+    class_names: frozenset[str]  # those the class itself has: methods, class-level names
+    fields: dict  # name -> annotation (ast.expr) or None
+    open_bases: tuple[str, ...]
+    dynamic: bool
+
+
+@dataclass(frozen=True)
 class RemoteCall:
     where: str
     shape: CallShape
@@ -72,6 +91,30 @@ class RemoteCall:
 
 def is_host_module(module: str) -> bool:
     return module == HOST_PACKAGE or module.startswith(HOST_PACKAGE + ".")
+
+
+def annotation_names(annotation) -> list[str]:
+    """The dotted names an annotation mentions, `None` left out: `A | None` -> [A],
+    `Optional[A]` -> [A], `"A"` -> [A], `ClassVar[A]` -> [A]."""
+    if annotation is None:
+        return []
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return []
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return annotation_names(annotation.left) + annotation_names(annotation.right)
+    if isinstance(annotation, ast.Subscript):
+        head = dotted_name(annotation.value) or ""
+        if head.rsplit(".", 1)[-1] in ("Optional", "Union", "ClassVar", "Annotated"):
+            inner = annotation.slice
+            items = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+            if head.endswith("Annotated"):
+                items = items[:1]
+            return [n for item in items for n in annotation_names(item)]
+    name = dotted_name(annotation)
+    return [] if name in (None, "None") else [name]
 
 
 class SourceHost:
@@ -127,10 +170,20 @@ class SourceHost:
             return Found("unchecked")  # a name the stub's cut left out
         return Found("missing", detail=f"{module} has no {name!r}")
 
+    def _header(self, module: str) -> list[str]:
+        lines = (self.tree.text(module) or "").splitlines()
+        return [line for line in lines[:4] if line.startswith("#")]
+
     def _kept_names_only(self, module: str) -> bool:
         """Whether `module` is a stub cut to some of its names (scripts/vllm_api_stubs.py)."""
-        head = (self.tree.text(module) or "").splitlines()[:2]
-        return any(line.startswith(KEPT_NAMES_MARK) for line in head)
+        return any(line.startswith(KEPT_NAMES_MARK) for line in self._header(module))
+
+    def _keeps_attributes(self, module: str) -> bool:
+        """False for a stub written without its classes' attributes (an older cut)."""
+        header = self._header(module)
+        if not (header and header[0].startswith(STUB_MARK)):
+            return True
+        return any(line.startswith(ATTRIBUTES_MARK) for line in header)
 
     def _absent(self, module: str) -> Found:
         if self.partial or not is_host_module(module):
@@ -166,6 +219,51 @@ class SourceHost:
         if node is None:
             return {}
         return {name: HostMethod(m.sig, m.kind, m.abstract) for name, m in node.methods.items()}
+
+    def attributes(self, ref: ClassRef) -> HostAttributes | None:
+        """The class's own attributes; None when they cannot be known (the class is not in
+        the tree, or a stub left them out)."""
+        node = self._class(ref)
+        if node is None or not self._keeps_attributes(ref.module):
+            return None
+        open_bases = []
+        for expr in node.bases:
+            name = dotted_name(expr) or ast.unparse(expr)
+            if name not in ATTRIBUTELESS_BASES and self.resolve_base(ref, expr) is None:
+                open_bases.append(name)
+        return HostAttributes(
+            frozenset(node.defines),
+            frozenset(node.methods) | frozenset(node.fields),
+            node.fields,
+            tuple(open_bases),
+            "__getattr__" in node.methods,
+        )
+
+    def annotation_class(self, ref: ClassRef, annotation) -> ClassRef | None:
+        """The one vLLM class an annotation in `ref`'s module names (`ModelConfig`,
+        `SpeculativeConfig | None`, `Optional["X"]`), or None."""
+        found = {self.resolve_dotted(ref.module, d) for d in annotation_names(annotation)}
+        return found.pop() if len(found) == 1 else None  # `dict | X`: no one class
+
+    def function(self, module: str, name: str, _seen: frozenset = frozenset()) -> list[Sig] | None:
+        """The signatures of the vLLM module-level function `module.name` (one per
+        definition), or None when it is not a function this tree shows."""
+        info = self.tree.module(module)
+        if info is None or (module, name) in _seen:
+            return None
+        if name in info.functions:
+            return [sig_from_ast(args, bound=False) for args in info.functions[name]]
+        seen = _seen | {(module, name)}
+        if name in info.bindings:
+            target_module, target_name = info.bindings[name]
+            if target_name is not None and is_host_module(target_module):
+                return self.function(target_module, target_name, seen)
+            return None
+        for star in info.star_imports:
+            found = self.function(star, name, seen)
+            if found is not None:
+                return found
+        return None
 
     def self_calls(self, ref: ClassRef) -> list[CallSite]:
         node = self._class(ref)
@@ -289,6 +387,26 @@ class InstalledHost:
 
     def calls_through(self, receiver: str, method: str) -> list[RemoteCall]:
         return self.source.calls_through(receiver, method)
+
+    # Attributes set in `__init__` and dataclass fields are not in a class's namespace:
+    # the installed sources are read for them, as for a source tree.
+    def attributes(self, ref: ClassRef) -> HostAttributes | None:
+        return self.source.attributes(ref)
+
+    def annotation_class(self, ref: ClassRef, annotation) -> ClassRef | None:
+        return self.source.annotation_class(ref, annotation)
+
+    def function(self, module: str, name: str) -> list[Sig] | None:
+        mod = self._import(module)
+        if mod is None:
+            return self.source.function(module, name)
+        obj = getattr(mod, name, None)
+        if obj is None or inspect.isclass(obj) or inspect.ismodule(obj) or not callable(obj):
+            return None
+        try:
+            return [sig_from_callable(obj, bound=False)]
+        except (TypeError, ValueError):
+            return None
 
 
 # Importing another device's platform module loads that device's native ops: vLLM's

@@ -36,9 +36,10 @@ def num_workspace_lanes(vllm_config) -> int:
     """
     from vllm.v1.worker.gpu_worker import _num_workspace_lanes
 
-    if len(inspect.signature(_num_workspace_lanes).parameters) == 2:
-        return _num_workspace_lanes(vllm_config, True)
-    return _num_workspace_lanes(vllm_config)
+    # The arguments depend on the release, hence the splat (its arity is read here).
+    two = len(inspect.signature(_num_workspace_lanes).parameters) == 2
+    args = (vllm_config, True) if two else (vllm_config,)
+    return _num_workspace_lanes(*args)
 
 
 def decode_graph_sizes(manager) -> list[int]:

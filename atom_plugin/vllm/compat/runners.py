@@ -1,23 +1,63 @@
-"""Which model runner an engine uses: vLLM's V1 runner or Model Runner V2 (MRV2).
+"""Which model runner a vLLM engine uses, and what each release's runners accept.
 
-vLLM 0.32 and 0.33 carry both (MRV2 is the GPU default, the CPU build runs V1);
-0.34 removed the V1 runner and `VllmConfig.use_v2_model_runner` with it.
+vLLM 0.32 and 0.33 have two GPU runners: Model Runner V2 (MRV2, the GPU default) and the
+V1 runner (`VLLM_USE_V2_MODEL_RUNNER=0`, and the CPU build's only runner). vLLM 0.34
+removed V1 together with `VllmConfig.use_v2_model_runner`: MRV2 is the only runner there,
+on x86 CPUs too, and other CPUs without Triton run a standalone MRV2 runner that refuses
+custom logits processors. The adapter asks these functions instead of reading the
+release's attributes itself, so a release that moves them breaks one module.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from typing import Literal
 
-V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+Runner = Literal["v1", "mrv2"]
+MRV2_RELEASE = "0.34"  # the first release where Model Runner V2 is the only runner
+_MRV2_ONLY = (0, 34)
 
 
+@functools.cache
 def has_v1_runner() -> bool:
-    """Whether the installed vLLM still has Model Runner V1."""
-    return importlib.util.find_spec(V1_RUNNER_MODULE) is not None
+    """True when the installed vLLM still ships the V1 model runner (0.32, 0.33)."""
+    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
 
 
-def model_runner(vllm_config) -> str:
-    """'v1' or 'mrv2': the runner this engine's workers build (always 'mrv2' without V1)."""
+def release_has_v1_runner(version: str) -> bool:
+    """Whether the vLLM release `version` ships the V1 runner (the static checks ask this
+    of a source tree they cannot import); an unreadable version counts as the newest."""
+    from atom_plugin.vllm.compat import release_tuple
+
+    release = release_tuple(version)
+    return release is not None and release < _MRV2_ONLY
+
+
+def model_runner(vllm_config) -> Runner:
+    """'mrv2' or 'v1': the runner this engine config selects (its logits-processor
+    interface, its micro-batching). Without the V1 runner every engine runs MRV2."""
     if not has_v1_runner():
         return "mrv2"
-    return "mrv2" if vllm_config.use_v2_model_runner else "v1"
+    # 0.32/0.33: a property of the config (the environment, the platform, the features).
+    use_v2 = getattr(vllm_config, "use_v2_model_runner", None)
+    if use_v2 is None:
+        raise AttributeError(
+            "this vLLM has the V1 model runner but its config does not say which runner the "
+            "engine takes (no VllmConfig.use_v2_model_runner)"
+        )
+    return "mrv2" if use_v2 else "v1"
+
+
+def standalone_cpu_runner(platform) -> bool:
+    """True when `platform` runs vLLM's standalone CPU runner (0.34 on CPUs without
+    Triton), which refuses custom logits processors. Releases before 0.34 lack the
+    question and the runner."""
+    asks = getattr(platform, "uses_standalone_cpu_model_runner", None)
+    return bool(asks()) if asks is not None else False
+
+
+def sampling_replay(vllm_config) -> bool:
+    """True when the engine returns sampling masks for distribution replay, which vLLM
+    checks against custom logits processors before the platform adds any."""
+    return bool(getattr(vllm_config.model_config, "return_sampling_mask", False))

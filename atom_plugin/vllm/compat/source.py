@@ -134,6 +134,19 @@ class ClassInfo:
     methods: dict[str, MethodInfo]
     self_calls: list[CallSite]  # self.m(...) / cls.m(...) inside its methods
     super_calls: list[CallSite]  # super().m(...) inside its methods
+    # names its body binds (fields, class attributes, nested classes) -> annotation or None
+    fields: dict[str, ast.expr | None] = field(default_factory=dict)
+    assigned: set[str] = field(default_factory=set)  # `self.x = ...` in any method
+
+    @property
+    def defines(self) -> set[str]:
+        """Every attribute name the class itself gives its instances."""
+        return set(self.methods) | set(self.fields) | self.assigned
+
+    @property
+    def class_defines(self) -> set[str]:
+        """The names the class object itself has (a classmethod's `cls.x`)."""
+        return set(self.methods) | set(self.fields)
 
 
 def _decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
@@ -167,14 +180,71 @@ def _method(node: ast.FunctionDef | ast.AsyncFunctionDef) -> MethodInfo:
     return MethodInfo(node.name, kind, abstract, node.lineno, node.args)
 
 
+def self_assignments(method: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Attribute names `method` sets on its first parameter: `self.x = ...`, `self.x: T =
+    ...`, `self.a, self.b = ...`, `for self.x in ...`, `setattr(self, "x", ...)` and
+    `object.__setattr__(self, "x", ...)`."""
+    params = [*method.args.posonlyargs, *method.args.args]
+    if not params:
+        return set()
+    me = params[0].arg
+    names = set()
+    for sub in ast.walk(method):
+        if (
+            isinstance(sub, ast.Attribute)
+            and isinstance(sub.ctx, ast.Store)
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id == me
+        ):
+            names.add(sub.attr)
+        elif (
+            isinstance(sub, ast.Call)
+            and dotted_name(sub.func) in ("setattr", "object.__setattr__")
+            and len(sub.args) >= 2
+        ):
+            target, name = sub.args[0], sub.args[1]
+            if (
+                isinstance(target, ast.Name)
+                and target.id == me
+                and isinstance(name, ast.Constant)
+                and isinstance(name.value, str)
+            ):
+                names.add(name.value)
+    return names
+
+
+def _class_fields(body: list[ast.stmt], fields: dict[str, ast.expr | None]) -> dict:
+    for item in body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            fields[item.target.id] = item.annotation
+        elif isinstance(item, ast.Assign):
+            for target in item.targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        fields.setdefault(sub.id, None)
+        elif isinstance(item, ast.ClassDef):
+            fields.setdefault(item.name, None)
+        elif isinstance(item, ast.If | ast.Try):  # `if TYPE_CHECKING:` and the like
+            for branch in (
+                item.body,
+                item.orelse,
+                *(h.body for h in getattr(item, "handlers", [])),
+            ):
+                _class_fields(branch, fields)
+    return fields
+
+
 def class_info(node: ast.ClassDef) -> ClassInfo:
     methods: dict[str, MethodInfo] = {}
     self_calls: list[CallSite] = []
     super_calls: list[CallSite] = []
+    assigned: set[str] = set()
     for item in node.body:
         if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         methods[item.name] = _method(item)
+        if methods[item.name].kind != STATIC:
+            assigned |= self_assignments(item)
         for sub in ast.walk(item):
             if not (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)):
                 continue
@@ -188,7 +258,16 @@ def class_info(node: ast.ClassDef) -> ClassInfo:
                 and receiver.func.id == "super"
             ):
                 super_calls.append(site)
-    return ClassInfo(node.name, node.lineno, list(node.bases), methods, self_calls, super_calls)
+    return ClassInfo(
+        node.name,
+        node.lineno,
+        list(node.bases),
+        methods,
+        self_calls,
+        super_calls,
+        _class_fields(node.body, {}),
+        assigned,
+    )
 
 
 def _absolute(module: str, is_package: bool, level: int, target: str | None) -> str:
@@ -209,9 +288,13 @@ class ModuleInfo:
     star_imports: list[str] = field(default_factory=list)
     classes: dict[str, ClassInfo] = field(default_factory=dict)
     defined: set[str] = field(default_factory=set)  # functions, assignments, classes
+    # top-level functions -> the parameter lists of their definitions (one per branch)
+    functions: dict[str, list[ast.arguments]] = field(default_factory=dict)
     # `X = A`, `X = A if cond else B`: the names X may stand for (a class chosen at import)
     aliases: dict[str, list[str]] = field(default_factory=dict)
     lazy_names: set[str] = field(default_factory=set)  # strings, when `__getattr__` exists
+    # top-level `NAME = "text"` assignments (the adapter's ONLY_WITH_RUNNER marks)
+    strings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, name: str, text: str, is_package: bool) -> ModuleInfo:
@@ -244,6 +327,8 @@ class ModuleInfo:
                 self.defined.add(node.name)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.defined.add(node.name)
+                if "overload" not in _decorator_names(node):  # typing stubs, not the function
+                    self.functions.setdefault(node.name, []).append(node.args)
             elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 choices = _alias_choices(node.value) if node.value is not None else []
@@ -253,21 +338,50 @@ class ModuleInfo:
                             self.defined.add(sub.id)
                     if isinstance(target, ast.Name) and choices:
                         self.aliases[target.id] = choices
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    local = alias.asname or alias.name.split(".")[0]
-                    self.bindings[local] = (alias.name if alias.asname else local, None)
-            elif isinstance(node, ast.ImportFrom):
-                module = _absolute(self.name, is_package, node.level, node.module)
-                for alias in node.names:
-                    if alias.name != "*":
-                        self.bindings[alias.asname or alias.name] = (module, alias.name)
+                    value = node.value
+                    if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+                        if isinstance(value.value, str):
+                            self.strings[target.id] = value.value
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                self.bindings.update(import_bindings(node, self.name, is_package))
             elif isinstance(node, ast.If | ast.Try | ast.With):
                 # try/except ImportError, version switches, TYPE_CHECKING: every branch binds
                 for branch in ("body", "orelse", "finalbody"):
                     self._top_level(getattr(node, branch, []), is_package)
                 for handler in getattr(node, "handlers", []):
                     self._top_level(handler.body, is_package)
+
+
+def import_bindings(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> dict:
+    """local name -> (absolute module, name or None for a module) for one import."""
+    out: dict[str, tuple[str, str | None]] = {}
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            local = alias.asname or alias.name.split(".")[0]
+            out[local] = (alias.name if alias.asname else local, None)
+        return out
+    source = _absolute(module, is_package, node.level, node.module)
+    for alias in node.names:
+        if alias.name != "*":
+            out[alias.asname or alias.name] = (source, alias.name)
+    return out
+
+
+def code_scopes(tree: ast.Module):
+    """(label, node) for each top-level function and each method ('Class.method'), and
+    ('', statement) for the module's other statements; a nested function or lambda is
+    part of the scope around it."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{node.name}.{item.name}", item
+                else:
+                    yield node.name, item
+        else:
+            yield "", node
 
 
 def binding_target(info: ModuleInfo, dotted: str) -> tuple[str, str] | None:

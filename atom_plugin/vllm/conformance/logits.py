@@ -1,7 +1,8 @@
 """What the logits-processor checks ask of vLLM: the `LogitsProcessor` interface of each
 model runner, and a batch of plain requests driven through a processor as that runner
 drives it, on vLLM's own request state on CPU (MRV2: `RequestState` with vLLM's CPU
-buffers; the committed ids are written into it as the runner's post-processing does)."""
+buffers; the committed ids are written into it as the runner's post-processing does).
+The V1 runner's half (`logits_v1`) is imported only where vLLM still has that runner."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import torch
 import vllm.v1.worker.cpu.shm  # noqa: F401  (vLLM's CPU buffers for MRV2)
 from vllm.config import SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
-from vllm.v1.sample.logits_processor import BatchUpdate
-from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsContext,
     LogitsProcRequestState,
@@ -23,18 +22,42 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 )
 from vllm.v1.worker.gpu.states import RequestState
 
-INTERFACES = {"v1": V1LogitsProcessor, "mrv2": MRV2LogitsProcessor}
+from atom_plugin.vllm.compat.runners import has_v1_runner
 
 # One step: (step, logits before apply, what apply returned).
 Step = tuple[int, torch.Tensor, torch.Tensor]
 LogitsFor = Callable[[int, int], torch.Tensor]  # (rows, step) -> logits
 
 
+def runners() -> tuple[str, ...]:
+    """The model runners this vLLM has."""
+    return ("v1", "mrv2") if has_v1_runner() else ("mrv2",)
+
+
+def interface(runner: str) -> type:
+    """The `LogitsProcessor` base class of `runner` (one of `runners()`)."""
+    if runner == "v1":
+        from atom_plugin.vllm.conformance.logits_v1 import V1LogitsProcessor
+
+        return V1LogitsProcessor
+    return MRV2LogitsProcessor
+
+
+def steps(runner: str, cls, prompts, **batch) -> Iterator[Step]:
+    """`steps_v1` or `steps_mrv2`: a batch driven as `runner` drives it."""
+    if runner == "v1":
+        from atom_plugin.vllm.conformance.logits_v1 import steps_v1
+
+        batch.pop("vocab")  # V1 processors are built without the vocabulary size
+        return steps_v1(cls, prompts, **batch)
+    return steps_mrv2(cls, prompts, **batch)
+
+
 def plain_params() -> SamplingParams:
     return SamplingParams(max_tokens=8)
 
 
-def _config(max_reqs: int, max_len: int) -> VllmConfig:
+def small_config(max_reqs: int, max_len: int) -> VllmConfig:
     return VllmConfig(
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_reqs, max_model_len=max_len, is_encoder_decoder=False
@@ -42,42 +65,19 @@ def _config(max_reqs: int, max_len: int) -> VllmConfig:
     )
 
 
-def _commit(before: torch.Tensor, row: int) -> int:
+def greedy_token(before: torch.Tensor, row: int) -> int:
     """The token a greedy sampler takes from the row the processor saw (NaN never wins)."""
     return int(before[row].nan_to_num(-1e9).argmax())
-
-
-def steps_v1(
-    cls, prompts, *, steps, remove_at, logits_for: LogitsFor, max_reqs, max_len
-) -> Iterator[Step]:
-    """`steps` steps of the V1 runner over `prompts`; the last request leaves before
-    step `remove_at`. Yields each step's logits before and after `apply`."""
-    proc = cls(_config(max_reqs, max_len), torch.device("cpu"), False)
-    outputs = [[] for _ in prompts]
-    added = [(i, plain_params(), p, outputs[i]) for i, p in enumerate(prompts)]
-    proc.update_state(BatchUpdate(batch_size=len(prompts), removed=[], added=added, moved=[]))
-    live = list(range(len(prompts)))
-    for step in range(steps):
-        if step == remove_at:
-            gone = live.pop()
-            update = BatchUpdate(batch_size=len(live), removed=[gone], added=[], moved=[])
-            proc.update_state(update)
-        elif step:
-            proc.update_state(None)
-        logits = logits_for(len(live), step)
-        before = logits.clone()
-        yield step, before, proc.apply(logits)
-        for i in live:
-            outputs[i].append(_commit(before, i))
 
 
 def steps_mrv2(
     cls, prompts, *, steps, remove_at, logits_for: LogitsFor, max_reqs, max_len, vocab
 ) -> Iterator[Step]:
-    """As `steps_v1`, for the MRV2 runner; the last request sits out step `remove_at`
-    (left out of the step's batch, not removed from the processor)."""
+    """`steps` steps of the MRV2 runner over `prompts`; the last request sits out step
+    `remove_at` (left out of the step's batch, not removed from the processor). Yields each
+    step's logits before and after `apply`."""
     states = RequestState(max_reqs, max_len, max_len, 0, vocab, torch.device("cpu"))
-    proc = cls(_config(max_reqs, max_len), LogitsProcRequestState.from_request_state(states))
+    proc = cls(small_config(max_reqs, max_len), LogitsProcRequestState.from_request_state(states))
     tokens = {}
     for i, prompt in enumerate(prompts):
         name = f"req-{i}"
@@ -107,4 +107,4 @@ def steps_mrv2(
         before = logits.clone()
         yield step, before, proc.apply(logits, ctx)
         for row, slot in enumerate(slots):
-            tokens[slot].append(_commit(before, row))
+            tokens[slot].append(greedy_token(before, row))

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atom_plugin.vllm.compat.runners import sampling_replay, standalone_cpu_runner
 from atom_plugin.vllm.registration import env_flag
 from atom_plugin.vllm.settings import PluginSettings
 
 CHANNEL_PROCESSOR = "atom_k3_required_channel"  # the LogitsProcessorSpec name
 KEEP_STRUCTURAL_TAG_ENV = "ATOM_K3_STRUCTURAL_TAG"
 V1_OPT_IN = '--additional-config \'{"atom_plugin": {"v1_logits_processors": true}}\''
-USE_MRV2 = "Model Runner V2 (a GPU's default: leave VLLM_USE_V2_MODEL_RUNNER unset)"
+USE_MRV2 = "Model Runner V2 (vLLM's GPU default: leave VLLM_USE_V2_MODEL_RUNNER unset)"
 
 
 def keep_structural_tag() -> bool:
@@ -53,16 +54,28 @@ NO_ENGINE = ChannelDecision(
 _recorded: ChannelDecision = NO_ENGINE
 
 
-def processor_refusal(vllm_config, runner: str, device_type: str) -> tuple[str, str] | None:
-    """Why the plugin's logits processors stay off in this engine, and the setting that fixes it."""
+def processor_refusal(vllm_config, runner: str, platform) -> tuple[str, str] | None:
+    """Why the plugin's logits processors stay off in this engine on `platform` (the
+    platform class), and the setting that fixes it; None where vLLM takes them."""
     if vllm_config.model_config.runner_type == "pooling":
         return "pooling models take no logits processors", "none: pooling models make no tool calls"
+    if sampling_replay(vllm_config):
+        return (
+            "sampling distribution replay (return_sampling_mask) refuses custom logits processors",
+            "turn return_sampling_mask off",
+        )
+    if standalone_cpu_runner(platform):
+        return (
+            "vLLM's standalone CPU model runner (a CPU without Triton) refuses custom logits "
+            "processors",
+            "run on an x86 CPU with triton-cpu, or on a GPU",
+        )
     if runner == "v1" and vllm_config.speculative_config is not None:
         fix = "drop --speculative-config"
-        if device_type != "cpu":
+        if platform.device_type != "cpu":
             fix += f", or use {USE_MRV2}, which takes them with speculative decoding"
         return "the V1 model runner refuses custom logits processors with speculative decoding", fix
-    if runner == "v1" and device_type != "cpu":
+    if runner == "v1" and platform.device_type != "cpu":
         if not PluginSettings.from_vllm_config(vllm_config).v1_logits_processors:
             return (
                 "on a GPU the V1 model runner makes every request pay for custom processors, "

@@ -22,6 +22,9 @@ from atom_plugin.k3.processor_core import ChannelCore
 from atom_plugin.k3.required_channel import START, UNCONSTRAINED, RequiredChannel
 from atom_plugin.vllm.k3.token_classes import EngineTokenClasses
 
+# Imported only where vLLM has its V1 model runner (0.32, 0.33); compat checks it there.
+ONLY_WITH_RUNNER = "v1"
+
 
 @dataclass
 class _Row:

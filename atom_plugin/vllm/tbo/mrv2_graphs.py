@@ -14,14 +14,23 @@ sees the same manager.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+if TYPE_CHECKING:
+    from atom_plugin.vllm.tbo.mrv2_ubatch import TboUBatchRunner
 
 
 class TboCudaGraphManager(ModelCudaGraphManager):
     """Set up only by `adopt` (vLLM's constructor has run on the adopted object)."""
 
+    tbo_ubatch_runner: TboUBatchRunner  # the split steps' runner, set by `adopt`
+
     @classmethod
-    def adopt(cls, manager: ModelCudaGraphManager, ubatch_runner) -> TboCudaGraphManager:
+    def adopt(
+        cls, manager: ModelCudaGraphManager, ubatch_runner: TboUBatchRunner
+    ) -> TboCudaGraphManager:
         """Make vLLM's `manager` answer for the split steps `ubatch_runner` runs."""
         if type(manager) is not ModelCudaGraphManager:
             raise TypeError(

@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 from atom_plugin import manager
 from atom_plugin.tbo.judgement import EngineLimits, tbo_judgement
 from atom_plugin.vllm.compat.runners import has_v1_runner, model_runner
+from atom_plugin.vllm.guard import PluginRefusal
 from atom_plugin.vllm.settings import PluginSettings
 
 logger = init_logger("vllm.atom_plugin")
@@ -143,10 +144,12 @@ def install_tbo(device_type: str, vllm_config, settings: PluginSettings, chosen_
         return
     refusal = tbo_refusal(device_type, vllm_config, chosen_worker)
     if refusal:
-        raise ValueError(f"atom_plugin tbo={settings.tbo!r} cannot run: {refusal}")
+        raise PluginRefusal(f"atom_plugin tbo={settings.tbo!r} cannot run: {refusal}")
     runner = manager.microbatch_runner()
     if runner is None:
-        raise ValueError(f"atom_plugin tbo={settings.tbo!r}: no micro-batch runner is registered")
+        raise PluginRefusal(
+            f"atom_plugin tbo={settings.tbo!r}: no micro-batch runner is registered"
+        )
     worker = tbo_worker(device_type, vllm_config)
     vllm_config.parallel_config.worker_cls = worker
     logger.info(

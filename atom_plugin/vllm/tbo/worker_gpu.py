@@ -10,6 +10,9 @@ from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.vllm.tbo.model_runner import TboModelRunnerMixin
 from atom_plugin.vllm.tbo.worker import TboStatsMixin
 
+# Imported only where vLLM has its V1 model runner (0.32, 0.33); compat checks it there.
+ONLY_WITH_RUNNER = "v1"
+
 
 class AtomTboGPUModelRunner(TboModelRunnerMixin, GPUModelRunner):
     pass
