@@ -1,8 +1,8 @@
 """Which model runner a vLLM engine uses, and what each release's runners accept.
 
 vLLM 0.32 and 0.33 have two GPU runners: Model Runner V2 (MRV2, the GPU default) and the
-V1 runner (`VLLM_USE_V2_MODEL_RUNNER=0`, and the CPU build's only runner). vLLM 0.34
-removed V1 together with `VllmConfig.use_v2_model_runner`: MRV2 is the only runner there,
+V1 runner (chosen by setting `VLLM_USE_V2_MODEL_RUNNER` to 0; the CPU build's only runner).
+vLLM 0.34 removed V1 together with `VllmConfig.use_v2_model_runner`: MRV2 is the only runner there,
 on x86 CPUs too, and other CPUs without Triton run a standalone MRV2 runner that refuses
 custom logits processors. The adapter asks these functions instead of reading the
 release's attributes itself, so a release that moves them breaks one module.
