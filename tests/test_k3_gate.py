@@ -580,7 +580,7 @@ def test_parallel_tool_calls_false_sends_one_call(tokenizer, formats, choice):
     params = through(tokenizer, TOOLS, choice, parallel_tool_calls=False)
     want = calls_channel(tokenizer, name=name, parallel=False)
     assert channel_from_extra_args(params.extra_args, classes_for_tokenizer(tokenizer)) == want
-    assert want.calls.spec.parallel is False
+    assert want != calls_channel(tokenizer, name=name, parallel=True)
 
 
 @pytest.mark.parametrize("choice", ["required", NAMED])
@@ -614,7 +614,6 @@ def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
     from atom_plugin.k3.channel_for import request_channel
 
     channel = required_channel_for(tokenizer)
-    spec = call_spec_for(tokenizer, TOOLS)
     asked = []
 
     def classes():
@@ -623,7 +622,9 @@ def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
 
     plain = SamplingParams(extra_args=channel_extra_args(channel))
     assert request_channel(plain, classes) == channel and not asked
-    with_calls = SamplingParams(extra_args=channel_extra_args(channel, spec))
+    with_calls = SamplingParams(
+        extra_args=channel_extra_args(channel, calls_channel(tokenizer).calls)
+    )
     assert request_channel(with_calls, classes) == calls_channel(tokenizer)
     assert asked == [1]
     with pytest.raises(ValueError, match="carries calls, which need the vocabulary's token"):

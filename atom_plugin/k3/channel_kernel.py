@@ -30,10 +30,11 @@ from atom_plugin.attention.triton_common import cdiv, next_power_of_2
 from atom_plugin.k3.channel_tables import ChannelTables, next_states
 from atom_plugin.k3.required_channel import UNCONSTRAINED
 from atom_plugin.k3.spec_rows import (
-    load_channel_ids,
     next_state,
     row_state,
     spec_row_states_torch,
+    state_channel_ids,
+    table_args,
 )
 from atom_plugin.k3.token_classes import SPECIAL
 
@@ -54,19 +55,23 @@ def _channel_logits_kernel(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
-    forced_ptr,
+    state_channel_ptr,
     channel_ids_ptr,
+    channel_k_ptr,
+    channel_classes_ptr,
+    row_off_ptr,
     next_state_ptr,
-    end_ids_ptr,
     K,
-    E,
     token_class_ptr,
     class_len,
-    C,
+    forced_ptr,
+    end_ids_ptr,
+    E,
     masked_ptr,
     class_bits_ptr,
+    allow_off_ptr,
+    allow_len_ptr,
     allow_ids_ptr,
-    A,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
     HAS_MASKED: tl.constexpr,
@@ -83,12 +88,15 @@ def _channel_logits_kernel(
         row_slot_ptr,
         row_pos_ptr,
         row_tokens_ptr,
+        state_channel_ptr,
         channel_ids_ptr,
+        channel_k_ptr,
+        channel_classes_ptr,
+        row_off_ptr,
         next_state_ptr,
         K,
         token_class_ptr,
         class_len,
-        C,
         HAS_SLOT,
         SPEC,
         K_BLOCK,
@@ -110,7 +118,9 @@ def _channel_logits_kernel(
             # with each other or with the end ids written below.
             bits = tl.load(class_bits_ptr + state)
             a = tl.arange(0, A_BLOCK)
-            allow = tl.load(allow_ids_ptr + state * A + a, mask=a < A, other=-1)
+            first = tl.load(allow_off_ptr + state)
+            many = tl.load(allow_len_ptr + state)
+            allow = tl.load(allow_ids_ptr + first + a, mask=a < many, other=-1)
             minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
@@ -165,25 +175,21 @@ def apply_channel_triton(
         states if row_slot is None else row_slot,
         row_pos if spec else states,
         row_tokens if spec else states,
+        *table_args(tables),
         tables.forced,
-        tables.channel_ids,
-        tables.next_state,
         tables.end_ids,
-        tables.num_channel_ids,
         tables.num_end_ids,
-        tables.token_class,
-        tables.token_class.numel(),
-        tables.num_classes,
         tables.masked,
         tables.class_bits,
+        tables.allow_off,
+        tables.allow_len,
         tables.allow_ids,
-        tables.num_allow_ids,
         HAS_SLOT=row_slot is not None,
         SPEC=spec,
         HAS_MASKED=tables.has_masked,
         K_BLOCK=next_power_of_2(tables.num_channel_ids),
         E_BLOCK=next_power_of_2(max(tables.num_end_ids, 1)),
-        A_BLOCK=next_power_of_2(tables.num_allow_ids),
+        A_BLOCK=next_power_of_2(tables.max_allowed),
         BLOCK=block,
     )
 
@@ -239,7 +245,10 @@ def _mask_rows_torch(
     inside = min(vocab, classes.numel())
     cls[:inside] = classes[:inside].long()
     by_class = ((tables.class_bits[states].unsqueeze(1) >> cls.unsqueeze(0)) & 1) != 0
-    allow = tables.allow_ids[states].long()
+    a = torch.arange(tables.max_allowed, device=logits.device)
+    at = (tables.allow_off[states].unsqueeze(1) + a).clamp(max=tables.allow_ids.numel() - 1)
+    inside = a < tables.allow_len[states].unsqueeze(1)
+    allow = torch.where(inside, tables.allow_ids[at].long(), -1)
     by_id = torch.zeros(rows.numel(), vocab + 1, dtype=torch.bool, device=logits.device)
     by_id.scatter_(1, torch.where(allow >= 0, allow, vocab), True)
     keep = by_class | by_id[:, :vocab]
@@ -293,12 +302,15 @@ def _advance_kernel(
     token_ids_stride,
     total_len_ptr,
     slots_ptr,
+    state_channel_ptr,
     channel_ids_ptr,
+    channel_k_ptr,
+    channel_classes_ptr,
+    row_off_ptr,
     next_state_ptr,
     K,
     token_class_ptr,
     class_len,
-    C,
     K_BLOCK: tl.constexpr,
 ):
     slot = tl.load(slots_ptr + tl.program_id(0))
@@ -307,11 +319,28 @@ def _advance_kernel(
     hi = tl.load(total_len_ptr + slot)
     if state >= 0:
         tokens = token_ids_ptr + slot.to(tl.int64) * token_ids_stride
-        ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
+        ids, k, classes = state_channel_ids(
+            state,
+            state_channel_ptr,
+            channel_ids_ptr,
+            channel_k_ptr,
+            channel_classes_ptr,
+            K,
+            K_BLOCK,
+        )
         for i in range(lo, hi):
             token = tl.load(tokens + i)
             state = next_state(
-                state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK
+                state,
+                token,
+                ids,
+                k,
+                classes,
+                row_off_ptr,
+                next_state_ptr,
+                token_class_ptr,
+                class_len,
+                K_BLOCK,
             )
         tl.store(states_ptr + slot, state)
     tl.store(scanned_ptr + slot, tl.maximum(lo, hi))
@@ -345,12 +374,7 @@ def advance_states(
             token_ids.stride(0),
             total_len,
             slots,
-            tables.channel_ids,
-            tables.next_state,
-            tables.num_channel_ids,
-            tables.token_class,
-            tables.token_class.numel(),
-            tables.num_classes,
+            *table_args(tables),
             K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
         return

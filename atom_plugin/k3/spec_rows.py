@@ -49,28 +49,49 @@ def spec_row_states_torch(
 
 
 @triton.jit
-def load_channel_ids(channel_ids_ptr, K, K_BLOCK: tl.constexpr):
-    """The channel ids as a vector, padded with -1 (no token is -1)."""
+def state_channel_ids(
+    state,
+    state_channel_ptr,
+    channel_ids_ptr,
+    channel_k_ptr,
+    channel_classes_ptr,
+    K,
+    K_BLOCK: tl.constexpr,
+):
+    """(ids, k, classes) of the channel of `state`: its own ids as a vector padded with
+    -1 (no token is -1), how many, and its class columns. A state never leaves its
+    channel, so a row loads them once."""
+    channel = tl.load(state_channel_ptr + tl.maximum(state, 0))
     offs = tl.arange(0, K_BLOCK)
-    return tl.load(channel_ids_ptr + offs, mask=offs < K, other=-1)
+    ids = tl.load(channel_ids_ptr + channel * K + offs, mask=offs < K, other=-1)
+    return ids, tl.load(channel_k_ptr + channel), tl.load(channel_classes_ptr + channel)
 
 
 @triton.jit
 def next_state(
-    state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK: tl.constexpr
+    state,
+    token,
+    ids,
+    k,
+    classes,
+    row_off_ptr,
+    next_state_ptr,
+    token_class_ptr,
+    class_len,
+    K_BLOCK: tl.constexpr,
 ):
     """One step of the channel for a scalar (state, token); -1 (UNCONSTRAINED) stays.
 
-    `ids` is `load_channel_ids(...)`, loaded once per program. An id that is
-    none of them takes its class's column (K + class; one class when C is 1,
-    SPECIAL for ids past the class table).
+    `ids`, `k` and `classes` are `state_channel_ids(...)` of the state's channel. An id
+    that is none of its ids takes its class's column (k + class; one class when the
+    channel has one, SPECIAL for ids past the class table).
     """
     inside = token < class_len
     cls = tl.load(token_class_ptr + tl.minimum(token, class_len - 1))
-    cls = tl.where(C > 1, tl.where(inside, cls, _SPECIAL), 0)
-    column = tl.min(tl.where(ids == token, tl.arange(0, K_BLOCK), K + cls), axis=0)
+    cls = tl.where(classes > 1, tl.where(inside, cls, _SPECIAL), 0)
+    column = tl.min(tl.where(ids == token, tl.arange(0, K_BLOCK), k + cls), axis=0)
     safe = tl.maximum(state, 0)
-    stepped = tl.load(next_state_ptr + safe * (K + C) + column)
+    stepped = tl.load(next_state_ptr + tl.load(row_off_ptr + safe) + column)
     return tl.where(state < 0, state, stepped)
 
 
@@ -81,12 +102,15 @@ def row_state(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
+    state_channel_ptr,
     channel_ids_ptr,
+    channel_k_ptr,
+    channel_classes_ptr,
+    row_off_ptr,
     next_state_ptr,
     K,
     token_class_ptr,
     class_len,
-    C,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
     K_BLOCK: tl.constexpr,
@@ -100,13 +124,45 @@ def row_state(
     if SPEC:
         pos = tl.load(row_pos_ptr + row)
         first = row - pos
-        ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
+        ids, k, classes = state_channel_ids(
+            state,
+            state_channel_ptr,
+            channel_ids_ptr,
+            channel_k_ptr,
+            channel_classes_ptr,
+            K,
+            K_BLOCK,
+        )
         for j in range(1, pos + 1):
             token = tl.load(row_tokens_ptr + first + j)
             state = next_state(
-                state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK
+                state,
+                token,
+                ids,
+                k,
+                classes,
+                row_off_ptr,
+                next_state_ptr,
+                token_class_ptr,
+                class_len,
+                K_BLOCK,
             )
     return state
+
+
+def table_args(tables: ChannelTables) -> tuple:
+    """The tables' tensors and sizes in the order `row_state` takes them (after the rows')."""
+    return (
+        tables.state_channel,
+        tables.channel_ids,
+        tables.channel_k,
+        tables.channel_classes,
+        tables.row_off,
+        tables.next_state,
+        tables.num_channel_ids,
+        tables.token_class,
+        tables.token_class.numel(),
+    )
 
 
 @triton.jit
@@ -116,12 +172,15 @@ def _spec_row_states_kernel(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
+    state_channel_ptr,
     channel_ids_ptr,
+    channel_k_ptr,
+    channel_classes_ptr,
+    row_off_ptr,
     next_state_ptr,
     K,
     token_class_ptr,
     class_len,
-    C,
     K_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -131,12 +190,15 @@ def _spec_row_states_kernel(
         row_slot_ptr,
         row_pos_ptr,
         row_tokens_ptr,
+        state_channel_ptr,
         channel_ids_ptr,
+        channel_k_ptr,
+        channel_classes_ptr,
+        row_off_ptr,
         next_state_ptr,
         K,
         token_class_ptr,
         class_len,
-        C,
         True,
         True,
         K_BLOCK,
@@ -161,12 +223,7 @@ def spec_row_states_triton(
             row_slot,
             row_pos,
             row_tokens,
-            tables.channel_ids,
-            tables.next_state,
-            tables.num_channel_ids,
-            tables.token_class,
-            tables.token_class.numel(),
-            tables.num_classes,
+            *table_args(tables),
             K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
     return out
