@@ -6,6 +6,7 @@ which becomes SamplingParams; the V1 processor then sees them in a real
 BatchUpdate.
 """
 
+import json
 import logging
 
 import pytest
@@ -608,6 +609,49 @@ def test_unsupported_schema_without_vllms_tag_is_a_400(tokenizer, formats, monke
     assert "cannot enforce this request's tool schemas" in message
     assert "property 'where'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING=1" in message
     assert err.value.parameter == "tool_choice"
+
+
+def test_each_tool_set_is_compiled_once_in_the_api_server(tokenizer, formats):
+    from atom_plugin.vllm.k3.tool_parser import call_cache_of
+
+    cache = call_cache_of(tokenizer)
+    tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "get_time"}}]
+    before = cache.compiles
+    first = through(tokenizer, tools, "required")
+    for choice in ("required", "auto"):  # auto's optional channel carries the same calls
+        again = through(tokenizer, tools, choice)
+        assert (
+            json.loads(again.extra_args[EXTRA_ARGS_KEY])["calls"]
+            == json.loads(first.extra_args[EXTRA_ARGS_KEY])["calls"]
+        )
+    assert cache.compiles == before + 1
+
+
+@pytest.mark.parametrize("strict", ["1", "0"])
+def test_a_tool_set_beyond_the_limits_keeps_vllms_tag_or_is_a_400(
+    tokenizer, formats, monkeypatch, caplog, strict
+):
+    from atom_plugin.k3 import call_table
+    from atom_plugin.vllm.k3 import tool_parser as kimi_k3_parser
+
+    monkeypatch.setattr(call_table, "LIMITS", call_table.CallLimits(states=8))
+    monkeypatch.setattr(kimi_k3_parser, "_logged", set())
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", strict)
+    properties = {"days": {"type": "integer"}, "city": {"type": "integer"}}
+    parameters = {"type": "object", "properties": properties}  # no other test's tool set
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": parameters}}]
+    if strict == "0":
+        with pytest.raises(VLLMValidationError) as err:
+            through(tokenizer, tools, "required")
+        assert "beyond the channel's limit of 8 per request" in str(err.value)
+        return
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.k3"):
+        params = through(tokenizer, tools, "required")
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    assert params.structured_outputs.structural_tag is not None
+    assert any("beyond the channel's limit of 8" in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
