@@ -9,10 +9,11 @@ and lays out its rows with numpy (channel_tables.py): nothing is compiled on the
 engine's step.
 
 `LIMITS` bounds what one request may ask of the engine (each is checked while
-building and again when a table is read): the states, the distinct explicit ids
-(the channel's own columns), the ids one state allows by name, and the cells of
-the channel's transition table. A tool set beyond them keeps vLLM's structural
-tag (or is refused with a 400 where vLLM gives none), as an unsupported schema does.
+building and again when a table is read): the states, the ids one state allows by
+name (the kernel reads them for every masked row of that state), and the edges. The
+engine's tables are as large as the automaton (channel_tables.py). A tool set beyond
+them keeps vLLM's structural tag (or is refused with a 400 where vLLM gives none), as
+an unsupported schema does.
 
 The wire carries the token classes' fingerprint: the engine's classes, built
 from the same tokenizer, must match it.
@@ -42,14 +43,13 @@ class CallLimits:
     """The most one request's call automaton may hold."""
 
     states: int = 262_144
-    ids: int = 4_096  # distinct explicit ids: the channel's own transition columns
-    allowed: int = 1_024  # ids one state allows by name (the kernel compares each)
-    cells: int = 1 << 24  # states x (ids + classes) + every state's allowed ids (int32 each)
+    allowed: int = 1_024  # explicit edges of one state: the ids it allows by name
+    edges: int = 2_097_152  # explicit and class edges of all states
 
     def describe(self) -> str:
         return (
-            f"{self.states:,} states, {self.ids:,} distinct ids, {self.allowed:,} ids allowed "
-            f"by name in one state, {self.cells:,} table cells"
+            f"{self.states:,} states, {self.allowed:,} ids allowed by name in one state, "
+            f"{self.edges:,} edges"
         )
 
 
@@ -199,7 +199,7 @@ class CallTable:
             arrays[f"{prefix}_ptr"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
             arrays[f"{prefix}_{key}"] = keys[order].astype(np.int32)
             arrays[f"{prefix}_dst"] = dsts[order].astype(np.int32)
-        check_limits(arrays, classes.num_classes)
+        check_limits(arrays)
         return cls(classes, **arrays, digest=_digest(arrays, classes.fingerprint))
 
 
@@ -210,21 +210,17 @@ def _digest(arrays: Mapping[str, np.ndarray], fingerprint: str) -> str:
     return h.hexdigest()
 
 
-def check_limits(arrays: Mapping[str, np.ndarray], num_classes: int) -> None:
+def check_limits(arrays: Mapping[str, np.ndarray]) -> None:
     """CallsTooLarge when the table is beyond `LIMITS`."""
     states = len(arrays["edge_ptr"]) - 1
     if states > LIMITS.states:
         raise too_large("states", states, LIMITS.states)
-    ids = len(np.unique(arrays["edge_tok"]))
-    if ids > LIMITS.ids:
-        raise too_large("distinct ids", ids, LIMITS.ids)
-    counts = np.diff(arrays["edge_ptr"])
-    widest = int(counts.max(initial=0))
+    widest = int(np.diff(arrays["edge_ptr"]).max(initial=0))
     if widest > LIMITS.allowed:
         raise too_large("ids allowed by name in one state", widest, LIMITS.allowed)
-    cells = states * (ids + num_classes) + len(arrays["edge_tok"])
-    if cells > LIMITS.cells:
-        raise too_large("table cells", cells, LIMITS.cells)
+    edges = len(arrays["edge_tok"]) + len(arrays["class_cls"])
+    if edges > LIMITS.edges:
+        raise too_large("edges", edges, LIMITS.edges)
 
 
 _WIRE_KEYS = frozenset({"v", "states", "edges", "class_edges", "classes", "data"})
@@ -275,7 +271,7 @@ def read_wire(value: Any) -> tuple[dict[str, np.ndarray], str, str]:
         raise ValueError(f"call table classes must be non-negative and not SPECIAL ({SPECIAL})")
     for ptr, key in (("edge_ptr", "edge_tok"), ("class_ptr", "class_cls")):
         _check_ascending(arrays[ptr], arrays[key], key)
-    check_limits(arrays, int(arrays["class_cls"].max(initial=0)) + 1)
+    check_limits(arrays)
     return arrays, value["classes"], _digest(arrays, value["classes"])
 
 

@@ -30,10 +30,10 @@ from atom_plugin.attention.triton_common import cdiv, next_power_of_2
 from atom_plugin.k3.channel_tables import ChannelTables, next_states
 from atom_plugin.k3.required_channel import UNCONSTRAINED
 from atom_plugin.k3.spec_rows import (
+    EDGE_CHUNK,
     next_state,
     row_state,
     spec_row_states_torch,
-    state_channel_ids,
     table_args,
 )
 from atom_plugin.k3.token_classes import SPECIAL
@@ -55,29 +55,26 @@ def _channel_logits_kernel(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
-    state_channel_ptr,
-    channel_ids_ptr,
-    channel_k_ptr,
-    channel_classes_ptr,
-    row_off_ptr,
-    next_state_ptr,
-    K,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
     token_class_ptr,
-    class_len,
+    class_table_len,
     forced_ptr,
     end_ids_ptr,
     E,
     masked_ptr,
     class_bits_ptr,
-    allow_off_ptr,
-    allow_len_ptr,
-    allow_ids_ptr,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
     HAS_MASKED: tl.constexpr,
-    K_BLOCK: tl.constexpr,
     E_BLOCK: tl.constexpr,
-    A_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -88,18 +85,19 @@ def _channel_logits_kernel(
         row_slot_ptr,
         row_pos_ptr,
         row_tokens_ptr,
-        state_channel_ptr,
-        channel_ids_ptr,
-        channel_k_ptr,
-        channel_classes_ptr,
-        row_off_ptr,
-        next_state_ptr,
-        K,
+        edge_off_ptr,
+        edge_len_ptr,
+        edge_tok_ptr,
+        edge_dst_ptr,
+        class_off_ptr,
+        class_len_ptr,
+        class_cls_ptr,
+        class_dst_ptr,
+        other_ptr,
         token_class_ptr,
-        class_len,
+        class_table_len,
         HAS_SLOT,
         SPEC,
-        K_BLOCK,
     )
     if state >= 0:
         base = logits_ptr + row.to(tl.int64) * logits_stride
@@ -117,17 +115,18 @@ def _channel_logits_kernel(
             # -inf is written (allowed logits are not read), so tiles cannot race
             # with each other or with the end ids written below.
             bits = tl.load(class_bits_ptr + state)
-            a = tl.arange(0, A_BLOCK)
-            first = tl.load(allow_off_ptr + state)
-            many = tl.load(allow_len_ptr + state)
-            allow = tl.load(allow_ids_ptr + first + a, mask=a < many, other=-1)
+            first = tl.load(edge_off_ptr + state)
+            many = tl.load(edge_len_ptr + state)
             minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                cls = tl.load(token_class_ptr + offs, mask=offs < class_len, other=_SPECIAL)
-                by_class = ((bits >> cls.to(tl.int64)) & 1) != 0
-                by_id = tl.max((offs[:, None] == allow[None, :]).to(tl.int32), axis=1) != 0
-                tl.store(base + offs, minus_inf, mask=(offs < hi) & ~(by_class | by_id))
+                cls = tl.load(token_class_ptr + offs, mask=offs < class_table_len, other=_SPECIAL)
+                keep = ((bits >> cls.to(tl.int64)) & 1) != 0
+                for j in range(0, many, EDGE_CHUNK):  # the state's allowed ids, a chunk at a time
+                    lane = j + tl.arange(0, EDGE_CHUNK)
+                    allow = tl.load(edge_tok_ptr + first + lane, mask=lane < many, other=-1)
+                    keep = keep | (tl.max((offs[:, None] == allow[None, :]).to(tl.int32), 1) != 0)
+                tl.store(base + offs, minus_inf, mask=(offs < hi) & ~keep)
         if forced < 0 and tile == 0:
             offs = tl.arange(0, E_BLOCK)
             ends = tl.load(end_ids_ptr + state * E + offs, mask=offs < E, other=-1)
@@ -181,15 +180,10 @@ def apply_channel_triton(
         tables.num_end_ids,
         tables.masked,
         tables.class_bits,
-        tables.allow_off,
-        tables.allow_len,
-        tables.allow_ids,
         HAS_SLOT=row_slot is not None,
         SPEC=spec,
         HAS_MASKED=tables.has_masked,
-        K_BLOCK=next_power_of_2(tables.num_channel_ids),
         E_BLOCK=next_power_of_2(max(tables.num_end_ids, 1)),
-        A_BLOCK=next_power_of_2(tables.max_allowed),
         BLOCK=block,
     )
 
@@ -245,10 +239,10 @@ def _mask_rows_torch(
     inside = min(vocab, classes.numel())
     cls[:inside] = classes[:inside].long()
     by_class = ((tables.class_bits[states].unsqueeze(1) >> cls.unsqueeze(0)) & 1) != 0
-    a = torch.arange(tables.max_allowed, device=logits.device)
-    at = (tables.allow_off[states].unsqueeze(1) + a).clamp(max=tables.allow_ids.numel() - 1)
-    inside = a < tables.allow_len[states].unsqueeze(1)
-    allow = torch.where(inside, tables.allow_ids[at].long(), -1)
+    a = torch.arange(tables.max_edges, device=logits.device)
+    at = (tables.edge_off[states].unsqueeze(1) + a).clamp(max=tables.edge_tok.numel() - 1)
+    inside = a < tables.edge_len[states].unsqueeze(1)
+    allow = torch.where(inside, tables.edge_tok[at].long(), -1)
     by_id = torch.zeros(rows.numel(), vocab + 1, dtype=torch.bool, device=logits.device)
     by_id.scatter_(1, torch.where(allow >= 0, allow, vocab), True)
     keep = by_class | by_id[:, :vocab]
@@ -302,16 +296,17 @@ def _advance_kernel(
     token_ids_stride,
     total_len_ptr,
     slots_ptr,
-    state_channel_ptr,
-    channel_ids_ptr,
-    channel_k_ptr,
-    channel_classes_ptr,
-    row_off_ptr,
-    next_state_ptr,
-    K,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
     token_class_ptr,
-    class_len,
-    K_BLOCK: tl.constexpr,
+    class_table_len,
 ):
     slot = tl.load(slots_ptr + tl.program_id(0))
     state = tl.load(states_ptr + slot)
@@ -319,28 +314,22 @@ def _advance_kernel(
     hi = tl.load(total_len_ptr + slot)
     if state >= 0:
         tokens = token_ids_ptr + slot.to(tl.int64) * token_ids_stride
-        ids, k, classes = state_channel_ids(
-            state,
-            state_channel_ptr,
-            channel_ids_ptr,
-            channel_k_ptr,
-            channel_classes_ptr,
-            K,
-            K_BLOCK,
-        )
         for i in range(lo, hi):
             token = tl.load(tokens + i)
             state = next_state(
                 state,
                 token,
-                ids,
-                k,
-                classes,
-                row_off_ptr,
-                next_state_ptr,
+                edge_off_ptr,
+                edge_len_ptr,
+                edge_tok_ptr,
+                edge_dst_ptr,
+                class_off_ptr,
+                class_len_ptr,
+                class_cls_ptr,
+                class_dst_ptr,
+                other_ptr,
                 token_class_ptr,
-                class_len,
-                K_BLOCK,
+                class_table_len,
             )
         tl.store(states_ptr + slot, state)
     tl.store(scanned_ptr + slot, tl.maximum(lo, hi))
@@ -375,7 +364,6 @@ def advance_states(
             total_len,
             slots,
             *table_args(tables),
-            K_BLOCK=next_power_of_2(tables.num_channel_ids),
         )
         return
     idx = slots.long()

@@ -6,18 +6,17 @@ c's local state s is the global state `bases[c] + s`, and UNCONSTRAINED (-1) is
 common to all. So one kernel launch serves a batch whose rows hold any mix of
 channels, and a row needs nothing but its global state.
 
-Each channel keeps its own transition rows: a row has one column per id of the
-channel's own (`channel_ids`: its `after`, its opening's head and its calls'
-explicit ids) and one per token class (one class for a channel without calls), so
-a state's row is `next_state[row_off[s] : row_off[s] + K_c + C_c]`. The kernel
-finds a token's column among the ids of the state's channel (`channel_ids[c]`,
-padded with -1), else its class's. Rows of different channels never share
-columns, so adding a channel appends its rows and touches no other channel's:
-`SharedTables` grows the device tensors by the new channel's bytes only.
+Each state keeps its transitions as the call table does (call_table.py): a list
+of explicit edges (id -> state, ids ascending), a list of class edges (token
+class -> state), and `other`, where any other id goes (START from a waiting
+state, the next position from a forced one, the state itself from a call state:
+there such an id can only be a rejected draft). A token takes its explicit edge
+if it has one, else its class's, else `other`. The tables are as large as the
+automata (states plus edges), and adding a channel appends its states and edges
+and touches nothing else: `SharedTables` copies only the new channel's bytes.
 
-Call states that allow several ids are masked: an id is allowed when it is one
-of the state's allowed ids (`allow_ids[allow_off[s] : + allow_len[s]]`) or its
-class is set in the state's `class_bits`.
+A masked call state allows its explicit edges' ids and every id of a class set
+in its `class_bits`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 
 from atom_plugin.k3.call_table import FINAL
-from atom_plugin.k3.required_channel import UNCONSTRAINED, RequiredChannel
+from atom_plugin.k3.required_channel import START, UNCONSTRAINED, RequiredChannel
 from atom_plugin.k3.token_classes import SPECIAL
 
 
@@ -39,49 +38,43 @@ class ChannelTables:
 
     channels, bases: channel c's states are `bases[c] .. bases[c] + num_states - 1`.
     max_id: the largest id any channel uses (a host int, checked against the logits width).
+    max_edges, max_class_edges: the most explicit / class edges of one state (host ints).
 
-    Per state s: forced[s] (the id s forces, -1 when none); waiting[s] (bool: s bans
-    its end ids and forces nothing; an optional channel's waiting states ban nothing);
-    masked[s] (bool: s allows the ids below and nothing else, and bans its end ids);
-    class_bits[s] (int64, bit c set when s allows every id of class c); end_ids[s, e]
-    (the ids s bans unless forced, padded with -1); state_channel[s]; row_off[s]
-    (int64, where s's row starts in next_state); allow_off[s] (int64) and
-    allow_len[s] (s's allowed ids in allow_ids).
-    Per channel c: channel_ids[c, k] (its own ids, padded with -1), channel_k[c] (how
-    many) and channel_classes[c] (its class columns: 1 without calls).
-    next_state: the rows, flat; a row's column K_c + class is every other id of that
-    class. token_class[t]: id t's class (ids past its end are SPECIAL); one 0 without calls.
+    Per state s: forced[s] (the id s forces, -1 when none); waiting[s] (bool: s bans its
+    end ids and forces nothing; an optional channel's waiting states ban nothing);
+    masked[s] (bool: s allows its explicit edges' ids and the classes in class_bits[s],
+    int64, and bans its end ids); end_ids[s, e] (the ids s bans unless forced, padded
+    with -1); other[s] (the state after an id with neither kind of edge); edge_off[s]
+    (int64) and edge_len[s], class_off[s] (int64) and class_len[s]: where s's edges are.
+    edge_tok, edge_dst, class_cls, class_dst: every state's edges, flat (global states).
+    token_class[t]: id t's class (ids past its end are SPECIAL); one 0 without calls.
     """
 
     channels: tuple[RequiredChannel, ...]
     bases: tuple[int, ...]
     max_id: int
-    max_allowed: int  # the most ids one state allows by name (at least 1)
+    max_edges: int
+    max_class_edges: int
     forced: torch.Tensor
     waiting: torch.Tensor
     masked: torch.Tensor
     class_bits: torch.Tensor
     end_ids: torch.Tensor
-    state_channel: torch.Tensor
-    row_off: torch.Tensor
-    allow_off: torch.Tensor
-    allow_len: torch.Tensor
-    channel_ids: torch.Tensor
-    channel_k: torch.Tensor
-    channel_classes: torch.Tensor
-    next_state: torch.Tensor
-    allow_ids: torch.Tensor
+    other: torch.Tensor
+    edge_off: torch.Tensor
+    edge_len: torch.Tensor
+    class_off: torch.Tensor
+    class_len: torch.Tensor
+    edge_tok: torch.Tensor
+    edge_dst: torch.Tensor
+    class_cls: torch.Tensor
+    class_dst: torch.Tensor
     token_class: torch.Tensor
 
     @property
     def has_masked(self) -> bool:
         """Whether any state is masked (only call automata make such states)."""
         return any(c.calls is not None for c in self.channels)
-
-    @property
-    def num_channel_ids(self) -> int:
-        """Columns of `channel_ids`: the most ids of any one channel."""
-        return self.channel_ids.shape[1]
 
     @property
     def num_end_ids(self) -> int:
@@ -101,138 +94,162 @@ class ChannelTables:
             )
 
 
+_PER_STATE = ("forced", "waiting", "masked", "class_bits", "other", "edge_len", "class_len")
+_EDGES = ("edge_tok", "edge_dst", "class_cls", "class_dst")
+
+
 @dataclass(frozen=True)
 class ChannelBlock:
-    """One channel's rows on the host, in its local state numbers (built with numpy)."""
+    """One channel's states and edges on the host, in its local state numbers."""
 
-    ids: np.ndarray  # [K] the channel's own ids, ascending
-    num_classes: int  # its class columns
     forced: np.ndarray  # [S]
     waiting: np.ndarray  # [S] bool
     masked: np.ndarray  # [S] bool
     class_bits: np.ndarray  # [S] int64
+    other: np.ndarray  # [S] local state or UNCONSTRAINED
+    edge_len: np.ndarray  # [S]
+    class_len: np.ndarray  # [S]
     end_ids: np.ndarray  # [S, E]
-    next_state: np.ndarray  # [S, K + C], local states or UNCONSTRAINED
-    allow_len: np.ndarray  # [S]
-    allow_ids: np.ndarray  # the masked states' allowed ids, in state order
+    edge_tok: np.ndarray
+    edge_dst: np.ndarray  # local states or UNCONSTRAINED
+    class_cls: np.ndarray
+    class_dst: np.ndarray
     max_id: int
 
     @property
     def num_states(self) -> int:
         return len(self.forced)
 
-    @property
-    def nbytes(self) -> int:
-        return (
-            sum(
-                getattr(self, f).nbytes
-                for f in ("forced", "waiting", "masked", "class_bits", "end_ids", "next_state")
-            )
-            + self.allow_ids.nbytes
-        )
-
 
 def channel_block(channel: RequiredChannel) -> ChannelBlock:
-    """`channel`'s rows. The waiting and forced states (a few) step through the state
-    machine; the call states come from the call table's edge arrays in numpy."""
-    ids = np.asarray(channel.channel_ids, dtype=np.int32)
-    num_classes = channel.num_classes
+    """`channel`'s states and edges. The waiting and forced states (a few) step through
+    the state machine; the call states are the call table's arrays, renumbered."""
     n = channel.num_states
     head = channel.calls_base if channel.calls is not None else n
-    next_state = np.empty((n, len(ids) + num_classes), np.int32)
-    forced = np.full(n, -1, np.int32)
-    waiting = np.zeros(n, bool)
+    pattern_ids = sorted(set(channel.after) | set(channel.opening[: channel.opens_at]))
+    parts: dict[str, list] = {name: [] for name in (*_PER_STATE, *_EDGES)}
     for s in range(head):
-        next_state[s, : len(ids)] = [channel.step(s, int(t)) for t in ids]
-        next_state[s, len(ids) :] = [channel.step_class(s, c) for c in range(num_classes)]
-        forced[s] = -1 if channel.forced_token(s) is None else channel.forced_token(s)
-        waiting[s] = channel.bans_while_waiting(s)
-    masked = np.zeros(n, bool)
-    class_bits = np.zeros(n, np.int64)
-    allow_len = np.zeros(n, np.int32)
-    allow_ids = np.zeros(0, np.int32)
+        waiting = channel.is_waiting(s)
+        # Any other id sends a waiting state back to START and a forced one on by position.
+        other = START if waiting else channel.step(s, channel.opening[s - channel.num_waiting])
+        edges = {t: channel.step(s, t) for t in pattern_ids} if waiting else {}
+        edges = {t: d for t, d in edges.items() if d != other}
+        forced = channel.forced_token(s)
+        values = {
+            "forced": -1 if forced is None else forced,
+            "waiting": channel.bans_while_waiting(s),
+            "masked": False,
+            "class_bits": 0,
+            "other": other,
+            "edge_len": len(edges),
+            "class_len": 0,
+        }
+        for name, value in values.items():
+            parts[name].append(np.array([value]))
+        parts["edge_tok"].append(np.array(list(edges), np.int32))
+        parts["edge_dst"].append(np.array(list(edges.values()), np.int32))
     if channel.calls is not None:
-        table = _call_rows(channel, ids, head)
-        next_state[head:], forced[head:], masked[head:], class_bits[head:] = table[:4]
-        allow_len[head:], allow_ids = table[4:]
+        for name, values in _call_states(channel).items():
+            parts[name].append(values)
+    dtypes = {"waiting": np.bool_, "masked": np.bool_, "class_bits": np.int64}
+    arrays = {
+        name: np.concatenate(values).astype(dtypes.get(name, np.int32))
+        if values
+        else np.zeros(0, np.int32)
+        for name, values in parts.items()
+    }
     ends = np.array(sorted(channel.end_ids), np.int32)
     end_ids = np.tile(ends, (n, 1))
     if channel.optional:
         end_ids[: channel.num_waiting] = -1  # an optional channel bans nothing while waiting
     return ChannelBlock(
-        ids=ids,
-        num_classes=num_classes,
-        forced=forced,
-        waiting=waiting,
-        masked=masked,
-        class_bits=class_bits,
+        **arrays,
         end_ids=end_ids,
-        next_state=next_state,
-        allow_len=allow_len,
-        allow_ids=allow_ids,
         max_id=max((*channel.channel_ids, *channel.opening, *channel.end_ids)),
     )
 
 
-def _call_rows(channel: RequiredChannel, ids: np.ndarray, base: int):
-    """(next_state, forced, masked, class_bits, allow_len, allow_ids) of the call states."""
+def _call_states(channel: RequiredChannel) -> dict[str, np.ndarray]:
+    """The call states' columns and edges, in the channel's local numbers."""
     calls = channel.calls
-    classes = calls.token_classes
+    base = channel.calls_base
     count = calls.num_states
-    stay = base + np.arange(count, dtype=np.int32)  # a disallowed token is a rejected draft
 
-    def target(dst: np.ndarray) -> np.ndarray:
+    def local(dst: np.ndarray) -> np.ndarray:
         return np.where(dst == FINAL, UNCONSTRAINED, dst + base).astype(np.int32)
 
-    by_class = np.repeat(stay[:, None], classes.num_classes, axis=1)
-    class_src = np.repeat(np.arange(count), calls.class_counts)
-    by_class[class_src, calls.class_cls] = target(calls.class_dst)
-    id_class = np.where(
-        ids < classes.vocab, classes.of[np.minimum(ids, classes.vocab - 1)], SPECIAL
-    )
-    by_id = by_class[:, id_class]  # an id without an edge of its own takes its class's
-    edge_src = np.repeat(np.arange(count), calls.edge_counts)
-    by_id[edge_src, np.searchsorted(ids, calls.edge_tok)] = target(calls.edge_dst)
-    first = calls.edge_tok[np.minimum(calls.edge_ptr[:-1], max(len(calls.edge_tok) - 1, 0))]
     one = (calls.edge_counts == 1) & (calls.class_counts == 0)
-    forced = np.where(one, first, -1).astype(np.int32)
-    masked = ~one
+    first = calls.edge_tok[np.minimum(calls.edge_ptr[:-1], max(len(calls.edge_tok) - 1, 0))]
+    class_src = np.repeat(np.arange(count), calls.class_counts)
     bits = np.zeros(count, np.int64)
     np.add.at(bits, class_src, np.left_shift(np.int64(1), calls.class_cls.astype(np.int64)))
-    allow_len = np.where(masked, calls.edge_counts, 0).astype(np.int32)
-    allow_ids = calls.edge_tok[masked[edge_src]].astype(np.int32)
-    return np.concatenate([by_id, by_class], axis=1), forced, masked, bits, allow_len, allow_ids
+    return {
+        "forced": np.where(one, first, -1),
+        "waiting": np.zeros(count, np.bool_),
+        "masked": ~one,
+        "class_bits": bits,
+        "other": base + np.arange(count),  # a token the state does not allow: a rejected draft
+        "edge_len": calls.edge_counts,
+        "class_len": calls.class_counts,
+        "edge_tok": calls.edge_tok,
+        "edge_dst": local(calls.edge_dst),
+        "class_cls": calls.class_cls,
+        "class_dst": local(calls.class_dst),
+    }
 
 
 class _Grown:
-    """A device tensor that grows by appending rows (its capacity doubles)."""
+    """A device tensor that grows by appending rows (its capacity doubles).
+
+    On a GPU only the new rows cross to the device, and a larger capacity copies the rows
+    held so far on the device. On the CPU the tensor is a view of a numpy buffer, written
+    in place (torch's CPU copies wait on its intra-op threads).
+    """
 
     def __init__(self, device: torch.device, dtype: np.dtype, width: int | None = None) -> None:
-        self.width = width
+        self.device, self.width = device, width
         self.size = 0
-        self.dev = torch.from_numpy(np.zeros(self._shape(16), dtype)).to(device)
+        self.host = np.zeros(self._shape(16), dtype) if device.type == "cpu" else None
+        self.dev = (
+            torch.from_numpy(self.host)
+            if self.host is not None
+            else torch.from_numpy(np.zeros(self._shape(16), dtype)).to(device)
+        )
 
     def _shape(self, rows: int) -> tuple[int, ...]:
         return (rows,) if self.width is None else (rows, self.width)
 
     def append(self, values: np.ndarray) -> int:
-        """Append `values` (rows); returns where they start. Only they cross to the device;
-        a larger capacity copies the rows held so far on the device."""
+        """Append `values` (rows); returns where they start."""
         at, n = self.size, len(values)
         if at + n > len(self.dev):
-            grown = self.dev.new_empty(self._shape(max(2 * len(self.dev), at + n)))
-            grown[:at].copy_(self.dev[:at])
-            self.dev = grown
-        if n:
+            capacity = max(2 * len(self.dev), at + n)
+            if self.host is not None:
+                host = np.empty(self._shape(capacity), self.host.dtype)
+                host[:at] = self.host[:at]
+                self.host, self.dev = host, torch.from_numpy(host)
+            else:
+                grown = self.dev.new_empty(self._shape(capacity))
+                grown[:at].copy_(self.dev[:at])
+                self.dev = grown
+        if n and self.host is not None:
+            self.host[at : at + n] = values
+        elif n:
             self.dev[at : at + n].copy_(torch.from_numpy(np.ascontiguousarray(values)))
         self.size = at + n
         return at
 
     def widen(self, width: int, fill: int) -> None:
-        """More columns (padded with `fill`), copied on the device."""
-        wide = self.dev.new_full((len(self.dev), width), fill)
-        wide[:, : self.width].copy_(self.dev)
-        self.dev, self.width = wide, width
+        """More columns (padded with `fill`)."""
+        if self.host is not None:
+            host = np.full((len(self.host), width), fill, self.host.dtype)
+            host[:, : self.width] = self.host
+            self.host, self.dev = host, torch.from_numpy(host)
+        else:
+            wide = self.dev.new_full((len(self.dev), width), fill)
+            wide[:, : self.width].copy_(self.dev)
+            self.dev = wide
+        self.width = width
 
     def view(self) -> torch.Tensor:
         return self.dev[: self.size]
@@ -241,10 +258,9 @@ class _Grown:
 class SharedTables:
     """The shared tables of a growing set of channels on `device`.
 
-    `add(channel)` lays out the new channel's rows (numpy, from its block) and copies
-    only them to the device; the other channels' rows are not touched. A channel's
-    state count, ids or end ids wider than any before widen the small per-channel id
-    table or the end-id table. `tables()` is the current `ChannelTables`.
+    `add(channel)` builds the new channel's block (numpy) and copies only it to the
+    device: the other channels' states and edges are not touched. `tables()` is the
+    current `ChannelTables`.
     """
 
     def __init__(self, device: torch.device | str) -> None:
@@ -252,32 +268,25 @@ class SharedTables:
         self.channels: list[RequiredChannel] = []
         self.blocks: list[ChannelBlock] = []
         self.bases: list[int] = []
-        self._per_state = {
-            "forced": _Grown(self.device, np.int32),
-            "waiting": _Grown(self.device, np.bool_),
-            "masked": _Grown(self.device, np.bool_),
-            "class_bits": _Grown(self.device, np.int64),
-            "state_channel": _Grown(self.device, np.int32),
-            "row_off": _Grown(self.device, np.int64),
-            "allow_off": _Grown(self.device, np.int64),
-            "allow_len": _Grown(self.device, np.int32),
+        kinds = {"waiting": np.bool_, "masked": np.bool_, "class_bits": np.int64}
+        kinds.update(edge_off=np.int64, class_off=np.int64)
+        self._columns = {
+            name: _Grown(self.device, kinds.get(name, np.int32))
+            for name in (*_PER_STATE, "edge_off", "class_off", *_EDGES)
         }
         self._end_ids = _Grown(self.device, np.int32, width=1)
-        self._next = _Grown(self.device, np.int32)
-        self._allow = _Grown(self.device, np.int32)
-        self._channel_ids = np.full((0, 1), -1, np.int32)
         self._token_class: torch.Tensor | None = None
         self._classes = None
         self._max_id = 0
-        self._max_allowed = 1
+        self._max_edges = self._max_class_edges = 1
         self.laid_out = 0  # channels laid out (each once, by add)
 
     @property
     def num_states(self) -> int:
-        return self._per_state["forced"].size
+        return self._columns["forced"].size
 
     def add(self, channel: RequiredChannel, block: ChannelBlock | None = None) -> int:
-        """Append `channel` (its rows from `block` when given); returns its index."""
+        """Append `channel` (its block when given); returns its index."""
         if channel.calls is not None:
             classes = channel.calls.token_classes
             if self._classes is not None and classes is not self._classes:
@@ -289,37 +298,32 @@ class SharedTables:
                 self._token_class = torch.from_numpy(classes.of).to(self.device, torch.int32)
         block = channel_block(channel) if block is None else block
         index, base = len(self.channels), self.num_states
-        n = block.num_states
-        width = block.next_state.shape[1]
-        rows = np.where(block.next_state >= 0, block.next_state + base, UNCONSTRAINED)
-        row_start = self._next.append(rows.astype(np.int32).reshape(-1))
-        allow_start = self._allow.append(block.allow_ids)
-        allow_off = allow_start + np.concatenate([[0], np.cumsum(block.allow_len[:-1])])
-        columns = {
-            "forced": block.forced,
-            "waiting": block.waiting,
-            "masked": block.masked,
-            "class_bits": block.class_bits,
-            "state_channel": np.full(n, index, np.int32),
-            "row_off": row_start + width * np.arange(n, dtype=np.int64),
-            "allow_off": allow_off.astype(np.int64),
-            "allow_len": block.allow_len,
-        }
-        for name, values in columns.items():
-            self._per_state[name].append(values)
+
+        def shifted(states: np.ndarray) -> np.ndarray:
+            return np.where(states >= 0, states + base, UNCONSTRAINED).astype(np.int32)
+
+        cols = self._columns
+        edge_start = cols["edge_tok"].append(block.edge_tok)
+        cols["edge_dst"].append(shifted(block.edge_dst))
+        class_start = cols["class_cls"].append(block.class_cls)
+        cols["class_dst"].append(shifted(block.class_dst))
+        for name in _PER_STATE:
+            values = getattr(block, name)
+            cols[name].append(shifted(values) if name == "other" else values)
+        for name, start, lengths in (
+            ("edge_off", edge_start, block.edge_len),
+            ("class_off", class_start, block.class_len),
+        ):
+            cols[name].append(start + np.concatenate([[0], np.cumsum(lengths[:-1])]))
         ends = block.end_ids
         if ends.shape[1] > self._end_ids.width:
             self._end_ids.widen(ends.shape[1], -1)
-        padded = np.full((n, self._end_ids.width), -1, np.int32)
+        padded = np.full((block.num_states, self._end_ids.width), -1, np.int32)
         padded[:, : ends.shape[1]] = ends
         self._end_ids.append(padded)
-        k = max(self._channel_ids.shape[1], len(block.ids), 1)
-        ids = np.full((index + 1, k), -1, np.int32)
-        ids[:index, : self._channel_ids.shape[1]] = self._channel_ids
-        ids[index, : len(block.ids)] = block.ids
-        self._channel_ids = ids
         self._max_id = max(self._max_id, block.max_id)
-        self._max_allowed = max(self._max_allowed, int(block.allow_len.max(initial=0)))
+        self._max_edges = max(self._max_edges, int(block.edge_len.max(initial=0)))
+        self._max_class_edges = max(self._max_class_edges, int(block.class_len.max(initial=0)))
         self.channels.append(channel)
         self.blocks.append(block)
         self.bases.append(base)
@@ -329,25 +333,21 @@ class SharedTables:
     def tables(self) -> ChannelTables:
         if not self.channels:
             raise ValueError("no channel has been added")
-        per_channel = [(len(b.ids), b.num_classes) for b in self.blocks]
-        device = self.device
+        columns = {}
+        for name, grown in self._columns.items():
+            # Kernels read through masks, so an empty edge list still needs a valid pointer.
+            columns[name] = grown.view() if grown.size else grown.dev[:1]
         return ChannelTables(
             channels=tuple(self.channels),
             bases=tuple(self.bases),
             max_id=self._max_id,
-            max_allowed=self._max_allowed,
-            **{name: grown.view() for name, grown in self._per_state.items()},
+            max_edges=self._max_edges,
+            max_class_edges=self._max_class_edges,
+            **columns,
             end_ids=self._end_ids.view(),
-            channel_ids=torch.from_numpy(self._channel_ids).to(device),
-            channel_k=torch.tensor([k for k, _ in per_channel], dtype=torch.int32, device=device),
-            channel_classes=torch.tensor(
-                [c for _, c in per_channel], dtype=torch.int32, device=device
-            ),
-            next_state=self._next.view(),
-            allow_ids=self._allow.view() if self._allow.size else self._allow.dev[:1],
             token_class=self._token_class
             if self._token_class is not None
-            else torch.zeros(1, dtype=torch.int32, device=device),
+            else torch.zeros(1, dtype=torch.int32, device=self.device),
         )
 
     def subset(self, indices: Sequence[int]) -> SharedTables:
@@ -386,21 +386,39 @@ def compile_channel(channel: RequiredChannel, device: torch.device | str) -> Cha
     return compile_channels((channel,), device)
 
 
-def token_columns(tables: ChannelTables, states: torch.Tensor, tokens: torch.Tensor):
-    """(safe states, each token's column in its state's row) as torch ops."""
-    safe = states.clamp(min=0).long()
-    channel = tables.state_channel[safe].long()
-    hits = tokens.long().unsqueeze(-1) == tables.channel_ids[channel]
-    classes = tables.token_class
-    cls = classes[tokens.long().clamp(0, classes.numel() - 1)].long()
-    cls = torch.where(tokens.long() < classes.numel(), cls, SPECIAL)
-    cls = torch.where(tables.channel_classes[channel] > 1, cls, 0)
-    other = tables.channel_k[channel].long() + cls
-    return safe, torch.where(hits.any(-1), hits.int().argmax(-1), other)
+def _lookup(off, length, keys, values, found_for, width):
+    """Per row, the value of the key equal to `found_for` among keys[off:off + length]
+    (at most `width`), and whether there was one."""
+    a = torch.arange(max(width, 1), device=off.device)
+    inside = a < length.unsqueeze(-1)
+    at = (off.unsqueeze(-1) + a).clamp(max=max(keys.numel() - 1, 0))
+    hit = inside & (keys[at] == found_for.unsqueeze(-1))
+    picked = values[at.gather(-1, hit.int().argmax(-1, keepdim=True))].squeeze(-1)
+    return picked, hit.any(-1)
 
 
 def next_states(tables: ChannelTables, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Every state stepped by its token, elementwise, as torch ops without a host sync."""
-    safe, column = token_columns(tables, states, tokens)
-    stepped = tables.next_state[tables.row_off[safe] + column]
-    return torch.where(states == UNCONSTRAINED, states, stepped)
+    safe = states.clamp(min=0).long()
+    token = tokens.long()
+    classes = tables.token_class
+    cls = classes[token.clamp(0, classes.numel() - 1)].long()
+    cls = torch.where(token < classes.numel(), cls, SPECIAL)
+    by_id, has_id = _lookup(
+        tables.edge_off[safe],
+        tables.edge_len[safe],
+        tables.edge_tok,
+        tables.edge_dst,
+        token,
+        tables.max_edges,
+    )
+    by_class, has_class = _lookup(
+        tables.class_off[safe],
+        tables.class_len[safe],
+        tables.class_cls,
+        tables.class_dst,
+        cls,
+        tables.max_class_edges,
+    )
+    stepped = torch.where(has_id, by_id, torch.where(has_class, by_class, tables.other[safe]))
+    return torch.where(states == UNCONSTRAINED, states, stepped.to(states.dtype))

@@ -72,8 +72,9 @@ def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
 
 def _encode_many(tokenizer: Any, texts: Sequence[str]) -> list[tuple[int, ...]]:
     """Each text encoded on its own; a Hugging Face fast tokenizer takes them in one batch."""
-    if len(texts) > 8 and getattr(tokenizer, "is_fast", False) is True:
-        batch = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if len(texts) > 8 and getattr(tokenizer, "is_fast", False) is True and backend is not None:
+        batch = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
         return [_checked(tokenizer, t, ids) for t, ids in zip(texts, batch, strict=True)]
     return [_encode(tokenizer, t) for t in texts]
 
