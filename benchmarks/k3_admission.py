@@ -94,7 +94,8 @@ async def admission(url: str, model: str, tools: list, plain_tokens: int) -> dic
 
 
 def measure(url: str, model: str, schemas: list[str], plain_tokens: int) -> list[dict]:
-    """Rows: the baseline, then each schema cold and warm."""
+    """Rows: the baseline, then each schema cold and warm (after one warm-up stream)."""
+    _run(url, model, [], plain_tokens)
     rows = [{"schema": "none (baseline)", "phase": "-", **_run(url, model, [], plain_tokens)}]
     for name in schemas:
         for phase in ("cold", "warm"):
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parser", choices=PARSERS, default="atom_kimi_k3")
-    parser.add_argument("--schemas", default="int2000,enum20000")
+    parser.add_argument("--schemas", default="int2000,enum20000", help=", ".join(SCHEMAS))
     parser.add_argument("--plain-tokens", type=int, default=120)
     parser.add_argument("--model", help="a K3 model folder (default: a tiny one is built)")
     parser.add_argument("--vocab", type=int, default=8192)

@@ -37,6 +37,7 @@ schema costs at most that much work.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -477,33 +478,51 @@ class CallAutomaton:
     def _number(self, language: str, after: int, explicit_end: int | None = None) -> int:
         """States of a character DFA language. An accepting state leaves on `explicit_end`
         to `after`, or without one takes `after`'s edges (merged once built)."""
-        classes = self.token_classes
-        numbers = list(classes.number_classes)
-        reach, todo = {STARTS[language]}, [STARTS[language]]
-        while todo:
-            q = todo.pop()
-            for c in numbers:
-                nxt = classes.number_step(c, q)
-                if nxt != DEAD and nxt not in reach:
-                    reach.add(nxt)
-                    todo.append(nxt)
-        state_of = {q: self._new() for q in sorted(reach)}
-        for q, state in state_of.items():
-            for c in numbers:
-                nxt = classes.number_step(c, q)
-                if nxt != DEAD:
-                    self._classes[state][c] = state_of[nxt]
-            if q in ACCEPTING:
+        shape = _number_shape(self.token_classes, language)
+        first = len(self._edges)
+        for _ in shape:
+            self._new()
+        for i, (moves, accepting) in enumerate(shape):
+            state = first + i
+            self._classes[state].update((c, first + j) for c, j in moves)
+            if accepting:
                 if explicit_end is None:
                     self._merges.append((state, after))
                 else:
                     self._edges[state][explicit_end] = after
-        if not any(q in ACCEPTING for q in reach):
-            raise CallSpecError(
-                f"the vocabulary has no tokens that write a {language} value "
-                f"(its number classes: {len(numbers)})"
-            )
-        return state_of[STARTS[language]]
+        return first
+
+
+@functools.lru_cache(maxsize=16)
+def _number_shape(classes: TokenClasses, language: str) -> tuple[tuple[tuple, bool], ...]:
+    """The language's character states reachable through the vocabulary's number classes,
+    the start first: per state, its (class, state index) moves and whether it accepts."""
+    numbers = list(classes.number_classes)
+    reach, todo = [STARTS[language]], [STARTS[language]]
+    while todo:
+        q = todo.pop()
+        for c in numbers:
+            nxt = classes.number_step(c, q)
+            if nxt != DEAD and nxt not in reach:
+                reach.append(nxt)
+                todo.append(nxt)
+    if not any(q in ACCEPTING for q in reach):
+        raise CallSpecError(
+            f"the vocabulary has no tokens that write a {language} value "
+            f"(its number classes: {len(numbers)})"
+        )
+    index = {q: i for i, q in enumerate(reach)}
+    return tuple(
+        (
+            tuple(
+                (c, index[classes.number_step(c, q)])
+                for c in numbers
+                if classes.number_step(c, q) != DEAD
+            ),
+            q in ACCEPTING,
+        )
+        for q in reach
+    )
 
 
 def compile_calls(spec: CallSpec, classes: TokenClasses) -> CallTable:

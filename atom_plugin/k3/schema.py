@@ -67,23 +67,24 @@ def _field(value: Any, key: str) -> Any:
 
 
 def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
-    return _checked(tokenizer, text, tokenizer.encode(text, add_special_tokens=False))
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    return _checked(text, tokenizer.encode(text, add_special_tokens=False), unknown)
 
 
 def _encode_many(tokenizer: Any, texts: Sequence[str]) -> list[tuple[int, ...]]:
     """Each text encoded on its own; a Hugging Face fast tokenizer takes them in one batch."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if len(texts) > 8 and getattr(tokenizer, "is_fast", False) is True and backend is not None:
-        batch = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
-        return [_checked(tokenizer, t, ids) for t, ids in zip(texts, batch, strict=True)]
+        unknown = getattr(tokenizer, "unk_token_id", None)
+        batch = backend.encode_batch(list(texts), add_special_tokens=False)
+        return [_checked(t, e.ids, unknown) for t, e in zip(texts, batch, strict=True)]
     return [_encode(tokenizer, t) for t in texts]
 
 
-def _checked(tokenizer: Any, text: str, encoded: Sequence[int]) -> tuple[int, ...]:
+def _checked(text: str, encoded: Sequence[int], unknown: int | None) -> tuple[int, ...]:
     ids = tuple(encoded)
     if not ids:
         raise UnsupportedSchema(f"{text!r} encodes to no ids")
-    unknown = getattr(tokenizer, "unk_token_id", None)
     if unknown is not None and unknown in ids:
         raise UnsupportedSchema(f"{text!r} encodes to the tokenizer's unknown token {unknown}")
     return ids
