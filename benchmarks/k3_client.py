@@ -32,13 +32,6 @@ class Streamed:
     def ttft(self) -> float | None:
         return self.times[0] - self.sent if self.times else None
 
-    @property
-    def tpot(self) -> float | None:
-        """Seconds per output token after the first (None with fewer than two tokens)."""
-        if len(self.times) < 2 or self.output_tokens < 2:
-            return None
-        return (self.times[-1] - self.times[0]) / (self.output_tokens - self.tokens[0])
-
     def gaps(self) -> list[float]:
         """Seconds between consecutive chunks of output."""
         return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
@@ -94,3 +87,45 @@ def parsed_arguments(arguments: str) -> Any:
         return json.loads(arguments)
     except (TypeError, ValueError):
         return None
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """The server's Prometheus metrics (`/metrics`), summed over label sets but `le`:
+    `name`, `name_sum`, `name_count` and `name_bucket|le` -> value."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"([^{\s]+)(\{[^}]*\})?\s+(\S+)", line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        le = re.search(r'le="([^"]+)"', labels or "")
+        key = f"{name}|{le.group(1)}" if le else name
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def histogram(before: dict[str, float], after: dict[str, float], name: str):
+    """(mean, p50, p90) of what histogram `name` recorded between two scrapes (p50 and p90
+    are the upper bounds of their buckets), None without observations."""
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    if count <= 0:
+        return None
+    mean = (after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)) / count
+    prefix = f"{name}_bucket|"
+    bounds = sorted(
+        (float(key[len(prefix) :]), after[key] - before.get(key, 0.0))
+        for key in after
+        if key.startswith(prefix)
+    )
+
+    def quantile(q: float) -> float:
+        return next((bound for bound, seen in bounds if seen >= q * count), float("inf"))
+
+    return mean, quantile(0.5), quantile(0.9)
