@@ -167,11 +167,16 @@ def build_k3_model(out_dir: str | Path, shape: str = "deepseek-v3", vocab: int =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out, vocab)
+    import transformers
+
     config = {
         **SHAPES[shape],
         "vocab_size": vocab,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
+        # As save_pretrained writes it (without it transformers takes a local tokenizer
+        # for an old Mistral one and warns about its pre-tokenizer).
+        "transformers_version": transformers.__version__,
     }
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
