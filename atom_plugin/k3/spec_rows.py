@@ -76,8 +76,8 @@ def next_state(
     safe = tl.maximum(state, 0)
     first = tl.load(edge_off_ptr + safe)
     count = tl.load(edge_len_ptr + safe)
-    by_id = 0
-    found = 0
+    by_id = count * 0  # int32 scalars, as the loop's sums are
+    found = count * 0
     for j in range(0, count, EDGE_CHUNK):
         lane = j + tl.arange(0, EDGE_CHUNK)
         hit = tl.load(edge_tok_ptr + first + lane, mask=lane < count, other=-1) == token
