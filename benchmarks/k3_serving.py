@@ -242,25 +242,31 @@ def request_body(model: str, index: int, max_tokens: int, ids: dict[str, int]) -
     }
 
 
-def check_calls(body: dict, streamed: Streamed) -> tuple[int, int]:
-    """(calls, valid calls) of one reply: a valid call names a tool of the request (the
-    named one for a named choice) and its arguments parse and validate against its schema."""
+def check_calls(body: dict, streamed: Streamed) -> tuple[int, int, str | None]:
+    """(calls, valid calls, why the first invalid one is not) of one reply: a valid call
+    names a tool of the request (the named one for a named choice) and its arguments parse
+    and validate against its schema."""
     import jsonschema
 
     named = body["tool_choice"]
     wanted = named["function"]["name"] if isinstance(named, dict) else None
     calls = streamed.tool_calls()
-    valid = 0
+    valid, why = 0, None
     for name, arguments in calls:
         args = parsed_arguments(arguments)
-        if name not in SCHEMAS or (wanted is not None and name != wanted) or args is None:
-            continue
-        try:
-            jsonschema.validate(args, SCHEMAS[name])
-        except jsonschema.ValidationError:
-            continue
-        valid += 1
-    return len(calls), valid
+        if name not in SCHEMAS or (wanted is not None and name != wanted):
+            reason = f"{name!r} is not the tool asked for"
+        elif args is None:
+            reason = f"{name}: arguments are not JSON: {arguments[:60]!r}"
+        else:
+            try:
+                jsonschema.validate(args, SCHEMAS[name])
+                valid += 1
+                continue
+            except jsonschema.ValidationError as err:
+                reason = f"{name}: {err.message[:80]}"
+        why = why or reason
+    return len(calls), valid, why
 
 
 async def wave(url: str, bodies: list[dict], sequential: bool) -> tuple[list[Streamed], float]:
@@ -287,11 +293,13 @@ def summarize(config: str, concurrency: int, bodies, results, wall: float, metri
 
     calls = valid = plain = auto_calls = errors = 0
     forced = autos = 0
+    invalid = None
     for body, streamed in zip(bodies, results, strict=True):
         if streamed.error:
             errors += 1
             continue
-        made, good = check_calls(body, streamed)
+        made, good, why = check_calls(body, streamed)
+        invalid = invalid or why
         calls, valid = calls + made, valid + good
         if body["tool_choice"] == "auto":
             autos += 1
@@ -317,6 +325,7 @@ def summarize(config: str, concurrency: int, bodies, results, wall: float, metri
         "auto_calls": auto_calls,
         "errors": errors,
         "first_error": next((s.error for s in results if s.error), None),
+        "first_invalid": invalid,
     }
 
 
@@ -389,6 +398,11 @@ def report(rows: list[dict], header: str) -> str:
             f"{share} | "
             f"{r['plain']}/{r['forced']} | {r['auto_calls']}/{r['autos']} | {errors} |"
         )
+    invalid = [f"{r['config']}, C={r['concurrency']}: {r['first_invalid']}" for r in rows
+               if r["first_invalid"]]  # fmt: skip
+    if invalid:
+        lines += ["", "First invalid call of each row that has one:", ""]
+        lines += [f"- {line}" for line in invalid]
     ratios = _ratios(rows)
     if ratios:
         lines += ["", "Output tok/s of `atom` over `vllm` at the same strict level and C:", ""]
