@@ -31,11 +31,19 @@ BENCHMARKS = {
     "as vLLM runs a prefill's attention between its piecewise graphs?",
     "k3_logits": "What does the Kimi-K3 tool-call channel cost a step on the logits, beside "
     "xgrammar's bitmask?",
+    "k3_serving": "Served end to end, how fast and how valid are Kimi-K3 tool calls held by the "
+    "plugin's channel against vLLM's strict structural tag (tok/s, TTFT, TPOT, valid calls)?",
+    "k3_admission": "How long do the other streams of a server stall while a request with a "
+    "large tool schema is admitted, cold and warm?",
+    "k3_serving_model": "Builds the K3 serving model folder (DeepSeek-V3-shaped MLA, random "
+    "weights, a synthetic K3 tokenizer of 163,840 ids) that the K3 benchmarks serve.",
     "tbo": "Does a decode step split into two micro-batches beat the unsplit step on one GPU, "
     "at a given share of communication?",
     "tbo_prefill": "From how many new tokens does a split prefill step pay?",
     "tbo_dp": "Two ranks over NCCL (or gloo): how long is a decode step with TBO on and off?",
     "tbo_trace": "In one TBO decode step, which kernels wait behind which (a kernel timeline)?",
+    "tbo_engine": "In vLLM's engine on one GPU, what does two-batch overlap cost or gain against "
+    "off, for decode batches and long prefills (Model Runner V2)?",
 }
 
 

@@ -246,11 +246,10 @@ def row_allowed(channel: RequiredChannel, state: int, vocab: int) -> np.ndarray:
     if call is None:
         out = np.ones(vocab, dtype=bool)
     else:
-        node = channel.calls.states[call]
         of = channel.calls.token_classes.of[:vocab]
         out = np.zeros(vocab, dtype=bool)
-        out[: len(of)] = np.isin(of, list(node.classes))
-        out[[t for t in node.edges if t < vocab]] = True
+        out[: len(of)] = np.isin(of, list(channel.calls.classes(call)))
+        out[[t for t in channel.calls.edges(call) if t < vocab]] = True
     out[[t for t in channel.end_ids if t < vocab]] = False
     return out
 

@@ -28,6 +28,9 @@
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
+#   k3-serve    the K3 serving benchmark (benchmarks/k3_serving.py): vllm serve with the plugin's
+#               atom_kimi_k3 against vLLM's kimi_k3 (plugin disabled), one engine per
+#               configuration, concurrencies 1/16/64/256; K3_SERVE_ARGS (e.g. --configs ...)
 #   same-mha, same-mla
 #               a change that must not move the kernels' speed: the MHA (benchmarks.attention
 #               --no-mla) or MLA (benchmarks.attention_mla) kernel benchmark in the checkout
@@ -141,6 +144,14 @@ for what in "$@"; do
       stage "K3 logits benchmark"
       timeout 300 python3 benchmarks/k3_logits.py --out "$OUT/k3_logits.md" ${K3_ARGS:-} \
         2>&1 | tee "$OUT/k3_logits.log" || status=1 ;;
+    k3-serve)
+      stage "K3 serving benchmark"
+      rm -rf /tmp/k3-serve
+      timeout 570 python3 -m benchmarks.k3_serving \
+        --configs atom:parameter,vllm:function,vllm:parameter --workdir /tmp/k3-serve \
+        --out "$OUT/k3_serving.md" --json "$OUT/k3_serving.json" ${K3_SERVE_ARGS:-} \
+        2>&1 | tee "$OUT/k3_serving.log" || status=1
+      tar -czf "$OUT/k3_serving_servers.tgz" -C /tmp/k3-serve --exclude model . ;;
     same-mha|same-mla)
       stage "kernel benchmark before ($BEFORE) and after (${AFTER:-$PWD}), ${what#same-}"
       kind=${what#same-}
@@ -155,7 +166,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels mla16 mha mla anchors profile k3 same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels mla16 mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

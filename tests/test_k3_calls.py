@@ -172,7 +172,7 @@ def test_auto_constrains_the_calls_once_the_model_opens_the_tools_channel(reques
     tools, parallel = request
     required = channel_for(tools, parallel)
     channel = required.as_optional()
-    assert channel_from_extra_args(channel_extra_args(channel, required.calls.spec), CLASSES) == (
+    assert channel_from_extra_args(channel_extra_args(channel, required.calls), CLASSES) == (
         channel
     )
     # No trigger and nothing banned: the model may answer and end without a call.

@@ -6,6 +6,7 @@ which becomes SamplingParams; the V1 processor then sees them in a real
 BatchUpdate.
 """
 
+import json
 import logging
 
 import pytest
@@ -580,7 +581,7 @@ def test_parallel_tool_calls_false_sends_one_call(tokenizer, formats, choice):
     params = through(tokenizer, TOOLS, choice, parallel_tool_calls=False)
     want = calls_channel(tokenizer, name=name, parallel=False)
     assert channel_from_extra_args(params.extra_args, classes_for_tokenizer(tokenizer)) == want
-    assert want.calls.spec.parallel is False
+    assert want != calls_channel(tokenizer, name=name, parallel=True)
 
 
 @pytest.mark.parametrize("choice", ["required", NAMED])
@@ -610,11 +611,53 @@ def test_unsupported_schema_without_vllms_tag_is_a_400(tokenizer, formats, monke
     assert err.value.parameter == "tool_choice"
 
 
+def test_each_tool_set_is_compiled_once_in_the_api_server(tokenizer, formats):
+    from atom_plugin.vllm.k3.tool_parser import call_cache_of
+
+    cache = call_cache_of(tokenizer)
+    tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "get_time"}}]
+    before = cache.compiles
+    first = through(tokenizer, tools, "required")
+    for choice in ("required", "auto"):  # auto's optional channel carries the same calls
+        again = through(tokenizer, tools, choice)
+        assert (
+            json.loads(again.extra_args[EXTRA_ARGS_KEY])["calls"]
+            == json.loads(first.extra_args[EXTRA_ARGS_KEY])["calls"]
+        )
+    assert cache.compiles == before + 1
+
+
+@pytest.mark.parametrize("strict", ["1", "0"])
+def test_a_tool_set_beyond_the_limits_keeps_vllms_tag_or_is_a_400(
+    tokenizer, formats, monkeypatch, caplog, strict
+):
+    from atom_plugin.k3 import call_table
+    from atom_plugin.vllm.k3 import tool_parser as kimi_k3_parser
+
+    monkeypatch.setattr(call_table, "LIMITS", call_table.CallLimits(states=8))
+    monkeypatch.setattr(kimi_k3_parser, "_logged", set())
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", strict)
+    properties = {"days": {"type": "integer"}, "city": {"type": "integer"}}
+    parameters = {"type": "object", "properties": properties}  # no other test's tool set
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": parameters}}]
+    if strict == "0":
+        with pytest.raises(VLLMValidationError) as err:
+            through(tokenizer, tools, "required")
+        assert "beyond the channel's limit of 8 per request" in str(err.value)
+        return
+    with caplog.at_level(logging.WARNING, logger="atom_plugin.k3"):
+        params = through(tokenizer, tools, "required")
+    assert EXTRA_ARGS_KEY not in (params.extra_args or {})
+    assert params.structured_outputs.structural_tag is not None
+    assert any("beyond the channel's limit of 8" in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
+
+
 def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
     from atom_plugin.k3.channel_for import request_channel
 
     channel = required_channel_for(tokenizer)
-    spec = call_spec_for(tokenizer, TOOLS)
     asked = []
 
     def classes():
@@ -623,7 +666,9 @@ def test_request_channel_builds_token_classes_only_for_calls(tokenizer):
 
     plain = SamplingParams(extra_args=channel_extra_args(channel))
     assert request_channel(plain, classes) == channel and not asked
-    with_calls = SamplingParams(extra_args=channel_extra_args(channel, spec))
+    with_calls = SamplingParams(
+        extra_args=channel_extra_args(channel, calls_channel(tokenizer).calls)
+    )
     assert request_channel(with_calls, classes) == calls_channel(tokenizer)
     assert asked == [1]
     with pytest.raises(ValueError, match="carries calls, which need the vocabulary's token"):

@@ -300,7 +300,8 @@ def test_a_channel_with_calls_masks_every_call_row(tokenizer, impl):
     asked = []
     batch.proc.classes = lambda: asked.append(1) or classes  # no model here: the tokenizer's
     prompt = ids(tokenizer, "Hi")
-    params = SamplingParams(extra_args=channel_extra_args(required_channel_for(tokenizer), spec))
+    extra = channel_extra_args(required_channel_for(tokenizer), channel.calls)
+    params = SamplingParams(extra_args=extra)
     slot, wants = batch.add("r", prompt, params)
     assert wants and asked == [1]
     plain, _ = batch.add("plain", prompt, SamplingParams())

@@ -29,15 +29,22 @@ the call may close only once no required property is left. Values:
   QUOTED one, so no quote, backslash or control character) up to its closing
   quote; a value's end takes the edges of the state after it (merged once the
   states are built, so numbers and options end on whatever may follow them).
+
+The result is a `CallTable` (call_table.py: flat arrays, what the engine receives);
+building stops with `CallsTooLarge` once it passes `LIMITS.states`, so a hostile
+schema costs at most that much work.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from atom_plugin.k3 import call_table
+from atom_plugin.k3.call_table import FINAL, CallSpecError, CallTable, too_large
 from atom_plugin.k3.token_classes import (
     ACCEPTING,
     DEAD,
@@ -47,7 +54,6 @@ from atom_plugin.k3.token_classes import (
     TokenClasses,
 )
 
-FINAL = -1
 VALUE_KINDS = ("text", "integer", "number", "options", "json")
 JSON_KINDS = ("object", "array", "string", "integer", "number", "options")
 # The fixed pieces each JSON kind has (ids of `{` `}`, `[` `]` `, `, the quote twice).
@@ -60,10 +66,6 @@ MAX_JSON_DEPTH = 16  # objects and arrays nested in one argument value
 _JSON_FIELDS = {"object": {"props"}, "array": {"items"}, "options": {"options"}}
 _PIECES = ("open", "close", "sep", "end")
 _SEQUENCES = ("call", "index", "index_end", "argument", "call_end", "tools_end", "message_end")
-
-
-class CallSpecError(ValueError):
-    """A call spec (or a schema turned into one) that the automaton cannot hold."""
 
 
 def _ids(what: str, value: Any) -> tuple[int, ...]:
@@ -260,69 +262,41 @@ def _arg(value: Any) -> ArgSpec:
     return ArgSpec(_ids("head", value["head"]), bool(value["required"]), kind, options, json_spec)
 
 
-@dataclass
-class _State:
-    edges: dict[int, int] = field(default_factory=dict)
-    classes: dict[int, int] = field(default_factory=dict)
-
-
 class CallAutomaton:
-    """A compiled call spec: `states[i]` has `edges` and `classes`; starts at state 0."""
+    """Builds a call spec's automaton for a vocabulary's token classes into `table`
+    (state 0 is right after `call tool="`)."""
 
-    def __init__(self, spec: CallSpec, classes: TokenClasses) -> None:
+    def __init__(
+        self, spec: CallSpec, classes: TokenClasses, max_states: int | None = None
+    ) -> None:
         self.spec = spec
         self.token_classes = classes
-        self._states: list[_State] = []
+        self._max_states = call_table.LIMITS.states if max_states is None else max_states
+        # Per state: its explicit edges (id -> state) and class edges (class -> state).
+        self._edges: list[dict[int, int]] = []
+        self._classes: list[dict[int, int]] = []
         self._build()
-        self.states: tuple[_State, ...] = tuple(self._states)
-        del self._states
-
-    # ---- queries ------------------------------------------------------------
-    @property
-    def num_states(self) -> int:
-        return len(self.states)
-
-    def explicit_ids(self) -> frozenset[int]:
-        return frozenset(t for s in self.states for t in s.edges)
-
-    def step(self, state: int, token: int) -> int | None:
-        """The next state (FINAL after the end), or None if `token` is not allowed."""
-        node = self.states[state]
-        if token in node.edges:
-            return node.edges[token]
-        return node.classes.get(self.token_classes.class_of(token))
-
-    def step_class(self, state: int, cls: int) -> int | None:
-        return self.states[state].classes.get(cls)
-
-    def forced_token(self, state: int) -> int | None:
-        node = self.states[state]
-        if len(node.edges) == 1 and not node.classes:
-            return next(iter(node.edges))
-        return None
-
-    def allowed_ids(self, state: int, vocab: int) -> list[int]:
-        """Every allowed id below `vocab` (for tests and references)."""
-        node = self.states[state]
-        of = self.token_classes.of
-        by_class = [t for t in range(min(vocab, len(of))) if int(of[t]) in node.classes]
-        return sorted(set(by_class) | {t for t in node.edges if t < vocab})
+        self.table = CallTable.from_edges(self._edges, self._classes, classes)
+        del self._edges, self._classes
 
     # ---- construction ---------------------------------------------------------
     def _new(self) -> int:
-        self._states.append(_State())
-        return len(self._states) - 1
+        if len(self._edges) >= self._max_states:
+            raise too_large("states", len(self._edges) + 1, self._max_states)
+        self._edges.append({})
+        self._classes.append({})
+        return len(self._edges) - 1
 
     def _chain(self, ids: Sequence[int], target: int) -> int:
         """States forcing `ids` then going to `target`; returns the first."""
         if not ids:
             return target
-        first = current = self._new()
-        for token in ids[:-1]:
-            nxt = self._new()
-            self._states[current].edges[token] = nxt
-            current = nxt
-        self._states[current].edges[ids[-1]] = target
+        first, n = len(self._edges), len(ids)
+        if first + n > self._max_states:
+            raise too_large("states", first + n, self._max_states)
+        self._edges.extend([{token: first + k + 1} for k, token in enumerate(ids)])
+        self._classes.extend([{} for _ in range(n)])
+        self._edges[-1][ids[-1]] = target
         return first
 
     def _trie(self, root: int, branches: Sequence[tuple[Sequence[int], int]]) -> None:
@@ -330,7 +304,7 @@ class CallAutomaton:
         for ids, target in branches:
             node = root
             for i, token in enumerate(ids):
-                edges = self._states[node].edges
+                edges = self._edges[node]
                 last = i == len(ids) - 1
                 if token in edges:
                     nxt = edges[token]
@@ -346,6 +320,33 @@ class CallAutomaton:
                 else:
                     edges[token] = node = self._new()
 
+    def _insert(self, root: int | None, ids: Sequence[int], target: int) -> int:
+        """A new trie: `root`'s (None: empty) with `ids` -> `target` added. Only the nodes
+        along `ids` are new (copies where `root` had them); every other subtree is shared,
+        so a run of windows that each add one sequence costs one path per window."""
+        new = self._new()
+        if root is not None:
+            self._edges[new].update(self._edges[root])
+        node = new
+        for i, token in enumerate(ids):
+            edges = self._edges[node]
+            old = edges.get(token)
+            last = i == len(ids) - 1
+            if old is not None and (last or old in self._ends):
+                raise CallSpecError(
+                    f"id sequence {list(ids)} and another one of the same choice "
+                    "are prefixes of each other: the automaton cannot tell them apart"
+                )
+            if last or old is None:  # past the shared path every state is new: a chain
+                edges[token] = target if last else self._chain(ids[i + 1 :], target)
+                self._ends.add(target)
+                break
+            child = self._new()
+            if old is not None:
+                self._edges[child].update(self._edges[old])
+            edges[token] = node = child
+        return new
+
     def _build(self) -> None:
         spec, seq = self.spec, self.spec.sequence
         open_, close, sep, end = (spec.piece(p) for p in _PIECES)
@@ -357,8 +358,8 @@ class CallAutomaton:
         )
         after_call = self._new()
         if spec.parallel:
-            self._states[after_call].edges[open_] = self._chain(seq("call"), name_root)
-        self._states[after_call].edges[close] = tools_close
+            self._edges[after_call][open_] = self._chain(seq("call"), name_root)
+        self._edges[after_call][close] = tools_close
         call_close = self._chain((*seq("call_end"), sep), after_call)
         branches = []
         for tool in spec.tools:
@@ -377,8 +378,10 @@ class CallAutomaton:
         while changed:
             changed = False
             for dst, src in self._merges:
-                into, source = self._states[dst], self._states[src]
-                for mine, theirs in ((into.edges, source.edges), (into.classes, source.classes)):
+                for mine, theirs in (
+                    (self._edges[dst], self._edges[src]),
+                    (self._classes[dst], self._classes[src]),
+                ):
                     for key, target in theirs.items():
                         if key not in mine:
                             mine[key] = target
@@ -395,35 +398,32 @@ class CallAutomaton:
         """State "before property i" for i = 0..n, wired; returns the one for i = 0."""
         n = len(args)
         before = [self._new() for _ in range(n + 1)]
-        arg_close_of = []
-        for i in range(n):
-            after_value = self._chain((*self.spec.sequence("argument"), sep), before[i + 1])
-            arg_close_of.append(after_value)
-        for i in range(n + 1):
-            node = self._states[before[i]]
-            required_left = [j for j in range(i, n) if args[j].required]
-            last = required_left[0] if required_left else n - 1
-            choices = range(i, last + 1)
-            if not required_left:
-                node.edges[close] = call_close
-            if choices:
-                keys = self._new()
-                node.edges[open_] = keys
-                branches = []
-                for j in choices:
-                    value = self._value(args[j], close, arg_close_of[j])
-                    branches.append(((*args[j].head, sep), value))
-                self._trie(keys, branches)
+        # Property j's value goes on to "before j + 1" whichever property came before it,
+        # so each value's states are built once and shared by every key trie reaching it.
+        # Before property i the keys of i up to the first required one from i may come:
+        # that window is property i's key alone when it is required, else its key added
+        # to window i + 1's trie (built from the end, sharing all but the new path).
+        keys: int | None = None
+        no_required_left = True
+        for i in range(n, -1, -1):
+            if i < n:
+                after_value = self._chain((*self.spec.sequence("argument"), sep), before[i + 1])
+                value = self._value(args[i], close, after_value)
+                keys = self._insert(None if args[i].required else keys, (*args[i].head, sep), value)
+                no_required_left = no_required_left and not args[i].required
+                self._edges[before[i]][open_] = keys
+            if no_required_left:
+                self._edges[before[i]][close] = call_close
         return before[0]
 
     def _value(self, arg: ArgSpec, close: int, arg_close: int) -> int:
         if arg.kind == "text":
             state = self._new()
-            node = self._states[state]
-            node.edges[close] = arg_close
+            self._edges[state][close] = arg_close
+            loops = self._classes[state]
             for cls in range(self.token_classes.num_classes):
                 if cls != SPECIAL:
-                    node.classes[cls] = state
+                    loops[cls] = state
             return state
         if arg.kind == "options":
             root = self._new()
@@ -431,7 +431,7 @@ class CallAutomaton:
             return root
         if arg.kind == "json":
             end = self._new()
-            self._states[end].edges[close] = arg_close
+            self._edges[end][close] = arg_close
             return self._json(arg.json, end)
         return self._number(arg.kind, arg_close, explicit_end=close)
 
@@ -439,11 +439,11 @@ class CallAutomaton:
         """States of a JSON value that goes on to `after`; returns the first."""
         if node.kind == "string":
             body = self._new()
-            state = self._states[body]
+            loops = self._classes[body]
             for cls in range(self.token_classes.num_classes):
                 if cls not in (SPECIAL, QUOTED):
-                    state.classes[cls] = body
-            state.edges[node.close[0]] = self._chain(node.close[1:], after)
+                    loops[cls] = body
+            self._edges[body][node.close[0]] = self._chain(node.close[1:], after)
             return self._chain(node.open, body)
         if node.kind in ("integer", "number"):
             return self._number(node.kind, after)
@@ -452,7 +452,7 @@ class CallAutomaton:
             for option in node.options:
                 state = root
                 for token in option:
-                    edges = self._states[state].edges
+                    edges = self._edges[state]
                     state = edges[token] if token in edges else edges.setdefault(token, self._new())
                 self._merges.append((state, after))
             return root
@@ -464,52 +464,67 @@ class CallAutomaton:
             self._trie(first, [(node.close, after)])
             self._merges.append((first, item))  # `]` or the first item
             return self._chain(node.open, first)
-        props = node.props
-        n = len(props)
-        # before[i][w]: before property i, w = whether a key was written (`, "K": ` then).
-        before = [[self._new(), self._new()] for _ in range(n + 1)]
-        values = [self._json(p.value, before[j + 1][1]) for j, p in enumerate(props)]
-        for i in range(n + 1):
-            required_left = [j for j in range(i, n) if props[j].required]
-            last = required_left[0] if required_left else n - 1
-            for written in (0, 1):
-                branches = [
-                    (props[j].more if written else props[j].first, values[j])
-                    for j in range(i, last + 1)
-                ]
-                if not required_left:
-                    branches.append((node.close, after))
-                self._trie(before[i][written], branches)
-        return self._chain(node.open, before[0][0])
+        # before[w]: the trie before property i, w = whether a key was written (`, "K": `
+        # then); built from the end as the arguments' windows are (see _arguments).
+        before = [self._insert(None, node.close, after) for _ in (0, 1)]
+        for prop in reversed(node.props):
+            value = self._json(prop.value, before[1])
+            before = [
+                self._insert(None if prop.required else before[w], key, value)
+                for w, key in enumerate((prop.first, prop.more))
+            ]
+        return self._chain(node.open, before[0])
 
     def _number(self, language: str, after: int, explicit_end: int | None = None) -> int:
         """States of a character DFA language. An accepting state leaves on `explicit_end`
         to `after`, or without one takes `after`'s edges (merged once built)."""
-        classes = self.token_classes
-        numbers = list(classes.number_classes)
-        reach, todo = {STARTS[language]}, [STARTS[language]]
-        while todo:
-            q = todo.pop()
-            for c in numbers:
-                nxt = classes.number_step(c, q)
-                if nxt != DEAD and nxt not in reach:
-                    reach.add(nxt)
-                    todo.append(nxt)
-        state_of = {q: self._new() for q in sorted(reach)}
-        for q, state in state_of.items():
-            node = self._states[state]
-            for c in numbers:
-                nxt = classes.number_step(c, q)
-                if nxt != DEAD:
-                    node.classes[c] = state_of[nxt]
-            if q in ACCEPTING:
+        shape = _number_shape(self.token_classes, language)
+        first = len(self._edges)
+        for _ in shape:
+            self._new()
+        for i, (moves, accepting) in enumerate(shape):
+            state = first + i
+            self._classes[state].update((c, first + j) for c, j in moves)
+            if accepting:
                 if explicit_end is None:
                     self._merges.append((state, after))
                 else:
-                    node.edges[explicit_end] = after
-        if not any(q in ACCEPTING for q in reach):
-            raise CallSpecError(
-                f"the vocabulary has no tokens that write a {language} value "
-                f"(its number classes: {len(numbers)})"
-            )
-        return state_of[STARTS[language]]
+                    self._edges[state][explicit_end] = after
+        return first
+
+
+@functools.lru_cache(maxsize=16)
+def _number_shape(classes: TokenClasses, language: str) -> tuple[tuple[tuple, bool], ...]:
+    """The language's character states reachable through the vocabulary's number classes,
+    the start first: per state, its (class, state index) moves and whether it accepts."""
+    numbers = list(classes.number_classes)
+    reach, todo = [STARTS[language]], [STARTS[language]]
+    while todo:
+        q = todo.pop()
+        for c in numbers:
+            nxt = classes.number_step(c, q)
+            if nxt != DEAD and nxt not in reach:
+                reach.append(nxt)
+                todo.append(nxt)
+    if not any(q in ACCEPTING for q in reach):
+        raise CallSpecError(
+            f"the vocabulary has no tokens that write a {language} value "
+            f"(its number classes: {len(numbers)})"
+        )
+    index = {q: i for i, q in enumerate(reach)}
+    return tuple(
+        (
+            tuple(
+                (c, index[classes.number_step(c, q)])
+                for c in numbers
+                if classes.number_step(c, q) != DEAD
+            ),
+            q in ACCEPTING,
+        )
+        for q in reach
+    )
+
+
+def compile_calls(spec: CallSpec, classes: TokenClasses) -> CallTable:
+    """The call table of `spec` for `classes` (CallsTooLarge beyond `LIMITS`)."""
+    return CallAutomaton(spec, classes).table

@@ -12,20 +12,23 @@ the attribute's closing quote, each piece encoded on its own again.
 The channel travels to the worker inside `SamplingParams.extra_args` under
 `EXTRA_ARGS_KEY` (a chat request's `vllm_xargs` is copied there), so the
 logits processors need neither the request's tools nor its tool choice. A
-channel may carry its calls (`calls`: a `CallSpec` in ids, from the request's
-schemas); a processor compiles them for its vocabulary's token classes, which
-it builds once from the engine's tokenizer.
+channel may carry its calls (`calls`: the wire form of a `CallTable`, compiled
+where the request came in, call_cache.py); a processor reads them for its
+vocabulary's token classes, which it builds once from the engine's tokenizer,
+and compiles nothing. Parsed channels are kept in LRUs bounded in entries and
+bytes, so repeated requests cost a lookup and no client grows them without limit.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from atom_plugin.k3.call_automaton import CallAutomaton, CallSpec
+from atom_plugin.k3.bounded_cache import MISSING, BoundedCache
+from atom_plugin.k3.call_table import CallTable, read_wire
 from atom_plugin.k3.grammar import (
     CLOSE,
     CONTROL_TOKENS,
@@ -191,9 +194,11 @@ def channel_for_choice(
     return named_channel(channel, tokenizer, name)
 
 
-def channel_extra_args(channel: RequiredChannel, calls: CallSpec | None = None) -> dict[str, str]:
+def channel_extra_args(
+    channel: RequiredChannel, calls: CallTable | Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """The `extra_args` / `vllm_xargs` entry that asks the processors for `channel`,
-    going on into `calls` after its opening when given."""
+    going on into `calls` (a call table or its wire form) after its opening when given."""
     value: dict[str, Any] = {
         "after": list(channel.after),
         "opening": list(channel.opening),
@@ -203,22 +208,53 @@ def channel_extra_args(channel: RequiredChannel, calls: CallSpec | None = None) 
     if channel.optional:
         value["optional"] = True
     if calls is not None:
-        value["calls"] = calls.to_json()
+        value["calls"] = calls.to_wire() if isinstance(calls, CallTable) else dict(calls)
     return {EXTRA_ARGS_KEY: json.dumps(value, separators=(",", ":"))}
 
 
 _FIELDS = ("after", "opening", "opens_at", "end_ids")
 _OPTIONS = ("optional", "calls")
+# Checked channels by their JSON string, and channels ready for a step by (string, stop
+# ids, classes): requests of one server repeat a few (one per tool set, name, stop ids).
+_parsed = BoundedCache(max_entries=256, max_bytes=512 << 20)
+_ready = BoundedCache(max_entries=256, max_bytes=512 << 20)
+
+
+@dataclass(frozen=True)
+class CheckedCalls:
+    """A call table read from the wire and checked, not yet tied to a vocabulary."""
+
+    arrays: dict[str, Any]
+    fingerprint: str
+    digest: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def bind(self, classes: TokenClasses) -> CallTable:
+        if self.fingerprint != classes.fingerprint:
+            raise ValueError(
+                f"the call table was compiled for token classes {self.fingerprint}, but this "
+                f"engine's tokenizer gives {classes.fingerprint}: the API server and the "
+                "engine must load the same tokenizer"
+            )
+        return CallTable(classes, **self.arrays, digest=self.digest)
 
 
 def channel_args(
     extra_args: Mapping[str, Any] | None,
-) -> tuple[RequiredChannel, CallSpec | None] | None:
+) -> tuple[RequiredChannel, CheckedCalls | None] | None:
     """The channel a request asked for and its calls (None without), None if it asked for
-    no channel; ValueError if malformed. Checks the calls' shape without compiling them."""
+    no channel; ValueError if malformed (CallsTooLarge beyond the call tables' limits).
+    Checks the calls' arrays without tying them to a vocabulary."""
     if not extra_args or EXTRA_ARGS_KEY not in extra_args:
         return None
     raw = extra_args[EXTRA_ARGS_KEY]
+    if isinstance(raw, str):
+        hit = _parsed.get(raw)
+        if hit is not MISSING:
+            return hit
     try:
         value = json.loads(raw) if isinstance(raw, str) else raw
         if not isinstance(value, Mapping) or not set(_FIELDS) <= set(value) <= {
@@ -231,11 +267,14 @@ def channel_args(
         channel = RequiredChannel(
             **{k: value[k] for k in _FIELDS}, optional=value.get("optional", False)
         )
-        calls = CallSpec.from_json(value["calls"]) if "calls" in value else None
+        calls = CheckedCalls(*read_wire(value["calls"])) if "calls" in value else None
     except (TypeError, ValueError) as err:
+        shown = raw if len(str(raw)) < 300 else f"{str(raw)[:300]}..."
         raise ValueError(
-            f"extra_args[{EXTRA_ARGS_KEY!r}]={raw!r} is not a required channel: {err}"
+            f"extra_args[{EXTRA_ARGS_KEY!r}]={shown!r} is not a required channel: {err}"
         ) from err
+    if isinstance(raw, str):
+        _parsed.put(raw, (channel, calls), len(raw) + (calls.nbytes if calls else 0))
     return channel, calls
 
 
@@ -244,8 +283,8 @@ def channel_from_extra_args(
 ) -> RequiredChannel | None:
     """The channel a request asked for, None if it asked for none; ValueError if malformed.
 
-    A channel with calls is compiled for `classes` (the vocabulary's token classes), and
-    is a ValueError without them.
+    A channel with calls is tied to `classes` (the vocabulary's token classes, which
+    must be those it was compiled for), and is a ValueError without them.
     """
     args = channel_args(extra_args)
     if args is None:
@@ -255,19 +294,14 @@ def channel_from_extra_args(
 
 
 def _with_calls(
-    channel: RequiredChannel, calls: CallSpec, classes: TokenClasses | None
+    channel: RequiredChannel, calls: CheckedCalls, classes: TokenClasses | None
 ) -> RequiredChannel:
     if classes is None:
         raise ValueError(
             f"extra_args[{EXTRA_ARGS_KEY!r}] carries calls, which need the vocabulary's token "
-            "classes to compile: none were given"
+            "classes: none were given"
         )
-    return channel.with_calls(_automaton(calls, classes))
-
-
-@functools.lru_cache(maxsize=256)
-def _automaton(calls: CallSpec, classes: TokenClasses) -> CallAutomaton:
-    return CallAutomaton(calls, classes)
+    return channel.with_calls(calls.bind(classes))
 
 
 def request_channel(
@@ -276,35 +310,24 @@ def request_channel(
     """A request's channel (from its `SamplingParams`) with the engine's stop ids banned too.
 
     `classes` gives the vocabulary's token classes; it is called only for a channel with
-    calls (a channel with calls and no `classes` is a ValueError). Requests of one server
-    repeat a few channels (one per tool set, tool name and stop ids): those are parsed
-    and compiled once.
+    calls (a channel with calls and no `classes` is a ValueError). A channel already
+    seen (same string, stop ids) is a lookup.
     """
     raw = (params.extra_args or {}).get(EXTRA_ARGS_KEY)
     if raw is None:
         return None
     stop_ids = tuple(sorted(params.all_stop_token_ids))
-    channel, calls = _parsed_args(raw) if isinstance(raw, str) else channel_args(params.extra_args)
+    key = (raw, stop_ids) if isinstance(raw, str) else None
+    if key is not None:
+        hit = _ready.get(key)
+        if hit is not MISSING and (
+            hit.calls is None or (classes is not None and hit.calls.token_classes is classes())
+        ):
+            return hit
+    channel, calls = channel_args(params.extra_args)
     if calls is not None:
-        return _compiled(channel, calls, None if classes is None else classes(), stop_ids)
-    return _ending_on(channel, stop_ids)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parsed_args(raw: str) -> tuple[RequiredChannel, CallSpec | None]:
-    return channel_args({EXTRA_ARGS_KEY: raw})
-
-
-@functools.lru_cache(maxsize=1024)
-def _ending_on(channel: RequiredChannel, stop_ids: tuple[int, ...]) -> RequiredChannel:
-    return channel.ending_on(stop_ids)
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(
-    channel: RequiredChannel,
-    calls: CallSpec,
-    classes: TokenClasses | None,
-    stop_ids: tuple[int, ...],
-) -> RequiredChannel:
-    return _with_calls(channel, calls, classes).ending_on(stop_ids)
+        channel = _with_calls(channel, calls, None if classes is None else classes())
+    channel = channel.ending_on(stop_ids)
+    if key is not None:
+        _ready.put(key, channel, len(raw) + (calls.nbytes if calls else 0))
+    return channel

@@ -30,10 +30,11 @@ from atom_plugin.attention.triton_common import cdiv, next_power_of_2
 from atom_plugin.k3.channel_tables import ChannelTables, next_states
 from atom_plugin.k3.required_channel import UNCONSTRAINED
 from atom_plugin.k3.spec_rows import (
-    load_channel_ids,
+    EDGE_CHUNK,
     next_state,
     row_state,
     spec_row_states_torch,
+    table_args,
 )
 from atom_plugin.k3.token_classes import SPECIAL
 
@@ -54,25 +55,26 @@ def _channel_logits_kernel(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
-    forced_ptr,
-    channel_ids_ptr,
-    next_state_ptr,
-    end_ids_ptr,
-    K,
-    E,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
     token_class_ptr,
-    class_len,
-    C,
+    class_table_len,
+    forced_ptr,
+    end_ids_ptr,
+    E,
     masked_ptr,
     class_bits_ptr,
-    allow_ids_ptr,
-    A,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
     HAS_MASKED: tl.constexpr,
-    K_BLOCK: tl.constexpr,
     E_BLOCK: tl.constexpr,
-    A_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -83,15 +85,19 @@ def _channel_logits_kernel(
         row_slot_ptr,
         row_pos_ptr,
         row_tokens_ptr,
-        channel_ids_ptr,
-        next_state_ptr,
-        K,
+        edge_off_ptr,
+        edge_len_ptr,
+        edge_tok_ptr,
+        edge_dst_ptr,
+        class_off_ptr,
+        class_len_ptr,
+        class_cls_ptr,
+        class_dst_ptr,
+        other_ptr,
         token_class_ptr,
-        class_len,
-        C,
+        class_table_len,
         HAS_SLOT,
         SPEC,
-        K_BLOCK,
     )
     if state >= 0:
         base = logits_ptr + row.to(tl.int64) * logits_stride
@@ -109,15 +115,18 @@ def _channel_logits_kernel(
             # -inf is written (allowed logits are not read), so tiles cannot race
             # with each other or with the end ids written below.
             bits = tl.load(class_bits_ptr + state)
-            a = tl.arange(0, A_BLOCK)
-            allow = tl.load(allow_ids_ptr + state * A + a, mask=a < A, other=-1)
+            first = tl.load(edge_off_ptr + state)
+            many = tl.load(edge_len_ptr + state)
             minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                cls = tl.load(token_class_ptr + offs, mask=offs < class_len, other=_SPECIAL)
-                by_class = ((bits >> cls.to(tl.int64)) & 1) != 0
-                by_id = tl.max((offs[:, None] == allow[None, :]).to(tl.int32), axis=1) != 0
-                tl.store(base + offs, minus_inf, mask=(offs < hi) & ~(by_class | by_id))
+                cls = tl.load(token_class_ptr + offs, mask=offs < class_table_len, other=_SPECIAL)
+                keep = ((bits >> cls.to(tl.int64)) & 1) != 0
+                for j in range(0, many, EDGE_CHUNK):  # the state's allowed ids, a chunk at a time
+                    lane = j + tl.arange(0, EDGE_CHUNK)
+                    allow = tl.load(edge_tok_ptr + first + lane, mask=lane < many, other=-1)
+                    keep = keep | (tl.max((offs[:, None] == allow[None, :]).to(tl.int32), 1) != 0)
+                tl.store(base + offs, minus_inf, mask=(offs < hi) & ~keep)
         if forced < 0 and tile == 0:
             offs = tl.arange(0, E_BLOCK)
             ends = tl.load(end_ids_ptr + state * E + offs, mask=offs < E, other=-1)
@@ -165,25 +174,16 @@ def apply_channel_triton(
         states if row_slot is None else row_slot,
         row_pos if spec else states,
         row_tokens if spec else states,
+        *table_args(tables),
         tables.forced,
-        tables.channel_ids,
-        tables.next_state,
         tables.end_ids,
-        tables.num_channel_ids,
         tables.num_end_ids,
-        tables.token_class,
-        tables.token_class.numel(),
-        tables.num_classes,
         tables.masked,
         tables.class_bits,
-        tables.allow_ids,
-        tables.num_allow_ids,
         HAS_SLOT=row_slot is not None,
         SPEC=spec,
         HAS_MASKED=tables.has_masked,
-        K_BLOCK=next_power_of_2(tables.num_channel_ids),
         E_BLOCK=next_power_of_2(max(tables.num_end_ids, 1)),
-        A_BLOCK=next_power_of_2(tables.num_allow_ids),
         BLOCK=block,
     )
 
@@ -239,7 +239,10 @@ def _mask_rows_torch(
     inside = min(vocab, classes.numel())
     cls[:inside] = classes[:inside].long()
     by_class = ((tables.class_bits[states].unsqueeze(1) >> cls.unsqueeze(0)) & 1) != 0
-    allow = tables.allow_ids[states].long()
+    a = torch.arange(tables.max_edges, device=logits.device)
+    at = (tables.edge_off[states].unsqueeze(1) + a).clamp(max=tables.edge_tok.numel() - 1)
+    inside = a < tables.edge_len[states].unsqueeze(1)
+    allow = torch.where(inside, tables.edge_tok[at].long(), -1)
     by_id = torch.zeros(rows.numel(), vocab + 1, dtype=torch.bool, device=logits.device)
     by_id.scatter_(1, torch.where(allow >= 0, allow, vocab), True)
     keep = by_class | by_id[:, :vocab]
@@ -293,13 +296,17 @@ def _advance_kernel(
     token_ids_stride,
     total_len_ptr,
     slots_ptr,
-    channel_ids_ptr,
-    next_state_ptr,
-    K,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
     token_class_ptr,
-    class_len,
-    C,
-    K_BLOCK: tl.constexpr,
+    class_table_len,
 ):
     slot = tl.load(slots_ptr + tl.program_id(0))
     state = tl.load(states_ptr + slot)
@@ -307,11 +314,22 @@ def _advance_kernel(
     hi = tl.load(total_len_ptr + slot)
     if state >= 0:
         tokens = token_ids_ptr + slot.to(tl.int64) * token_ids_stride
-        ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
         for i in range(lo, hi):
             token = tl.load(tokens + i)
             state = next_state(
-                state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK
+                state,
+                token,
+                edge_off_ptr,
+                edge_len_ptr,
+                edge_tok_ptr,
+                edge_dst_ptr,
+                class_off_ptr,
+                class_len_ptr,
+                class_cls_ptr,
+                class_dst_ptr,
+                other_ptr,
+                token_class_ptr,
+                class_table_len,
             )
         tl.store(states_ptr + slot, state)
     tl.store(scanned_ptr + slot, tl.maximum(lo, hi))
@@ -345,13 +363,7 @@ def advance_states(
             token_ids.stride(0),
             total_len,
             slots,
-            tables.channel_ids,
-            tables.next_state,
-            tables.num_channel_ids,
-            tables.token_class,
-            tables.token_class.numel(),
-            tables.num_classes,
-            K_BLOCK=next_power_of_2(tables.num_channel_ids),
+            *table_args(tables),
         )
         return
     idx = slots.long()

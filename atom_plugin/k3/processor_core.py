@@ -6,8 +6,9 @@ named tool choice forces its tool's name, and the engine's stop ids differ per
 request): all channels the server has seen share one state space
 (channel_tables.py), so each slot's state is one int in one `states` tensor and
 a step launches the kernel once whatever its mix of channels. A new channel
-costs one host-side compile of the shared tables (a few small arrays), as a
-new channel did before; a request whose channel is known costs a lookup.
+costs the layout of its own rows (numpy over its call table, which the API
+server compiled) and their copy to the device; the other channels' rows are not
+touched. A request whose channel is known costs a lookup.
 
 What the host knows decides whether anything is launched: a slot is live from
 the moment it gets a channel until the host learns it became UNCONSTRAINED.
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from atom_plugin.k3.channel_kernel import advance_states, apply_required_channel
-from atom_plugin.k3.channel_tables import ChannelTables, compile_channels, state_bases
+from atom_plugin.k3.channel_tables import ChannelTables, SharedTables
 from atom_plugin.k3.required_channel import START, UNCONSTRAINED, RequiredChannel
 
 # Channels kept in the tables while no slot uses them; beyond this many, a flush drops them.
@@ -42,12 +43,11 @@ class ChannelCore:
         self.max_slots = max_slots
         self.device = torch.device(device)
         self.impl = impl
-        # The channels in table order, each one's base, and the tables once compiled.
-        self._channels: list[RequiredChannel] = []
+        # The channels in table order (each one's base there) and the tables once flushed.
+        self._shared = SharedTables(self.device)
         self._index: dict[RequiredChannel, int] = {}
-        self._bases: list[int] = []
         self._tables: ChannelTables | None = None  # None until flushed, or with no channel
-        self._stale = False  # channels registered or dropped since the tables were built
+        self._stale = False  # channels registered or dropped since the tables were taken
         # Per slot, the index of its channel or -1: step-wide checks are numpy ops.
         self._slot_channel = np.full(max_slots, -1, dtype=np.int64)
         # Global states (UNCONSTRAINED for slots without a channel) and scanned output positions.
@@ -78,7 +78,7 @@ class ChannelCore:
 
     def channel_of(self, slot: int) -> RequiredChannel | None:
         index = int(self._slot_channel[slot])
-        return None if index < 0 else self._channels[index]
+        return None if index < 0 else self._shared.channels[index]
 
     def is_live(self, slots: Iterable[int] | np.ndarray) -> bool:
         """Whether any of `slots` may still be constrained (host knowledge only)."""
@@ -87,7 +87,12 @@ class ChannelCore:
     @property
     def num_channels(self) -> int:
         """Channels in the shared tables (for tests and debugging)."""
-        return len(self._channels)
+        return len(self._shared.channels)
+
+    @property
+    def laid_out(self) -> int:
+        """Channels whose rows this core has laid out, each once (for tests)."""
+        return self._shared.laid_out
 
     def flush(self) -> None:
         """Write the staged assignments to the device (a few small copies, no sync)."""
@@ -95,13 +100,15 @@ class ChannelCore:
             return
         self._drop_idle_channels()
         if self._stale:
-            self._tables = compile_channels(self._channels, self.device) if self._channels else None
+            self._tables = self._shared.tables() if self._shared.channels else None
             self._stale = False
         slots, states, scanned = [], [], []
         for slot, (channel, state, seen) in self._staged.items():
             slots.append(slot)
             states.append(
-                UNCONSTRAINED if channel is None else self._bases[self._index[channel]] + state
+                UNCONSTRAINED
+                if channel is None
+                else self._shared.bases[self._index[channel]] + state
             )
             scanned.append(seen)
         self._staged.clear()
@@ -168,7 +175,9 @@ class ChannelCore:
         for slot in slots:
             index = int(self._slot_channel[slot])
             state = int(self.states[slot])
-            out.append(UNCONSTRAINED if index < 0 or state < 0 else state - self._bases[index])
+            out.append(
+                UNCONSTRAINED if index < 0 or state < 0 else state - self._shared.bases[index]
+            )
         return out
 
     # ---- learning of UNCONSTRAINED slots without a sync (MRV2) -------------
@@ -197,9 +206,7 @@ class ChannelCore:
     def _register(self, channel: RequiredChannel) -> int:
         index = self._index.get(channel)
         if index is None:
-            index = self._index[channel] = len(self._channels)
-            self._bases.append(sum(c.num_states for c in self._channels))
-            self._channels.append(channel)
+            index = self._index[channel] = self._shared.add(channel)
             self._stale = True
         return index
 
@@ -210,25 +217,25 @@ class ChannelCore:
         kept channels are renumbered (one gather on the device, no sync).
         """
         used = set(self._slot_channel[self._slot_channel >= 0].tolist())
-        if len(self._channels) - len(used) <= MAX_IDLE_CHANNELS:
+        old_shared = self._shared
+        if len(old_shared.channels) - len(used) <= MAX_IDLE_CHANNELS:
             return
         kept = sorted(used)
-        channels = [self._channels[i] for i in kept]
-        bases = state_bases(channels)
+        self._shared = old_shared.subset(kept)
+        bases = self._shared.bases
         # renumber[1 + old global state] = new global state (UNCONSTRAINED -> UNCONSTRAINED).
-        renumber = np.full(1 + sum(c.num_states for c in self._channels), UNCONSTRAINED, np.int32)
+        renumber = np.full(1 + old_shared.num_states, UNCONSTRAINED, np.int32)
         for new, old in enumerate(kept):
-            size = self._channels[old].num_states
-            first = 1 + self._bases[old]
+            size = old_shared.channels[old].num_states
+            first = 1 + old_shared.bases[old]
             renumber[first : first + size] = np.arange(bases[new], bases[new] + size)
-        table = self._h2d(renumber.tolist(), torch.int32)
+        table = torch.from_numpy(renumber).to(self.device)
         self.states.copy_(table[self.states.long() + 1])
-        moved = np.full(len(self._channels), -1, dtype=np.int64)
+        moved = np.full(len(old_shared.channels), -1, dtype=np.int64)
         moved[kept] = np.arange(len(kept))
         live = self._slot_channel >= 0
         self._slot_channel[live] = moved[self._slot_channel[live]]
-        self._channels, self._bases = channels, bases
-        self._index = {c: i for i, c in enumerate(channels)}
+        self._index = {c: i for i, c in enumerate(self._shared.channels)}
         self._stale = True
 
     def _h2d(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from atom_plugin.k3.call_automaton import FINAL, CallAutomaton
+from atom_plugin.k3.call_automaton import CallAutomaton
+from atom_plugin.k3.call_table import FINAL, CallTable
 
 START = 0
 UNCONSTRAINED = -1
@@ -90,9 +91,11 @@ class RequiredChannel:
         opening: Sequence[int],
         opens_at: int,
         end_ids: Iterable[int],
-        calls: CallAutomaton | None = None,
+        calls: CallTable | CallAutomaton | None = None,
         optional: bool = False,
     ) -> None:
+        if isinstance(calls, CallAutomaton):
+            calls = calls.table
         after_t = _ids("after", after)
         opening_t = _ids("opening", opening)
         ends = frozenset(_ids("end_ids", end_ids))
@@ -202,7 +205,7 @@ class RequiredChannel:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        calls = None if self.calls is None else (self.calls.spec, self.calls.token_classes)
+        calls = None if self.calls is None else (self.calls.digest, self.calls.token_classes)
         return (self.after, self.opening, self.opens_at, self.end_ids, calls, self.optional)
 
     def ending_on(self, stop_ids: Iterable[int]) -> RequiredChannel:
@@ -226,7 +229,7 @@ class RequiredChannel:
             self.after, self.opening + extra, self.opens_at, self.end_ids, self.calls, self.optional
         )
 
-    def with_calls(self, calls: CallAutomaton) -> RequiredChannel:
+    def with_calls(self, calls: CallTable | CallAutomaton) -> RequiredChannel:
         """The same channel whose opening goes on into `calls` instead of letting go."""
         return RequiredChannel(
             self.after, self.opening, self.opens_at, self.end_ids, calls, self.optional

@@ -67,10 +67,24 @@ def _field(value: Any, key: str) -> Any:
 
 
 def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
-    ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    return _checked(text, tokenizer.encode(text, add_special_tokens=False), unknown)
+
+
+def _encode_many(tokenizer: Any, texts: Sequence[str]) -> list[tuple[int, ...]]:
+    """Each text encoded on its own; a Hugging Face fast tokenizer takes them in one batch."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if len(texts) > 8 and getattr(tokenizer, "is_fast", False) is True and backend is not None:
+        unknown = getattr(tokenizer, "unk_token_id", None)
+        batch = backend.encode_batch(list(texts), add_special_tokens=False)
+        return [_checked(t, e.ids, unknown) for t, e in zip(texts, batch, strict=True)]
+    return [_encode(tokenizer, t) for t in texts]
+
+
+def _checked(text: str, encoded: Sequence[int], unknown: int | None) -> tuple[int, ...]:
+    ids = tuple(encoded)
     if not ids:
         raise UnsupportedSchema(f"{text!r} encodes to no ids")
-    unknown = getattr(tokenizer, "unk_token_id", None)
     if unknown is not None and unknown in ids:
         raise UnsupportedSchema(f"{text!r} encodes to the tokenizer's unknown token {unknown}")
     return ids
@@ -148,7 +162,7 @@ def _scalar_choices(where: str, schema: Mapping, json_type: str) -> list | None:
 def _options(where: str, texts: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     for text in texts:
         _no_control(f"{where}: enum value", text)
-    return tuple(dict.fromkeys(_encode(tokenizer, t) for t in texts))
+    return tuple(dict.fromkeys(_encode_many(tokenizer, texts)))
 
 
 def _value(tool: str, key: str, schema: Any, tokenizer: Any) -> tuple[str, str, tuple, Any]:
@@ -234,11 +248,21 @@ def _tool_spec(name: str, parameters: Any, tokenizer: Any) -> ToolSpec:
         raise UnsupportedSchema(f"tool {name!r}: unsupported keywords {', '.join(extra)}")
     if schema.get("type", "object") != "object":
         raise UnsupportedSchema(f"tool {name!r}: parameters of type {schema['type']!r}")
-    args = []
-    for key, prop, required in _properties(f"tool {name!r}", schema):
-        k3_type, kind, options, json_spec = _value(name, key, prop, tokenizer)
-        head = _encode(tokenizer, f'argument key="{escape_attr(key)}" type="{k3_type}"')
-        args.append(ArgSpec(head, required, kind, options, json_spec))
+    values = [
+        (required, _value(name, key, prop, tokenizer))
+        for key, prop, required in _properties(f"tool {name!r}", schema)
+    ]
+    heads = _encode_many(
+        tokenizer,
+        [
+            f'argument key="{escape_attr(key)}" type="{k3_type}"'
+            for key, (_, (k3_type, *_)) in zip(schema.get("properties") or {}, values, strict=True)
+        ],
+    )
+    args = [
+        ArgSpec(head, required, kind, options, json_spec)
+        for head, (required, (_, kind, options, json_spec)) in zip(heads, values, strict=True)
+    ]
     return ToolSpec(_encode(tokenizer, escape_attr(name)), tuple(args))
 
 

@@ -18,11 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_plugin.attention.triton_common import next_power_of_2
 from atom_plugin.k3.channel_tables import ChannelTables, next_states
 from atom_plugin.k3.token_classes import SPECIAL
 
 _SPECIAL = tl.constexpr(SPECIAL)
+# Edges read per iteration of a state's list, and the widest class list (classes < 64).
+EDGE_CHUNK = tl.constexpr(32)
+CLASS_BLOCK = tl.constexpr(64)
 
 
 def spec_row_states_torch(
@@ -49,28 +51,48 @@ def spec_row_states_torch(
 
 
 @triton.jit
-def load_channel_ids(channel_ids_ptr, K, K_BLOCK: tl.constexpr):
-    """The channel ids as a vector, padded with -1 (no token is -1)."""
-    offs = tl.arange(0, K_BLOCK)
-    return tl.load(channel_ids_ptr + offs, mask=offs < K, other=-1)
-
-
-@triton.jit
 def next_state(
-    state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK: tl.constexpr
+    state,
+    token,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
+    token_class_ptr,
+    class_table_len,
 ):
     """One step of the channel for a scalar (state, token); -1 (UNCONSTRAINED) stays.
 
-    `ids` is `load_channel_ids(...)`, loaded once per program. An id that is
-    none of them takes its class's column (K + class; one class when C is 1,
-    SPECIAL for ids past the class table).
+    The token's explicit edge if the state has one, else its class's (SPECIAL for ids
+    past the class table), else the state's `other`. A state's ids (and classes) are
+    distinct, so a sum over the matching lane picks the one edge; the edges are read
+    `EDGE_CHUNK` at a time, so a step costs what the state's own edges cost.
     """
-    inside = token < class_len
-    cls = tl.load(token_class_ptr + tl.minimum(token, class_len - 1))
-    cls = tl.where(C > 1, tl.where(inside, cls, _SPECIAL), 0)
-    column = tl.min(tl.where(ids == token, tl.arange(0, K_BLOCK), K + cls), axis=0)
     safe = tl.maximum(state, 0)
-    stepped = tl.load(next_state_ptr + safe * (K + C) + column)
+    first = tl.load(edge_off_ptr + safe)
+    count = tl.load(edge_len_ptr + safe)
+    by_id = count * 0  # int32 scalars, as the loop's sums are
+    found = count * 0
+    for j in range(0, count, EDGE_CHUNK):
+        lane = j + tl.arange(0, EDGE_CHUNK)
+        hit = tl.load(edge_tok_ptr + first + lane, mask=lane < count, other=-1) == token
+        by_id += tl.sum(tl.where(hit, tl.load(edge_dst_ptr + first + lane, mask=hit, other=0), 0))
+        found += tl.sum(hit.to(tl.int32))
+    inside = token < class_table_len
+    cls = tl.load(token_class_ptr + tl.minimum(token, class_table_len - 1))
+    cls = tl.where(inside, cls, _SPECIAL)
+    c = tl.arange(0, CLASS_BLOCK)
+    first_c = tl.load(class_off_ptr + safe)
+    count_c = tl.load(class_len_ptr + safe)
+    hit_c = tl.load(class_cls_ptr + first_c + c, mask=c < count_c, other=-1) == cls
+    by_class = tl.sum(tl.where(hit_c, tl.load(class_dst_ptr + first_c + c, mask=hit_c, other=0), 0))
+    other = tl.load(other_ptr + safe)
+    stepped = tl.where(found > 0, by_id, tl.where(tl.sum(hit_c.to(tl.int32)) > 0, by_class, other))
     return tl.where(state < 0, state, stepped)
 
 
@@ -81,15 +103,19 @@ def row_state(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
-    channel_ids_ptr,
-    next_state_ptr,
-    K,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
     token_class_ptr,
-    class_len,
-    C,
+    class_table_len,
     HAS_SLOT: tl.constexpr,
     SPEC: tl.constexpr,
-    K_BLOCK: tl.constexpr,
 ):
     """The state of logits row `row`: its slot's state stepped through its drafts."""
     if HAS_SLOT:
@@ -100,13 +126,41 @@ def row_state(
     if SPEC:
         pos = tl.load(row_pos_ptr + row)
         first = row - pos
-        ids = load_channel_ids(channel_ids_ptr, K, K_BLOCK)
         for j in range(1, pos + 1):
             token = tl.load(row_tokens_ptr + first + j)
             state = next_state(
-                state, token, ids, next_state_ptr, K, token_class_ptr, class_len, C, K_BLOCK
+                state,
+                token,
+                edge_off_ptr,
+                edge_len_ptr,
+                edge_tok_ptr,
+                edge_dst_ptr,
+                class_off_ptr,
+                class_len_ptr,
+                class_cls_ptr,
+                class_dst_ptr,
+                other_ptr,
+                token_class_ptr,
+                class_table_len,
             )
     return state
+
+
+def table_args(tables: ChannelTables) -> tuple:
+    """The tables' tensors and sizes in the order `next_state` takes them."""
+    return (
+        tables.edge_off,
+        tables.edge_len,
+        tables.edge_tok,
+        tables.edge_dst,
+        tables.class_off,
+        tables.class_len,
+        tables.class_cls,
+        tables.class_dst,
+        tables.other,
+        tables.token_class,
+        tables.token_class.numel(),
+    )
 
 
 @triton.jit
@@ -116,13 +170,17 @@ def _spec_row_states_kernel(
     row_slot_ptr,
     row_pos_ptr,
     row_tokens_ptr,
-    channel_ids_ptr,
-    next_state_ptr,
-    K,
+    edge_off_ptr,
+    edge_len_ptr,
+    edge_tok_ptr,
+    edge_dst_ptr,
+    class_off_ptr,
+    class_len_ptr,
+    class_cls_ptr,
+    class_dst_ptr,
+    other_ptr,
     token_class_ptr,
-    class_len,
-    C,
-    K_BLOCK: tl.constexpr,
+    class_table_len,
 ):
     row = tl.program_id(0)
     state = row_state(
@@ -131,15 +189,19 @@ def _spec_row_states_kernel(
         row_slot_ptr,
         row_pos_ptr,
         row_tokens_ptr,
-        channel_ids_ptr,
-        next_state_ptr,
-        K,
+        edge_off_ptr,
+        edge_len_ptr,
+        edge_tok_ptr,
+        edge_dst_ptr,
+        class_off_ptr,
+        class_len_ptr,
+        class_cls_ptr,
+        class_dst_ptr,
+        other_ptr,
         token_class_ptr,
-        class_len,
-        C,
+        class_table_len,
         True,
         True,
-        K_BLOCK,
     )
     tl.store(out_ptr + row, state)
 
@@ -156,17 +218,6 @@ def spec_row_states_triton(
     out = torch.empty(num_rows, dtype=torch.int32, device=row_slot.device)
     if num_rows:
         _spec_row_states_kernel[(num_rows,)](
-            out,
-            states,
-            row_slot,
-            row_pos,
-            row_tokens,
-            tables.channel_ids,
-            tables.next_state,
-            tables.num_channel_ids,
-            tables.token_class,
-            tables.token_class.numel(),
-            tables.num_classes,
-            K_BLOCK=next_power_of_2(tables.num_channel_ids),
+            out, states, row_slot, row_pos, row_tokens, *table_args(tables)
         )
     return out

@@ -23,6 +23,7 @@ they break the number), so the automaton's class transitions are lookups.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -96,10 +97,16 @@ def run_chars(state: int, text: str) -> int:
 
 @dataclass(frozen=True, eq=False)
 class TokenClasses:
-    """`of[id]` is id's class; `effects[c]` is number class c's tuple of next char states."""
+    """`of[id]` is id's class; `effects[c]` is number class c's tuple of next char states.
+
+    `fingerprint` identifies the classes of the tokenizer's own ids (ids past it, up to
+    a wider logits width, are SPECIAL and do not count): a call table compiled in the
+    API server carries it, and the engine's classes of the same tokenizer match it.
+    """
 
     of: np.ndarray  # [vocab] int32
     effects: tuple[tuple[int, ...], ...]  # indexed by class; () for the fixed classes
+    fingerprint: str = ""
 
     @property
     def num_classes(self) -> int:
@@ -123,9 +130,10 @@ class TokenClasses:
 
 
 def classes_from_texts(
-    texts: Sequence[str | None], special_ids: Iterable[int] = ()
+    texts: Sequence[str | None], special_ids: Iterable[int] = (), size: int | None = None
 ) -> TokenClasses:
-    """Classes for a vocabulary whose id i decodes to `texts[i]` (None: not a text token).
+    """Classes for a vocabulary whose id i decodes to `texts[i]` (None: not a text token);
+    the fingerprint covers the first `size` ids (all of them by default).
 
     Number effects beyond `MAX_CLASSES` classes fall back to SPECIAL (those
     tokens then cannot start or continue a number: stricter, never wrong).
@@ -148,12 +156,15 @@ def classes_from_texts(
             of[token] = SPECIAL if cls is None else cls
         elif _QUOTED.search(text):
             of[token] = QUOTED
-    return TokenClasses(of=of, effects=tuple(effects))
+    effects_t = tuple(effects)
+    digest = hashlib.sha256(repr(effects_t).encode())
+    digest.update(of[: len(texts) if size is None else size].astype("<i4").tobytes())
+    return TokenClasses(of=of, effects=effects_t, fingerprint=digest.hexdigest()[:32])
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(texts: tuple[str | None, ...], specials: tuple[int, ...]) -> TokenClasses:
-    return classes_from_texts(texts, specials)
+def _cached(texts: tuple[str | None, ...], specials: tuple[int, ...], size: int) -> TokenClasses:
+    return classes_from_texts(texts, specials, size)
 
 
 def classes_for_tokenizer(tokenizer, vocab: int | None = None) -> TokenClasses:
@@ -165,4 +176,4 @@ def classes_for_tokenizer(tokenizer, vocab: int | None = None) -> TokenClasses:
     width = max(size, vocab or 0)
     specials = tuple(sorted(getattr(tokenizer, "all_special_ids", ()) or ()))
     texts = tuple(tokenizer.decode([i]) if i < size else None for i in range(width))
-    return _cached(texts, specials)
+    return _cached(texts, specials, size)

@@ -7,9 +7,13 @@ copies into `SamplingParams.extra_args`); the plugin's logits processors then
 force the tools channel open where the model would end its message, and then
 every call: tool names from the request's tools (the named one for a named
 choice), arguments from each tool's JSON schema, the channel's close, and one
-call when `parallel_tool_calls` is false (`atom_plugin.k3.schema`). A
-request whose schemas the channel cannot enforce keeps vLLM's structural tag
-(the reason is logged once). A name that is not one of the request's tools is
+call when `parallel_tool_calls` is false (`atom_plugin.k3.schema`). Each
+distinct tool set is compiled here, in the API server, once
+(`atom_plugin.k3.call_cache`: a bounded LRU), and the request carries the
+finished call table: the engine only lays out its rows. A request whose schemas
+the channel cannot enforce, or whose call automaton is beyond the channel's
+limits (`atom_plugin.k3.call_table.LIMITS`), keeps vLLM's structural tag (the
+reason is logged once). A name that is not one of the request's tools is
 refused with a 400. Set `ATOM_K3_STRUCTURAL_TAG=1` to
 keep vLLM's structural tag instead. `auto` with tools (and no structured
 outputs of its own) gets the optional channel (`RequiredChannel.as_optional`)
@@ -32,6 +36,7 @@ which also splits off the think channel and never raises on malformed output.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +51,8 @@ from vllm.entrypoints.generate.base.protocol import (
 from vllm.exceptions import VLLMValidationError
 from vllm.tool_parsers.kimi_k3_tool_parser import KimiK3ToolParser
 
-from atom_plugin.k3.call_automaton import CallSpec
+from atom_plugin.k3.call_cache import CallCache, CompiledCalls
+from atom_plugin.k3.call_table import CallSpecError
 from atom_plugin.k3.channel_for import (
     ToolChoiceError,
     channel_extra_args,
@@ -57,7 +63,7 @@ from atom_plugin.k3.channel_for import (
     wants_channel,
 )
 from atom_plugin.k3.required_channel import RequiredChannel
-from atom_plugin.k3.schema import UnsupportedSchema, call_spec_for
+from atom_plugin.k3.token_classes import classes_for_tokenizer
 from atom_plugin.k3.tool_parser import K3Delta, K3StreamParser, K3ToolCall, parse_k3
 from atom_plugin.vllm.k3.enforcement import (
     ChannelDecision,
@@ -69,6 +75,7 @@ from atom_plugin.vllm.k3.enforcement import (
 
 NAME = "atom_kimi_k3"
 logger = logging.getLogger("atom_plugin.k3")
+compile_logger = logging.getLogger("vllm.atom_plugin.k3")  # vLLM's handler, INFO
 NO_CHANNEL_FOR_TOKENIZER = ChannelDecision(
     off="the tokenizer's K3 markers give no channel (see the atom_plugin.k3 warning)",
     fix="a tokenizer whose K3 control tokens are one id each",
@@ -97,6 +104,26 @@ def _channel_of(tokenizer: Any) -> RequiredChannel | None:
     return hit[1]
 
 
+_call_caches: dict[int, tuple[Any, CallCache]] = {}
+_call_caches_lock = threading.Lock()
+
+
+def call_cache_of(tokenizer: Any) -> CallCache:
+    """The tokenizer's compiled tool sets; the first call builds its token classes."""
+    with _call_caches_lock:
+        hit = _call_caches.get(id(tokenizer))
+        if hit is None or hit[0] is not tokenizer:
+            cache = CallCache(tokenizer, classes_for_tokenizer(tokenizer))
+            hit = _call_caches[id(tokenizer)] = (tokenizer, cache)
+    return hit[1]
+
+
+def _warm(tokenizer: Any) -> None:
+    """Build the token classes off the request path (vLLM builds a parser at start-up)."""
+    if id(tokenizer) not in _call_caches:
+        threading.Thread(target=call_cache_of, args=(tokenizer,), daemon=True).start()
+
+
 def _tool_call(call: K3ToolCall) -> ToolCall:
     return ToolCall(
         type="function", function=FunctionCall(name=call.name, arguments=call.arguments_json)
@@ -113,9 +140,11 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         super().__init__(tokenizer, tools)
         keep_structural_tag()  # a bad setting fails when vLLM builds the parser at startup
         self.channel = _channel_of(tokenizer)
+        if self.channel is not None:
+            _warm(tokenizer)
         self._stream = K3StreamParser()
         self._sent_calls = 0
-        self._spec: tuple[Any, CallSpec | UnsupportedSchema] | None = None
+        self._calls: tuple[Any, CompiledCalls | CallSpecError] | None = None
 
     def forces_call(self, request: Any) -> bool:
         """Required or named + tools, and no structured outputs (a tag included) of its own."""
@@ -133,26 +162,33 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         whose tools' schemas the channel can enforce."""
         if not (self.forces_call(request) and self.channel_decision().live):
             return False
-        spec = self.call_spec(request)
-        if isinstance(spec, UnsupportedSchema):
-            _log_unsupported_once(str(spec))
+        calls = self.compiled_calls(request)
+        if isinstance(calls, CallSpecError):
+            _log_unsupported_once(str(calls))
             return False
         return True
 
-    def call_spec(self, request: Any) -> CallSpec | UnsupportedSchema:
-        """The request's calls in ids, or why its schemas cannot be enforced (kept per request)."""
-        if self._spec is None or self._spec[0] is not request:
-            try:
-                spec: CallSpec | UnsupportedSchema = call_spec_for(
-                    self.model_tokenizer,
-                    request.tools,
-                    named_tool(request.tool_choice),
-                    getattr(request, "parallel_tool_calls", True) is not False,
+    def compiled_calls(self, request: Any) -> CompiledCalls | CallSpecError:
+        """The request's call table (compiled once per tool set), or why its schemas
+        cannot be enforced (kept per request)."""
+        if self._calls is None or self._calls[0] is not request:
+            cache = call_cache_of(self.model_tokenizer)
+            calls, compiled = cache.calls_for(
+                request.tools,
+                named_tool(request.tool_choice),
+                getattr(request, "parallel_tool_calls", True) is not False,
+            )
+            if compiled and isinstance(calls, CompiledCalls):
+                compile_logger.info(
+                    "atom-plugin: Kimi-K3 calls of a new tool set compiled in the API server: "
+                    "%d states in %.1f ms (tool sets compiled: %d; cache: %s)",
+                    calls.num_states,
+                    1e3 * calls.seconds,
+                    cache.compiles,
+                    cache.stats(),
                 )
-            except UnsupportedSchema as err:
-                spec = err
-            self._spec = (request, spec)
-        return self._spec[1]
+            self._calls = (request, calls)
+        return self._calls[1]
 
     def channel_for(self, request: Any) -> RequiredChannel:
         """The channel of a request that uses one; a name it cannot force is vLLM's 400.
@@ -185,7 +221,7 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
             wants_auto_channel(request.tool_choice, request.tools, NAME)
             and request.extract_structured_outputs() is None
             and self.channel_decision().live
-            and not isinstance(self.call_spec(request), UnsupportedSchema)
+            and not isinstance(self.compiled_calls(request), CallSpecError)
         )
 
     def adjust_request(self, request: Any) -> Any:
@@ -195,17 +231,17 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
             request = super().adjust_request(request)
             if self.opens_on_auto(request):
                 channel = self.channel.as_optional()
-                extra = channel_extra_args(channel, self.call_spec(request))
+                extra = channel_extra_args(channel, self.compiled_calls(request).wire)
                 request.vllm_xargs = {**(request.vllm_xargs or {}), **extra}
             return request
         decision = self.channel_decision()
-        spec = self.call_spec(request) if decision.live else None
-        if not decision.live or isinstance(spec, UnsupportedSchema):
+        calls = self.compiled_calls(request) if decision.live else None
+        if not decision.live or isinstance(calls, CallSpecError):
             choice = named_tool(request.tool_choice) or request.tool_choice
             message = (
                 unenforced_message(decision, repr(choice))
                 if not decision.live
-                else unsupported_message(str(spec), repr(choice))
+                else unsupported_message(str(calls), repr(choice))
             )
             raise VLLMValidationError(message, parameter="tool_choice", value=choice)
         # vLLM's kimi_k3 refuses named choices that have no structural tag (it has no
@@ -215,7 +251,8 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
         request.skip_special_tokens = False
         if hasattr(request, "spaces_between_special_tokens"):
             request.spaces_between_special_tokens = False
-        request.vllm_xargs = {**(request.vllm_xargs or {}), **channel_extra_args(channel, spec)}
+        extra = channel_extra_args(channel, calls.wire)
+        request.vllm_xargs = {**(request.vllm_xargs or {}), **extra}
         return request
 
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
