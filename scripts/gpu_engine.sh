@@ -20,6 +20,9 @@
 #               DeepSeek-V2-Lite shape); TBO_ARGS adds arguments
 #   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
 #               four pytest workers on the one GPU
+#   kernels-quick
+#               the kernel GPU tests of the K3 channel's tables and of MLA's prefill rows on the
+#               decode kernel (a subset of kernels)
 #   mla16       MLA at 16 query heads (DeepSeek-V3's TP8 slice): one wave of MLA16_CASES (default
 #               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
 #               decode-2k, shared-8k), each pass twice (prefix cache on), with the step probe and
@@ -104,6 +107,12 @@ for what in "$@"; do
         tests/test_mla_plan.py tests/test_mla_gluon_lazy.py tests/test_mha_gluon_prefill.py \
         tests/test_mla_decode_planner.py \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
+    kernels-quick)
+      stage "kernel GPU tests of the K3 channel's tables and MLA's prefill rows"
+      timeout 500 python3 -m pytest -q -p no:cacheprovider -n 3 tests/test_channel_kernel.py \
+        tests/test_spec_rows.py tests/test_required_channel.py tests/test_k3_gate_core.py \
+        tests/test_mla_kernels.py -m gpu -k "prefill_rows or not test_mla_kernels" \
+        2>&1 | tee "$OUT/gpu_kernel_quick_tests.log" || status=1 ;;
     mla16)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA}
       [ -n "${OLD_PLUGIN:-}" ] && cases="$cases,ATOM_AITER_MLA@old"
@@ -166,7 +175,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels mla16 mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

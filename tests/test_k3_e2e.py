@@ -63,8 +63,13 @@ MAX_MODEL_LEN = 128
 # The model runner a served engine takes: vLLM's CPU build (0.32) runs V1; on a GPU every
 # supported release defaults to Model Runner V2, the only runner of vLLM 0.34.
 RUNNER = "mrv2" if torch.cuda.is_available() else "v1"
-# Two servers share the GPU in this module.
-GPU_MEMORY = ("--gpu-memory-utilization", "0.2") if RUNNER == "mrv2" else ()
+# Two servers share the GPU in this module, each with a KV cache of a fixed size (one sized
+# from measured memory would count the other's allocations as its own).
+GPU_MEMORY = (
+    ("--gpu-memory-utilization", "0.2", "--kv-cache-memory-bytes", str(1 << 30))
+    if RUNNER == "mrv2"
+    else ()
+)
 
 
 def engine_env(**extra: str) -> dict[str, str]:
