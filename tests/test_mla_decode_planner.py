@@ -155,3 +155,16 @@ def test_prefill_rows_on_the_decode_kernel_are_announced_once(monkeypatch):
         "ATOM_AITER_MLA: prefill rows of up to 128 new tokens run on the decode kernel "
         "(this step: up to 16)"
     ]
+
+
+LAYOUT = MLAStepLayout(torch.bfloat16, 64)
+
+
+def test_prefill_rows_go_to_the_decode_only_where_its_kernel_takes_them(monkeypatch):
+    rows = vllm_mla.PREFILL_ROWS_ON_DECODE
+    assert vllm_mla.prefill_rows_on_decode("torch", "cpu", LAYOUT) == rows
+    assert vllm_mla.prefill_rows_on_decode("aiter", "cuda", LAYOUT) == 1
+    # Triton without the Gluon kernel: its own tiles for long rows do not fit at 16 heads.
+    assert vllm_mla.prefill_rows_on_decode("triton", "cpu", LAYOUT) == 1
+    monkeypatch.setattr(vllm_mla, "gluon_mla_problems", lambda device, layout: [])
+    assert vllm_mla.prefill_rows_on_decode("triton", "cuda", LAYOUT) == rows

@@ -30,6 +30,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonMetadata,
     MLACommonMetadataBuilder,
     QueryLenSupport,
+    get_mla_dims,
 )
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType
@@ -52,9 +53,22 @@ logger = init_logger("vllm.atom_plugin")
 # attention calls and a merge; the decode reads each latent row as it is and scores a
 # query token against it in 1,088 multiply-adds a head, against the prefill's 320
 # (DeepSeek's widths). The two cost the same near 170 new tokens a row at any head
-# count; 128 stays below that (vLLM's FLASHMLA takes 128, FLASH_ATTN_MLA 512). The
-# AITER path keeps 1: its decode was checked on speculative rows only.
+# count; 128 stays below that (vLLM's FLASHMLA takes 128, FLASH_ATTN_MLA 512). Only the
+# Gluon kernel (Hopper) and the torch reference take such rows: the Triton kernels' tiles
+# for rows of several tokens at 16 heads need more shared memory than a Hopper SM has
+# (bf16 cache, seen on an H100), and AITER's decode was checked on speculative rows only.
 PREFILL_ROWS_ON_DECODE = 128
+
+
+def prefill_rows_on_decode(kernel_impl: str, device, layout: MLAStepLayout) -> int:
+    """The builder's `reorder_batch_threshold`: PREFILL_ROWS_ON_DECODE where the step's
+    kernel takes prefill rows (the torch reference; Triton where the Gluon kernel runs this
+    layout), else 1 (vLLM's MHA prefill takes them)."""
+    if kernel_impl == "torch":
+        return PREFILL_ROWS_ON_DECODE
+    if kernel_impl == "triton" and not gluon_mla_problems(torch.device(device), layout):
+        return PREFILL_ROWS_ON_DECODE
+    return 1
 
 
 @dataclass
@@ -186,8 +200,15 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         kernel_impl = select_kernel_impl(torch.device(device))
+        mla_dims = get_mla_dims(vllm_config.model_config)
+        layout = MLAStepLayout(
+            vllm_config.model_config.dtype,
+            kv_cache_spec.block_size,
+            mla_dims.kv_lora_rank,
+            mla_dims.qk_rope_head_dim,
+        )
         # read by vLLM's builder as it starts (speculative rows may raise it further)
-        self.reorder_batch_threshold = PREFILL_ROWS_ON_DECODE if kernel_impl != "aiter" else 1
+        self.reorder_batch_threshold = prefill_rows_on_decode(kernel_impl, device, layout)
         super().__init__(
             kv_cache_spec, layer_names, vllm_config, device, supports_dcp_with_varlen=True
         )
@@ -207,12 +228,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 if cache_dtype.startswith("fp8")
                 else kv_cache_spec.dtype
             ),
-            layout=MLAStepLayout(
-                self.model_config.dtype,
-                self.page_size,
-                self.mla_dims.kv_lora_rank,
-                self.mla_dims.qk_rope_head_dim,
-            ),
+            layout=layout,
             max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             device=device,
             decode_query_len=1 + ((spec.num_speculative_tokens or 0) if spec else 0),
