@@ -3,7 +3,7 @@
 The one source of the README's table (a test keeps the two equal) and of
 `atom-plugin info --support`. A cell says where the capability ran on that release:
 CI (the whole suite on vLLM's CPU build, every commit), a GPU run (device and date), or
-only the static check of the adapter against the release's sources
+only the check of the adapter against the release's sources in CI
 (`python -m atom_plugin.vllm.compat --source`); "no" says why it does not run there.
 """
 
@@ -17,7 +17,7 @@ CAPABILITIES = (
     "doctor",
 )
 CI = "CI (CPU build)"
-STATIC = "static check only"
+STATIC = "source check in CI"
 DOCTOR = "independent of vLLM"
 
 # release -> one cell per capability, in CAPABILITIES order
@@ -30,7 +30,13 @@ SUPPORT: dict[str, tuple[str, ...]] = {
         DOCTOR,
     ),
     "0.33": (STATIC, STATIC, STATIC, STATIC, DOCTOR),
-    "0.34": (STATIC, STATIC, STATIC, f"{STATIC} (Model Runner V2)", DOCTOR),
+    "0.34": (
+        f"{STATIC}, H100 2026-12-05",
+        f"{STATIC}, H100 2026-12-05",
+        f"{STATIC}, H100 2026-12-05",
+        f"{STATIC}, H100 2026-12-05 (Model Runner V2)",
+        DOCTOR,
+    ),
 }
 
 
