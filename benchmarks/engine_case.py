@@ -175,26 +175,38 @@ def _wait_for_wave(ready_dir: Path, size: int, timeout: float) -> None:
     print(f"# wave incomplete after {timeout:.0f} s; measuring anyway", flush=True)
 
 
-def main(spec: dict) -> dict:
-    import torch
+def start_in_wave(spec: dict, name: str, result: dict):
+    """The case's engine (`spec["llm"]`), started beside the others of its wave: its start
+    time and worker facts go into `result`, and it returns once the whole wave has started
+    (or failed), so no case is measured while another compiles. None if it failed to start
+    (`result["error"]` says why)."""
     from vllm import LLM
 
-    from benchmarks.engine_shapes import WORKLOADS
-
     ready_dir = Path(spec["ready_dir"])
-    name = spec["case"]
-    result: dict = {"case": name, "spec": {k: v for k, v in spec.items() if k != "ready_dir"}}
     t0 = time.perf_counter()
     try:
         llm = LLM(**spec["llm"])
     except Exception:
         (ready_dir / f"{name}.failed").write_text(traceback.format_exc())
         result["error"] = traceback.format_exc(limit=8)
-        return result
+        return None
     result["startup_s"] = time.perf_counter() - t0
     result["engine"] = llm.collective_rpc(worker_facts)[0]
     (ready_dir / f"{name}.ready").touch()
     _wait_for_wave(ready_dir, spec["wave_size"], spec["wave_timeout_s"])
+    return llm
+
+
+def main(spec: dict) -> dict:
+    import torch
+
+    from benchmarks.engine_shapes import WORKLOADS
+
+    name = spec["case"]
+    result: dict = {"case": name, "spec": {k: v for k, v in spec.items() if k != "ready_dir"}}
+    llm = start_in_wave(spec, name, result)
+    if llm is None:
+        return result
     with open(spec["lock"], "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         result["measured_at"] = time.time()

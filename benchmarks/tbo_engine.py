@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 from benchmarks.engine_shapes import DEEPSEEK_V2_LITE
@@ -160,23 +159,14 @@ def measure(llm, args, tbo: bool, rng: random.Random) -> dict:
 
 def run_case(spec: dict) -> dict:
     import torch
-    from vllm import LLM
 
-    from benchmarks.engine_case import _wait_for_wave, worker_facts
+    from benchmarks.engine_case import start_in_wave
 
-    ready_dir, mode = Path(spec["ready_dir"]), spec["mode"]
+    mode = spec["mode"]
     result: dict = {"mode": mode}
-    start = time.perf_counter()
-    try:
-        llm = LLM(**spec["llm"])
-    except Exception:
-        (ready_dir / f"{mode}.failed").write_text(traceback.format_exc())
-        result["error"] = traceback.format_exc(limit=8)
+    llm = start_in_wave(spec, mode, result)
+    if llm is None:
         return result
-    result["startup_s"] = time.perf_counter() - start
-    result["engine"] = llm.collective_rpc(worker_facts)[0]
-    (ready_dir / f"{mode}.ready").touch()
-    _wait_for_wave(ready_dir, spec["wave_size"], spec["wave_timeout_s"])
     args = argparse.Namespace(**spec["args"])
     with open(spec["lock"], "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

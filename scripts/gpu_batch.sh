@@ -22,10 +22,7 @@ for what in "$@"; do
     tests)
       stage tests "kernels and graphs compiled on the GPU"
       timeout 500 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_attention_triton.py tests/test_mla_kernels.py tests/test_mla_gluon.py \
-        tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
-        tests/test_k3_gate_core.py tests/test_tbo_gpu.py tests/test_tbo_model_dp.py \
-        tests/test_mha_gluon_prefill.py \
+        $(grep -v '^#' scripts/gpu_kernel_tests.txt) tests/test_tbo_model_dp.py \
         2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
     k3)
       stage k3 "required-channel logits kernel vs xgrammar bitmask"

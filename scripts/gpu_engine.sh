@@ -18,8 +18,8 @@
 #   tbo-k3      the K3 channel beside TBO on Model Runner V2, and the TBO workers' torch.cuda check
 #   tbo-bench   TBO decode and prefill against off in the engine (benchmarks/tbo_engine.py,
 #               DeepSeek-V2-Lite shape); TBO_ARGS adds arguments
-#   kernels     the kernel GPU tests (scripts/gpu_batch.sh's list) on vLLM's torch and Triton,
-#               four pytest workers on the one GPU
+#   kernels     the kernel GPU tests (scripts/gpu_kernel_tests.txt, and those that import vLLM)
+#               on vLLM's torch and Triton, four pytest workers on the one GPU
 #   kernels-quick
 #               the kernel GPU tests of the K3 channel's tables and of MLA's prefill rows on the
 #               decode kernel (a subset of kernels)
@@ -101,11 +101,8 @@ for what in "$@"; do
     kernels)
       stage "kernel GPU tests"
       timeout 500 python3 -m pytest -q -p no:cacheprovider -n 4 \
-        tests/test_attention_triton.py tests/test_mla_kernels.py tests/test_mla_gluon.py \
-        tests/test_channel_kernel.py tests/test_spec_rows.py tests/test_required_channel.py \
-        tests/test_k3_gate_core.py tests/test_tbo_gpu.py tests/test_kernels_vs_vllm.py \
-        tests/test_mla_plan.py tests/test_mla_gluon_lazy.py tests/test_mha_gluon_prefill.py \
-        tests/test_mla_decode_planner.py \
+        $(grep -v '^#' scripts/gpu_kernel_tests.txt) \
+        tests/test_kernels_vs_vllm.py tests/test_mla_decode_planner.py \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
     kernels-quick)
       stage "kernel GPU tests of the K3 channel's tables and MLA's prefill rows"
@@ -170,7 +167,8 @@ for what in "$@"; do
       for side in before after; do
         dir=${AFTER:-$PWD}
         [ $side = before ] && dir=$BEFORE
-        (cd "$dir" && PYTHONPATH="$dir:/tmp/site" timeout 280 python3 "${bench[@]}" \
+        # the checkout under test in place of this one, the release's site as installed
+        (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH#"$PWD:"}" timeout 280 python3 "${bench[@]}" \
           --json "$out/${kind}_$side.json") 2>&1 | tee "$OUT/${kind}_$side.log" || status=1
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \

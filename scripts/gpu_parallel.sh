@@ -11,6 +11,8 @@ shift
 root=${OUT:-gpu-out}
 work=/tmp/gpu-parallel/$name
 rm -rf "$work" && mkdir -p "$work" "$root"
+# The plugin's entry points are written into the release's site once, before the groups start.
+OUT=$work bash scripts/gpu_engine.sh >"$work/announce.log" 2>&1 || { cat "$work/announce.log"; exit 1; }
 pids=()
 for group in "$@"; do
   dir=$work/${group// /+}

@@ -18,6 +18,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def installed_vllm_tree():
+    """The folder holding the installed `vllm` package."""
+    from pathlib import Path
+
+    import vllm
+
+    return Path(vllm.__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def installed_host():
+    """The installed vLLM, imported and inspected by the host-API checks."""
+    from atom_plugin.vllm.compat.hosts import InstalledHost
+
+    return InstalledHost()
+
+
+@pytest.fixture(scope="module")
+def source_host_032():
+    """The installed vLLM 0.32 tree, read as source by the host-API checks."""
+    from atom_plugin.vllm.compat.hosts import SourceHost
+
+    return SourceHost(installed_vllm_tree())
+
+
 @pytest.fixture(scope="session")
 def engine_faults(tmp_path_factory):
     """`engine_faults(miscut=..., rerun_graphs=...)`: the environment that puts these faults

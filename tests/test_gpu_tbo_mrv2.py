@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from tests.engine import IN_PROCESS_ENGINE, engine_env
+from tests.test_gpu_engine import ENGINE as GPU_ENGINE
 from tests.test_gpu_engine import (
     LOGPROB_FLOOR,
     MAX_TOKENS,
@@ -40,18 +41,13 @@ from tests.test_gpu_engine import (
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
-ENGINE = dict(
-    dtype="bfloat16",
-    max_model_len=512,
-    seed=0,
-    enable_prefix_caching=True,
-    gpu_memory_utilization=0.05,
-    kv_cache_memory_bytes=1 << 30,
-    max_num_seqs=16,
+ENGINE = {
+    **GPU_ENGINE,
+    "enable_prefix_caching": True,
     # chunked prefill cuts prompts across steps, so prefill steps mix with decodes and a
     # request straddles the micro-batches' cut
-    max_num_batched_tokens=256,
-)
+    "max_num_batched_tokens": 256,
+}
 BACKENDS = {"mha": "ATOM_AITER", "mla": "ATOM_AITER_MLA"}
 THRESHOLDS = {"tbo_decode_min_requests": 4, "tbo_prefill_min_tokens": 32}
 MODES = ("decode", "prefill", "all")

@@ -16,29 +16,14 @@ import torch
 
 from atom_plugin.vllm import compat
 from atom_plugin.vllm.compat.check import Adapter, Coverage, check
-from atom_plugin.vllm.compat.hosts import InstalledHost, SourceHost
+from atom_plugin.vllm.compat.hosts import SourceHost
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_033 = ROOT / "tests" / "fixtures" / "vllm_0_33_api"
+# installed_host, source_host_032: tests/conftest.py
 
 
-def installed_vllm_tree() -> Path:
-    import vllm
-
-    return Path(vllm.__file__).parent.parent
-
-
-@pytest.fixture(scope="module")
-def installed_host():
-    return InstalledHost()
-
-
-@pytest.fixture(scope="module")
-def source_host_032():
-    return SourceHost(installed_vllm_tree())
-
-
-# The overrides the issue names, and the rest of the adapter's host-facing methods.
+# The overrides the adapter depends on, and the rest of its host-facing methods.
 EXPECTED_OVERRIDES = {
     "AtomAiterBackend.get_name",
     "AtomAiterBackend.get_supported_kernel_block_sizes",

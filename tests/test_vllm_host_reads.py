@@ -18,30 +18,14 @@ from atom_plugin.vllm.compat.hosts import (
     ATTRIBUTES_MARK,
     STUB_MARK,
     ClassRef,
-    InstalledHost,
     SourceHost,
 )
+from tests.conftest import installed_vllm_tree
+from tests.test_vllm_host_api import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_034 = ROOT / "tests" / "fixtures" / "vllm_0_34_api"
 # main before the 0.34 work: every vLLM 0.34 start with the plugin installed raised there.
 BEFORE_034 = "7b425cd"
-
-
-def installed_vllm_tree() -> Path:
-    import vllm
-
-    return Path(vllm.__file__).parent.parent
-
-
-@pytest.fixture(scope="module")
-def installed_host():
-    return InstalledHost()
-
-
-@pytest.fixture(scope="module")
-def source_host_032():
-    return SourceHost(installed_vllm_tree())
 
 
 @pytest.fixture(scope="module")
