@@ -153,9 +153,7 @@ def _best_vllm(results: list[dict], label: str, kind: str = "") -> tuple[str, fl
     best = None
     for r in results:
         backend, variant = parse_case(r["case"])
-        if backend in PLUGIN_BACKENDS or variant not in ("", *KV_VARIANTS):
-            continue
-        if _kind(r["case"]) != kind:
+        if backend in PLUGIN_BACKENDS or variant != kind:  # kind: "" or a KV variant
             continue
         run = _run(r, label)
         if run and (best is None or run["output_tok_s"] > best[1]):
@@ -192,8 +190,8 @@ def report(results: list[dict]) -> str:
     labels = _labels(results)
     lines = ["| workload | " + " | ".join(cases) + " | best vLLM backend |"]
     lines.append("|---" * (len(cases) + 2) + "|")
+    kinds = sorted({_kind(c) for c in cases})
     for name in labels:
-        kinds = sorted({_kind(c) for c in cases})
         bests = {k: _best_vllm(results, name, k) for k in kinds}
         cells = []
         for r in results:
@@ -245,7 +243,7 @@ def report(results: list[dict]) -> str:
     for r in results:
         if "error" in r:
             out += f"\n{r['case']} failed:\n```\n{r['error'][-1500:]}\n```\n"
-        for prof in r.get("profiles") or ([r["profile"]] if "profile" in r else []):
+        for prof in r.get("profiles", []):
             out += profile_report(r["case"], prof)
     out += kernel_differences(results)
     return out
@@ -302,8 +300,6 @@ def probe_report(results: list[dict], labels: list[str]) -> str:
 
 
 def profile_report(case: str, prof: dict) -> str:
-    if "kernels" not in prof:  # results saved before the phase profiler
-        return ""
     lines = [
         f"\n**{case}, profiled {prof['workload']} ({prof['phase']}, {prof['steps']} steps)**: "
         f"wall {prof['wall_ms_per_step']:.3f} ms a step, GPU busy "

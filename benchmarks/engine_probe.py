@@ -95,24 +95,25 @@ def _graph_plan(builder, metadata, common) -> str | None:
     paged = decode.paged
     key = (id(builder), paged.num_reqs, paged.num_actual_tokens, launch.fp8_cache)
     if key not in _GRAPH_PLANS:
-        _GRAPH_PLANS[key] = _capture_launch(builder, planner, paged, launch.fp8_cache)
+        _GRAPH_PLANS[key] = _capture_launch(builder, planner, paged)
     return _GRAPH_PLANS[key]
 
 
-def _capture_launch(builder, planner, paged, fp8_cache: bool) -> str:
-    from atom_plugin.attention.mla.launch_plan import plan_launch
+def _capture_launch(builder, planner, paged) -> str:
+    """The launch the bucket's graph was captured with: the step's plan, for the longest
+    context the graph may replay (as the builder plans under capture)."""
+    from atom_plugin.attention.mla.plan import plan_mla_decode
 
-    captured = plan_launch(
-        paged.num_reqs,
+    captured = plan_mla_decode(
+        paged,
         paged.num_actual_tokens,
-        1,
         planner.num_heads,
-        builder.model_config.max_model_len,
-        paged.query_start_loc.device,
-        fp8_cache=fp8_cache,
+        kernel_impl=planner.kernel_impl,
+        kv_dtype=planner.kv_dtype,
         layout=planner.layout,
+        context=builder.model_config.max_model_len,
     )
-    return _launch_key(captured)
+    return _launch_key(captured.launch)
 
 
 def _decode_tokens(metadata) -> int | None:

@@ -26,6 +26,9 @@ from atom_plugin.vllm.compat.hosts import (
 )
 from atom_plugin.vllm.compat.source import (
     MEANINGFUL_DECORATORS,
+    decorator_name,
+    decorator_names,
+    decorator_target,
     receiver_name,
     self_assignments,
 )
@@ -60,20 +63,17 @@ def _signature_only(args: ast.arguments) -> ast.arguments:
 
 
 def _decorators(node) -> list[ast.expr]:
-    kept = []
-    for dec in node.decorator_list:
-        target = dec.func if isinstance(dec, ast.Call) else dec
-        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-        if name in MEANINGFUL_DECORATORS:
-            kept.append(target)
-    return kept
+    return [
+        decorator_target(dec)
+        for dec in node.decorator_list
+        if decorator_name(dec) in MEANINGFUL_DECORATORS
+    ]
 
 
 def _function(node, in_class: bool) -> ast.FunctionDef:
     body: list[ast.stmt] = []
     if in_class:
-        decorators = {getattr(d, "id", getattr(d, "attr", "")) for d in _decorators(node)}
-        if "staticmethod" not in decorators:
+        if "staticmethod" not in decorator_names(node):
             me = (node.args.posonlyargs + node.args.args)[:1]
             for name in sorted(self_assignments(node)):
                 body.append(ast.Assign([ast.Attribute(ast.Name(me[0].arg), name)], ANY))

@@ -83,6 +83,35 @@ def generate(
     )
 
 
+# Builds vLLM's engine config for each case (the start's checks, the platform's included)
+# and prints each case's error, or None where the config was accepted.
+CONFIG_CHECK = textwrap.dedent(
+    """
+    import json, sys
+    from vllm.engine.arg_utils import EngineArgs
+
+    if __name__ == "__main__":
+        model, cases = sys.argv[1], json.loads(sys.argv[2])
+        errors = {}
+        for name, extra in cases.items():
+            args = {"model": model, "dtype": "float32", "max_model_len": 256, **extra}
+            try:
+                EngineArgs(**args).create_engine_config()
+                errors[name] = None
+            except Exception as e:  # what vLLM's start would raise
+                errors[name] = f"{type(e).__name__}: {e}"
+        print("RESULT " + json.dumps(errors), flush=True)
+    """
+)
+
+
+def config_errors(proc: subprocess.CompletedProcess) -> dict:
+    """CONFIG_CHECK's answer: case -> the error its config raised, or None."""
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(line[len("RESULT ") :])
+
+
 def run_config_script(script: str, model, cases: dict, **env: str) -> subprocess.CompletedProcess:
     """`python -c script MODEL CASES_JSON` with the engine environment (plus `env`): the
     tests that build vLLM configs case by case, each in one fresh process."""

@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import textwrap
-
 import pytest
 
-from tests.engine import run_config_script
+from tests.engine import CONFIG_CHECK, config_errors, run_config_script
 
 pytestmark = pytest.mark.vllm
-
-CHECK = textwrap.dedent(
-    """
-    import json, sys
-    from vllm.engine.arg_utils import EngineArgs
-
-    if __name__ == "__main__":
-        model, cases = sys.argv[1], json.loads(sys.argv[2])
-        errors = {}
-        for name, extra in cases.items():
-            args = {"model": model, "dtype": "float32", "max_model_len": 256, **extra}
-            try:
-                EngineArgs(**args).create_engine_config()
-                errors[name] = None
-            except Exception as e:  # what vLLM's start would raise
-                errors[name] = f"{type(e).__name__}: {e}"
-        print("RESULT " + json.dumps(errors), flush=True)
-    """
-)
 
 
 def tbo(mode="all", **settings):
@@ -53,10 +31,7 @@ CASES = {
 def test_settings_tbo_cannot_serve_are_refused_at_start(tiny_llama):
     cases = {name: extra for name, (extra, _) in CASES.items()}
     cases["tbo off"] = tbo("off")
-    proc = run_config_script(CHECK, tiny_llama, cases)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    errors = json.loads(line[len("RESULT ") :])
+    errors = config_errors(run_config_script(CONFIG_CHECK, tiny_llama, cases))
     assert errors["tbo off"] is None
     for name, (_, message) in CASES.items():
         assert errors[name] and message in errors[name], (name, errors[name])
@@ -66,11 +41,9 @@ def test_model_runner_v2_on_the_cpu_platform_is_refused(tiny_llama):
     """TBO runs in Model Runner V2 on GPUs; on the CPU platform it runs in the V1 runner
     (the CPU build's default, which its config leaves for MRV2 when asked)."""
     proc = run_config_script(
-        CHECK, tiny_llama, {"mrv2": tbo("prefill")}, VLLM_USE_V2_MODEL_RUNNER="1"
+        CONFIG_CHECK, tiny_llama, {"mrv2": tbo("prefill")}, VLLM_USE_V2_MODEL_RUNNER="1"
     )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    error = json.loads(line[len("RESULT ") :])["mrv2"]
+    error = config_errors(proc)["mrv2"]
     assert error and "tbo='prefill' cannot run" in error, error
     assert "on vLLM's cpu platform runs inside the V1 model runner" in error, error
     assert "leave VLLM_USE_V2_MODEL_RUNNER unset" in error and "=0" not in error, error

@@ -5,13 +5,11 @@ with a message naming the feature and the release."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.engine import engine_env, generate, run_config_script
+from tests.engine import CONFIG_CHECK, config_errors, engine_env, generate, run_config_script
 from tests.host_faults import host_faults_env
-from tests.test_tbo_vllm_refusals import CHECK, tbo
+from tests.test_tbo_vllm_refusals import tbo
 
 pytestmark = pytest.mark.vllm
 
@@ -23,12 +21,6 @@ STOOD_ASIDE = (
 )
 
 
-def _errors(proc) -> dict:
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(line[len("RESULT ") :])
-
-
 def test_config_without_the_runner_property_starts_unless_a_feature_needs_it(tiny_llama, tmp_path):
     faults = host_faults_env(tmp_path, missing_for_adapter=NO_RUNNER_PROPERTY)
     cases = {
@@ -36,8 +28,8 @@ def test_config_without_the_runner_property_starts_unless_a_feature_needs_it(tin
         "atom_aiter asked": {"attention_config": {"backend": "atom_aiter"}},
         "tbo asked": tbo("prefill"),
     }
-    proc = run_config_script(CHECK, tiny_llama, cases, **faults)
-    errors = _errors(proc)
+    proc = run_config_script(CONFIG_CHECK, tiny_llama, cases, **faults)
+    errors = config_errors(proc)
     assert errors["nothing asked"] is None
     assert errors["atom_aiter asked"] is None  # the backend does not need the property
     tbo_error = errors["tbo asked"]
@@ -62,8 +54,8 @@ def test_engine_serves_as_without_the_plugin_when_the_plugin_stands_aside(tiny_l
 
 def test_platform_that_cannot_import_leaves_vllms_own_platform(tiny_llama, tmp_path):
     faults = host_faults_env(tmp_path, broken_imports=("atom_plugin.vllm.k3.enforcement",))
-    proc = run_config_script(CHECK, tiny_llama, {"nothing asked": {}}, **faults)
-    assert _errors(proc)["nothing asked"] is None
+    proc = run_config_script(CONFIG_CHECK, tiny_llama, {"nothing asked": {}}, **faults)
+    assert config_errors(proc)["nothing asked"] is None
     log = proc.stdout + proc.stderr
     assert "atom-plugin could not set up its platform and attention backends" in log, log[-3000:]
     assert "ImportError: cannot import atom_plugin.vllm.k3.enforcement" in log

@@ -33,14 +33,24 @@ from vllm.model_executor.layers.attention.mla_attention import (
     get_mla_dims,
 )
 from vllm.platforms import current_platform
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType
+from vllm.v1.attention.backend import (
+    AttentionCGSupport,
+    AttentionLayer,
+    AttentionType,
+    max_decode_query_len,
+)
 from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.aiter import unit_scale
 from atom_plugin.attention.mla import ops as mla_ops
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
-from atom_plugin.attention.mla.plan import MLAPlan, mla_token_plan, plan_mla_decode
+from atom_plugin.attention.mla.plan import (
+    MLAPlan,
+    mla_token_plan,
+    plan_mla_decode,
+    takes_prefill_rows,
+)
 from atom_plugin.attention.select import select_kernel_impl
 from atom_plugin.vllm.attention.mha import SUPPORTED_DTYPES, SUPPORTED_KV_CACHE_DTYPES
 
@@ -53,20 +63,15 @@ logger = init_logger("vllm.atom_plugin")
 # attention calls and a merge; the decode reads each latent row as it is and scores a
 # query token against it in 1,088 multiply-adds a head, against the prefill's 320
 # (DeepSeek's widths). The two cost the same near 170 new tokens a row at any head
-# count; 128 stays below that (vLLM's FLASHMLA takes 128, FLASH_ATTN_MLA 512). Only the
-# Gluon kernel (Hopper) and the torch reference take such rows: the Triton kernels' tiles
-# for rows of several tokens at 16 heads need more shared memory than a Hopper SM has
-# (bf16 cache, seen on an H100), and AITER's decode was checked on speculative rows only.
+# count; 128 stays below that (vLLM's FLASHMLA takes 128, FLASH_ATTN_MLA 512). Only where
+# the decode's kernel takes such rows (`plan.takes_prefill_rows`).
 PREFILL_ROWS_ON_DECODE = 128
 
 
 def prefill_rows_on_decode(kernel_impl: str, device, layout: MLAStepLayout) -> int:
     """The builder's `reorder_batch_threshold`: PREFILL_ROWS_ON_DECODE where the step's
-    kernel takes prefill rows (the torch reference; Triton where the Gluon kernel runs this
-    layout), else 1 (vLLM's MHA prefill takes them)."""
-    if kernel_impl == "torch":
-        return PREFILL_ROWS_ON_DECODE
-    if kernel_impl == "triton" and not gluon_mla_problems(torch.device(device), layout):
+    kernel takes prefill rows, else 1 (vLLM's MHA prefill takes them)."""
+    if takes_prefill_rows(kernel_impl, torch.device(device), layout):
         return PREFILL_ROWS_ON_DECODE
     return 1
 
@@ -212,14 +217,12 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         super().__init__(
             kv_cache_spec, layer_names, vllm_config, device, supports_dcp_with_varlen=True
         )
-        self.kernel_impl = kernel_impl
         dcp_rank = 0
         if self.dcp_world_size > 1:
             from vllm.distributed.parallel_state import get_dcp_group
 
             dcp_rank = get_dcp_group().rank_in_group
         cache_dtype = vllm_config.cache_config.cache_dtype
-        spec = vllm_config.speculative_config
         self.planner = MLADecodePlanner(
             kernel_impl=kernel_impl,
             num_heads=self.num_heads * self.dcp_world_size,
@@ -231,7 +234,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             layout=layout,
             max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             device=device,
-            decode_query_len=1 + ((spec.num_speculative_tokens or 0) if spec else 0),
+            decode_query_len=max_decode_query_len(vllm_config),
             dcp_world_size=self.dcp_world_size,
             dcp_rank=dcp_rank,
             dcp_interleave=self.cp_kv_cache_interleave_size,

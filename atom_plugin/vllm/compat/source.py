@@ -149,15 +149,21 @@ class ClassInfo:
         return set(self.methods) | set(self.fields)
 
 
-def _decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
-    names = set()
-    for dec in node.decorator_list:
-        target = dec.func if isinstance(dec, ast.Call) else dec
-        if isinstance(target, ast.Attribute):
-            names.add(target.attr)
-        elif isinstance(target, ast.Name):
-            names.add(target.id)
-    return names
+def decorator_target(dec: ast.expr) -> ast.expr:
+    """The decorator itself (`@cached(...)` -> `cached`)."""
+    return dec.func if isinstance(dec, ast.Call) else dec
+
+
+def decorator_name(dec: ast.expr) -> str:
+    """A decorator's last name (`@functools.cache` -> 'cache'); '' for other forms."""
+    target = decorator_target(dec)
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return target.id if isinstance(target, ast.Name) else ""
+
+
+def decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    return {name for dec in node.decorator_list if (name := decorator_name(dec))}
 
 
 # The decorators that change how a method binds or make it abstract: all the reader
@@ -169,7 +175,7 @@ MEANINGFUL_DECORATORS = set(BINDING_DECORATORS) | PROPERTY_DECORATORS | ABSTRACT
 
 
 def _method(node: ast.FunctionDef | ast.AsyncFunctionDef) -> MethodInfo:
-    decorators = _decorator_names(node)
+    decorators = decorator_names(node)
     kind = INSTANCE
     for dec, k in BINDING_DECORATORS.items():
         if dec in decorators:
@@ -327,7 +333,7 @@ class ModuleInfo:
                 self.defined.add(node.name)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.defined.add(node.name)
-                if "overload" not in _decorator_names(node):  # typing stubs, not the function
+                if "overload" not in decorator_names(node):  # typing stubs, not the function
                     self.functions.setdefault(node.name, []).append(node.args)
             elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
