@@ -98,13 +98,6 @@ class CallTable:
         return len(self.edge_ptr) - 1
 
     @functools.cached_property
-    def _explicit(self) -> frozenset[int]:
-        return frozenset(np.unique(self.edge_tok).tolist())
-
-    def explicit_ids(self) -> frozenset[int]:
-        return self._explicit
-
-    @functools.cached_property
     def edge_counts(self) -> np.ndarray:
         return np.diff(self.edge_ptr)
 
