@@ -26,7 +26,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.k3_client import stream_chat
+from benchmarks._report import versions
+from benchmarks.k3_client import serve_env, stream_chat
 from benchmarks.k3_serving_model import build_k3_model
 
 PARSERS = ("atom_kimi_k3", "kimi_k3")
@@ -118,8 +119,7 @@ def server_args(parser: str, max_model_len: int = 2048) -> tuple[list[str], dict
         *("--max-model-len", str(max_model_len), "--max-num-seqs", "4", "--enforce-eager"),
         *("--tool-call-parser", parser, "--enable-auto-tool-choice"),
     ]
-    env = {"ATOM_PLUGIN_DISABLE": "1" if parser == "kimi_k3" else None}
-    return args, {**env, "ATOM_K3_STRUCTURAL_TAG": None, "TOKENIZERS_PARALLELISM": "false"}
+    return args, serve_env(plugin_on=parser == "atom_kimi_k3")
 
 
 def report(rows: list[dict], parser: str, command: str) -> str:
@@ -127,7 +127,7 @@ def report(rows: list[dict], parser: str, command: str) -> str:
         return "-" if value is None else f"{value:.0f}"
 
     lines = [
-        f"`{command}` ({datetime.date.today().isoformat()}, parser {parser})",
+        f"`{command}` ({datetime.date.today().isoformat()}; {versions()}; parser {parser})",
         "",
         "| schema | phase | plain stream's largest gap (ms) | its median gap (ms) | "
         "tool request's first token (ms) | errors |",

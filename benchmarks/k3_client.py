@@ -4,6 +4,7 @@
 with every chunk) and returns a `Streamed`: when it was sent, when each chunk with new
 output arrived and how many output tokens it had by then, the content, the tool calls
 (assembled from their deltas) and the finish reason, or the error the server answered.
+`serve_env(plugin_on)` is the environment the K3 benchmarks start `vllm serve` with.
 """
 
 from __future__ import annotations
@@ -79,6 +80,16 @@ async def stream_chat(client: Any, body: dict[str, Any], on_chunk=None) -> Strea
     except openai.APIError as err:
         out.error = f"{type(err).__name__}: {getattr(err, 'message', err)}"
     return out
+
+
+def serve_env(plugin_on: bool) -> dict[str, str | None]:
+    """A K3 benchmark server's environment (None unsets): the plugin on with its channel
+    (ATOM_K3_STRUCTURAL_TAG unset), or disabled so that vLLM's own kimi_k3 serves."""
+    return {
+        "ATOM_PLUGIN_DISABLE": None if plugin_on else "1",
+        "ATOM_K3_STRUCTURAL_TAG": None,
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def parsed_arguments(arguments: str) -> Any:

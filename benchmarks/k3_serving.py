@@ -66,7 +66,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.k3_client import Streamed, histogram, parsed_arguments, scrape, stream_chat
+from benchmarks._report import versions
+from benchmarks.k3_client import (
+    Streamed,
+    histogram,
+    parsed_arguments,
+    scrape,
+    serve_env,
+    stream_chat,
+)
 from benchmarks.k3_serving_model import K3_VOCAB, SHAPES, build_k3_model
 
 CONFIGS = ("atom:function", "atom:parameter", "vllm:function", "vllm:parameter")
@@ -204,13 +212,8 @@ class Config:
             *("--tool-call-parser", parser, "--enable-auto-tool-choice"),
             *("--tool-strict-level", self.level),
         ]
-        env = {
-            "ATOM_PLUGIN_DISABLE": "1" if self.side == "vllm" else None,
-            "ATOM_K3_STRUCTURAL_TAG": None,
-            "VLLM_ENFORCE_STRICT_TOOL_CALLING": None,  # vLLM's default: on
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        return args, env
+        env = serve_env(plugin_on=self.side == "atom")
+        return args, {**env, "VLLM_ENFORCE_STRICT_TOOL_CALLING": None}  # vLLM's default: on
 
 
 def bias_for(choice: str, ids: dict[str, int]) -> dict[str, int]:
@@ -461,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = sys.argv[1:] if argv is None else argv
     header = (
         f"`python -m benchmarks.k3_serving {' '.join(shown)}` "
-        f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {versions()}; "
         f"shape {args.shape}, {args.vocab} ids, max_tokens {args.max_tokens})"
     )
     table = report(rows, header)

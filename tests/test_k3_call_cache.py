@@ -222,6 +222,7 @@ def _set(index, value):
         (lambda w: _rewire(w, edge_tok=_set(0, -3)), "non-negative"),
         (lambda w: _rewire(w, edge_ptr=_set(1, 10**6)), "offsets"),
         (lambda w: _rewire(w, class_cls=_set(0, 1)), "not SPECIAL"),
+        (lambda w: _rewire(w, class_cls=_set(-1, CLASSES.num_classes)), "uses token class"),
         (lambda w: {k: v for k, v in w.items() if k != "classes"}, "exactly the keys"),
     ],
 )
@@ -229,6 +230,15 @@ def test_a_damaged_wire_is_refused(damage, message):
     table = call_automaton.compile_calls(call_spec_for(WORDS, [tool(n=3)]), CLASSES)
     with pytest.raises(ValueError, match=message):
         CallTable.from_wire(damage(table.to_wire()), CLASSES)
+
+
+def test_the_engine_path_refuses_a_forged_class():
+    """A client's `vllm_xargs` reaches `request_channel` without `from_wire`."""
+    table = call_automaton.compile_calls(call_spec_for(WORDS, [tool(n=3)]), CLASSES)
+    forged = _rewire(table.to_wire(), class_cls=_set(-1, CLASSES.num_classes + 7))
+    extra = channel_extra_args(REQUIRED, forged)
+    with pytest.raises(ValueError, match=f"class {CLASSES.num_classes + 7}; this vocabulary"):
+        request_channel(Params(extra), lambda: CLASSES)
 
 
 def test_a_wire_beyond_the_limits_is_refused_before_it_reaches_the_engine(limits):

@@ -266,12 +266,10 @@ class CallAutomaton:
     """Builds a call spec's automaton for a vocabulary's token classes into `table`
     (state 0 is right after `call tool="`)."""
 
-    def __init__(
-        self, spec: CallSpec, classes: TokenClasses, max_states: int | None = None
-    ) -> None:
+    def __init__(self, spec: CallSpec, classes: TokenClasses) -> None:
         self.spec = spec
         self.token_classes = classes
-        self._max_states = call_table.LIMITS.states if max_states is None else max_states
+        self._max_states = call_table.LIMITS.states
         # Per state: its explicit edges (id -> state) and class edges (class -> state).
         self._edges: list[dict[int, int]] = []
         self._classes: list[dict[int, int]] = []
@@ -342,8 +340,7 @@ class CallAutomaton:
                 self._ends.add(target)
                 break
             child = self._new()
-            if old is not None:
-                self._edges[child].update(self._edges[old])
+            self._edges[child].update(self._edges[old])
             edges[token] = node = child
         return new
 

@@ -44,7 +44,7 @@ class CompiledCalls:
 
 class CallCache:
     """Compiled call tables of one tokenizer's requests. `compiles` counts the tool sets
-    compiled here (each once while cached); `stats()` gives the cache's counters."""
+    compiled here (each once while cached); `stats()` gives the cache's other counters."""
 
     def __init__(
         self,
@@ -56,7 +56,11 @@ class CallCache:
         self.tokenizer = tokenizer
         self.classes = classes
         self._cache = BoundedCache(max_entries, max_bytes)
-        self.compiles = 0
+
+    @property
+    def compiles(self) -> int:
+        """Tool sets compiled here: every lookup that missed compiled one."""
+        return self._cache.misses
 
     def calls_for(
         self, tools: Sequence[Any] | None, name: str | None, parallel: bool
@@ -80,14 +84,12 @@ class CallCache:
             size = result.nbytes
         except CallSpecError as err:
             result, size = err, len(str(err)) + 256
-        self.compiles += 1
         self._cache.put(key, result, size)
         return result, True
 
     def stats(self) -> dict[str, int]:
         cache = self._cache
         return {
-            "compiles": self.compiles,
             "hits": cache.hits,
             "entries": len(cache),
             "bytes": cache.nbytes,

@@ -4,9 +4,9 @@
 Python; `CallTable` holds the result as two CSR edge lists, explicit edges (id ->
 state) and class edges (class -> state), ids ascending within a state. The tool
 parser compiles a tool set once (call_cache.py) and sends `to_wire()` in the
-request's `extra_args`; the engine reads it back with `from_wire(value, classes)`
-and lays out its rows with numpy (channel_tables.py): nothing is compiled on the
-engine's step.
+request's `extra_args`; the engine reads it back (`read_wire`, then
+`CheckedCalls.bind` to its token classes) and lays out its rows with numpy
+(channel_tables.py): nothing is compiled on the engine's step.
 
 `LIMITS` bounds what one request may ask of the engine (each is checked while
 building and again when a table is read): the states, the ids one state allows by
@@ -98,13 +98,6 @@ class CallTable:
         return len(self.edge_ptr) - 1
 
     @functools.cached_property
-    def _explicit(self) -> frozenset[int]:
-        return frozenset(np.unique(self.edge_tok).tolist())
-
-    def explicit_ids(self) -> frozenset[int]:
-        return self._explicit
-
-    @functools.cached_property
     def edge_counts(self) -> np.ndarray:
         return np.diff(self.edge_ptr)
 
@@ -164,19 +157,7 @@ class CallTable:
     @classmethod
     def from_wire(cls, value: Any, classes: TokenClasses) -> CallTable:
         """The table `value` describes, for `classes` (ValueError if it is not theirs)."""
-        arrays, fingerprint, digest = read_wire(value)
-        if fingerprint != classes.fingerprint:
-            raise ValueError(
-                f"the call table was compiled for token classes {fingerprint}, but this "
-                f"engine's tokenizer gives {classes.fingerprint}: the API server and the "
-                "engine must load the same tokenizer"
-            )
-        top = int(arrays["class_cls"].max(initial=0))
-        if top >= classes.num_classes:
-            raise ValueError(
-                f"the call table uses token class {top}; this vocabulary has {classes.num_classes}"
-            )
-        return cls(classes, **arrays, digest=digest)
+        return CheckedCalls(*read_wire(value)).bind(classes)
 
     @classmethod
     def from_edges(
@@ -201,6 +182,35 @@ class CallTable:
             arrays[f"{prefix}_dst"] = dsts[order].astype(np.int32)
         check_limits(arrays)
         return cls(classes, **arrays, digest=_digest(arrays, classes.fingerprint))
+
+
+@dataclass(frozen=True)
+class CheckedCalls:
+    """A call table read from the wire and checked, not yet tied to a vocabulary."""
+
+    arrays: dict[str, np.ndarray]
+    fingerprint: str
+    digest: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def bind(self, classes: TokenClasses) -> CallTable:
+        """The table for `classes`; ValueError if it was compiled for other classes or
+        steps on a class they do not have."""
+        if self.fingerprint != classes.fingerprint:
+            raise ValueError(
+                f"the call table was compiled for token classes {self.fingerprint}, but this "
+                f"engine's tokenizer gives {classes.fingerprint}: the API server and the "
+                "engine must load the same tokenizer"
+            )
+        top = int(self.arrays["class_cls"].max(initial=0))
+        if top >= classes.num_classes:
+            raise ValueError(
+                f"the call table uses token class {top}; this vocabulary has {classes.num_classes}"
+            )
+        return CallTable(classes, **self.arrays, digest=self.digest)
 
 
 def _digest(arrays: Mapping[str, np.ndarray], fingerprint: str) -> str:

@@ -24,11 +24,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from atom_plugin.k3.bounded_cache import MISSING, BoundedCache
-from atom_plugin.k3.call_table import CallTable, read_wire
+from atom_plugin.k3.call_table import CallTable, CheckedCalls, read_wire
 from atom_plugin.k3.grammar import (
     CLOSE,
     CONTROL_TOKENS,
@@ -218,28 +217,6 @@ _OPTIONS = ("optional", "calls")
 # ids, classes): requests of one server repeat a few (one per tool set, name, stop ids).
 _parsed = BoundedCache(max_entries=256, max_bytes=512 << 20)
 _ready = BoundedCache(max_entries=256, max_bytes=512 << 20)
-
-
-@dataclass(frozen=True)
-class CheckedCalls:
-    """A call table read from the wire and checked, not yet tied to a vocabulary."""
-
-    arrays: dict[str, Any]
-    fingerprint: str
-    digest: str
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values())
-
-    def bind(self, classes: TokenClasses) -> CallTable:
-        if self.fingerprint != classes.fingerprint:
-            raise ValueError(
-                f"the call table was compiled for token classes {self.fingerprint}, but this "
-                f"engine's tokenizer gives {classes.fingerprint}: the API server and the "
-                "engine must load the same tokenizer"
-            )
-        return CallTable(classes, **self.arrays, digest=self.digest)
 
 
 def channel_args(

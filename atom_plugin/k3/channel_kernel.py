@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from atom_plugin.attention.triton_common import cdiv, next_power_of_2
-from atom_plugin.k3.channel_tables import ChannelTables, next_states
+from atom_plugin.k3.channel_tables import ChannelTables, edge_window, next_states
 from atom_plugin.k3.required_channel import UNCONSTRAINED
 from atom_plugin.k3.spec_rows import (
     EDGE_CHUNK,
@@ -239,9 +239,9 @@ def _mask_rows_torch(
     inside = min(vocab, classes.numel())
     cls[:inside] = classes[:inside].long()
     by_class = ((tables.class_bits[states].unsqueeze(1) >> cls.unsqueeze(0)) & 1) != 0
-    a = torch.arange(tables.max_edges, device=logits.device)
-    at = (tables.edge_off[states].unsqueeze(1) + a).clamp(max=tables.edge_tok.numel() - 1)
-    inside = a < tables.edge_len[states].unsqueeze(1)
+    at, inside = edge_window(
+        tables.edge_off[states], tables.edge_len[states], tables.edge_tok, tables.max_edges
+    )
     allow = torch.where(inside, tables.edge_tok[at].long(), -1)
     by_id = torch.zeros(rows.numel(), vocab + 1, dtype=torch.bool, device=logits.device)
     by_id.scatter_(1, torch.where(allow >= 0, allow, vocab), True)

@@ -81,10 +81,6 @@ class ChannelTables:
         """Columns of `end_ids` (the most end ids of any channel, at least 1)."""
         return self.end_ids.shape[1]
 
-    @property
-    def num_states(self) -> int:
-        return sum(c.num_states for c in self.channels)
-
     def check_vocab(self, vocab: int) -> None:
         """Refuse logits too narrow for the channels' ids (the kernel would write past a row)."""
         if self.max_id >= vocab:
@@ -96,6 +92,14 @@ class ChannelTables:
 
 _PER_STATE = ("forced", "waiting", "masked", "class_bits", "other", "edge_len", "class_len")
 _EDGES = ("edge_tok", "edge_dst", "class_cls", "class_dst")
+# Columns that are not int32.
+_DTYPES = {
+    "waiting": np.bool_,
+    "masked": np.bool_,
+    "class_bits": np.int64,
+    "edge_off": np.int64,
+    "class_off": np.int64,
+}
 
 
 @dataclass(frozen=True)
@@ -151,9 +155,8 @@ def channel_block(channel: RequiredChannel) -> ChannelBlock:
     if channel.calls is not None:
         for name, values in _call_states(channel).items():
             parts[name].append(values)
-    dtypes = {"waiting": np.bool_, "masked": np.bool_, "class_bits": np.int64}
     arrays = {
-        name: np.concatenate(values).astype(dtypes.get(name, np.int32))
+        name: np.concatenate(values).astype(_DTYPES.get(name, np.int32))
         if values
         else np.zeros(0, np.int32)
         for name, values in parts.items()
@@ -162,10 +165,11 @@ def channel_block(channel: RequiredChannel) -> ChannelBlock:
     end_ids = np.tile(ends, (n, 1))
     if channel.optional:
         end_ids[: channel.num_waiting] = -1  # an optional channel bans nothing while waiting
+    calls_top = 0 if channel.calls is None else int(channel.calls.edge_tok.max(initial=0))
     return ChannelBlock(
         **arrays,
         end_ids=end_ids,
-        max_id=max((*channel.channel_ids, *channel.opening, *channel.end_ids)),
+        max_id=max(*channel.after, *channel.opening, *channel.end_ids, calls_top),
     )
 
 
@@ -268,10 +272,8 @@ class SharedTables:
         self.channels: list[RequiredChannel] = []
         self.blocks: list[ChannelBlock] = []
         self.bases: list[int] = []
-        kinds = {"waiting": np.bool_, "masked": np.bool_, "class_bits": np.int64}
-        kinds.update(edge_off=np.int64, class_off=np.int64)
         self._columns = {
-            name: _Grown(self.device, kinds.get(name, np.int32))
+            name: _Grown(self.device, _DTYPES.get(name, np.int32))
             for name in (*_PER_STATE, "edge_off", "class_off", *_EDGES)
         }
         self._end_ids = _Grown(self.device, np.int32, width=1)
@@ -279,7 +281,7 @@ class SharedTables:
         self._classes = None
         self._max_id = 0
         self._max_edges = self._max_class_edges = 1
-        self.laid_out = 0  # channels laid out (each once, by add)
+        self.laid_out = 0  # channels whose block add built (each once)
 
     @property
     def num_states(self) -> int:
@@ -296,7 +298,9 @@ class SharedTables:
             if self._classes is None:
                 self._classes = classes
                 self._token_class = torch.from_numpy(classes.of).to(self.device, torch.int32)
-        block = channel_block(channel) if block is None else block
+        if block is None:
+            block = channel_block(channel)
+            self.laid_out += 1
         index, base = len(self.channels), self.num_states
 
         def shifted(states: np.ndarray) -> np.ndarray:
@@ -327,7 +331,6 @@ class SharedTables:
         self.channels.append(channel)
         self.blocks.append(block)
         self.bases.append(base)
-        self.laid_out += 1
         return index
 
     def tables(self) -> ChannelTables:
@@ -360,12 +363,6 @@ class SharedTables:
         return out
 
 
-def state_bases(channels: Sequence[RequiredChannel]) -> list[int]:
-    """Each channel's base when `channels` share one state space, in this order."""
-    sizes = [c.num_states for c in channels]
-    return [int(b) for b in np.cumsum([0, *sizes[:-1]])] if sizes else []
-
-
 def compile_channels(
     channels: Sequence[RequiredChannel], device: torch.device | str
 ) -> ChannelTables:
@@ -386,12 +383,20 @@ def compile_channel(channel: RequiredChannel, device: torch.device | str) -> Cha
     return compile_channels((channel,), device)
 
 
+def edge_window(
+    off: torch.Tensor, length: torch.Tensor, keys: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the indices of keys[off:off + length] padded to `width` columns (clamped
+    inside `keys`), and which columns are inside the row's edges."""
+    a = torch.arange(max(width, 1), device=off.device)
+    at = (off.unsqueeze(-1) + a).clamp(max=max(keys.numel() - 1, 0))
+    return at, a < length.unsqueeze(-1)
+
+
 def _lookup(off, length, keys, values, found_for, width):
     """Per row, the value of the key equal to `found_for` among keys[off:off + length]
     (at most `width`), and whether there was one."""
-    a = torch.arange(max(width, 1), device=off.device)
-    inside = a < length.unsqueeze(-1)
-    at = (off.unsqueeze(-1) + a).clamp(max=max(keys.numel() - 1, 0))
+    at, inside = edge_window(off, length, keys, width)
     hit = inside & (keys[at] == found_for.unsqueeze(-1))
     picked = values[at.gather(-1, hit.int().argmax(-1, keepdim=True))].squeeze(-1)
     return picked, hit.any(-1)

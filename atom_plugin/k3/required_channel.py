@@ -79,7 +79,6 @@ class RequiredChannel:
         "end_ids",
         "calls",
         "optional",
-        "channel_ids",
         "num_waiting",
         "num_states",
         "_delta",
@@ -137,8 +136,6 @@ class RequiredChannel:
         set_(self, "end_ids", ends)
         set_(self, "calls", calls)
         set_(self, "optional", optional)
-        explicit = calls.explicit_ids() if calls is not None else frozenset()
-        set_(self, "channel_ids", tuple(sorted(set(after_t) | set(head) | explicit)))
         self._build(after_t, head)
 
     def _build(self, after: tuple[int, ...], head: tuple[int, ...]) -> None:
@@ -179,11 +176,6 @@ class RequiredChannel:
     def calls_base(self) -> int:
         """The channel state of the call automaton's state 0."""
         return self.num_waiting + len(self.opening)
-
-    @property
-    def num_classes(self) -> int:
-        """Token classes the channel's transitions depend on (1 without calls)."""
-        return 1 if self.calls is None else self.calls.token_classes.num_classes
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"RequiredChannel is immutable (tried to set {name!r})")
@@ -285,17 +277,6 @@ class RequiredChannel:
             nxt = state + 1
             return nxt if nxt < self.calls_base else self._after_opening(self.num_waiting)
         return self._delta[state].get(token, START)
-
-    def step_class(self, state: int, cls: int) -> int:
-        """The state after a token of class `cls` that is none of `channel_ids`."""
-        self._check_state(state)
-        if state == UNCONSTRAINED:
-            return UNCONSTRAINED
-        if state >= self.calls_base:
-            return self._call_step(state, self.calls.step_class(state - self.calls_base, cls))
-        if state >= self.num_waiting:
-            return self.step(state, self.opening[state - self.num_waiting])
-        return START
 
     def _call_step(self, state: int, nxt: int | None) -> int:
         # A token the state does not allow can only be a rejected draft: stay.

@@ -249,19 +249,16 @@ def _tool_spec(name: str, parameters: Any, tokenizer: Any) -> ToolSpec:
     if schema.get("type", "object") != "object":
         raise UnsupportedSchema(f"tool {name!r}: parameters of type {schema['type']!r}")
     values = [
-        (required, _value(name, key, prop, tokenizer))
+        (key, required, *_value(name, key, prop, tokenizer))
         for key, prop, required in _properties(f"tool {name!r}", schema)
     ]
     heads = _encode_many(
         tokenizer,
-        [
-            f'argument key="{escape_attr(key)}" type="{k3_type}"'
-            for key, (_, (k3_type, *_)) in zip(schema.get("properties") or {}, values, strict=True)
-        ],
+        [f'argument key="{escape_attr(key)}" type="{k3_type}"' for key, _, k3_type, *_ in values],
     )
     args = [
         ArgSpec(head, required, kind, options, json_spec)
-        for head, (required, (_, kind, options, json_spec)) in zip(heads, values, strict=True)
+        for head, (_, required, _, kind, options, json_spec) in zip(heads, values, strict=True)
     ]
     return ToolSpec(_encode(tokenizer, escape_attr(name)), tuple(args))
 

@@ -37,7 +37,9 @@ class AtomK3LogitsProcessorMRV2(LogitsProcessor):
         self.req_states = req_states
         self.core = ChannelCore(req_states.max_num_reqs, req_states.device)
         self._added: dict[int, object] = {}
-        self.classes = EngineTokenClasses(vllm_config)  # built on the first channel with calls
+        # The token classes start building on a thread here; a channel with calls waits
+        # for them only if it comes before they are done.
+        self.classes = EngineTokenClasses(vllm_config)
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:

@@ -38,7 +38,9 @@ class AtomK3LogitsProcessorV1(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self.core = ChannelCore(vllm_config.scheduler_config.max_num_seqs, device)
         self._rows: dict[int, _Row] = {}
-        self.classes = EngineTokenClasses(vllm_config)  # built on the first channel with calls
+        # The token classes start building on a thread here; a channel with calls waits
+        # for them only if it comes before they are done.
+        self.classes = EngineTokenClasses(vllm_config)
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:

@@ -18,13 +18,12 @@ from atom_plugin.k3.token_classes import TokenClasses, classes_for_tokenizer
 class EngineTokenClasses:
     """`classes()` is the token classes of `vllm_config`'s tokenizer and logits width."""
 
-    def __init__(self, vllm_config, background: bool = True) -> None:
+    def __init__(self, vllm_config) -> None:
         self._vllm_config = vllm_config
         self._classes: TokenClasses | None = None
         self._error: Exception | None = None
         self._lock = threading.Lock()
-        if background:
-            threading.Thread(target=self._build, daemon=True).start()
+        threading.Thread(target=self._build, daemon=True).start()
 
     def _build(self) -> None:
         with self._lock:
@@ -39,12 +38,9 @@ class EngineTokenClasses:
         from vllm.tokenizers import cached_tokenizer_from_config
 
         model_config = self._vllm_config.model_config
-        if model_config.skip_tokenizer_init:
-            raise ValueError(
-                "a Kimi-K3 channel with calls needs the engine's tokenizer, and this "
-                "engine has none (--skip-tokenizer-init): send channels without calls"
-            )
-        tokenizer = cached_tokenizer_from_config(model_config)
+        tokenizer = (
+            None if model_config.skip_tokenizer_init else cached_tokenizer_from_config(model_config)
+        )
         if tokenizer is None:
             raise ValueError(
                 "a Kimi-K3 channel with calls needs the engine's tokenizer, and this "

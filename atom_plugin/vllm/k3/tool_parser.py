@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.entrypoints.generate.base.protocol import (
@@ -82,7 +82,6 @@ NO_CHANNEL_FOR_TOKENIZER = ChannelDecision(
 )
 
 
-_channels: dict[int, tuple[Any, RequiredChannel | None]] = {}
 _logged: set[str] = set()
 
 
@@ -96,32 +95,48 @@ def _log_unsupported_once(reason: str) -> None:
         )
 
 
-def _channel_of(tokenizer: Any) -> RequiredChannel | None:
-    """Derived once per tokenizer object (a server has one), which is kept alive here."""
-    hit = _channels.get(id(tokenizer))
-    if hit is None or hit[0] is not tokenizer:
-        hit = _channels[id(tokenizer)] = (tokenizer, required_channel_for(tokenizer))
-    return hit[1]
+class _PerTokenizer:
+    """A value built once per tokenizer object (a server has one, kept alive here). Callers
+    for a tokenizer wait for its one build; the map's lock is never held while building."""
+
+    def __init__(self, build: Callable[[Any], Any]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._entries: dict[int, tuple[Any, threading.Lock, list]] = {}
+
+    def _entry(self, tokenizer: Any) -> tuple[tuple[Any, threading.Lock, list], bool]:
+        """The tokenizer's entry (its build's lock and value, once built), and whether it
+        was made by this call."""
+        with self._lock:
+            hit = self._entries.get(id(tokenizer))
+            new = hit is None or hit[0] is not tokenizer
+            if new:
+                hit = self._entries[id(tokenizer)] = (tokenizer, threading.Lock(), [])
+        return hit, new
+
+    def get(self, tokenizer: Any) -> Any:
+        (_, lock, value), _ = self._entry(tokenizer)
+        with lock:
+            if not value:
+                value.append(self._build(tokenizer))
+        return value[0]
+
+    def warm(self, tokenizer: Any) -> None:
+        """Build on a thread, off the request path, unless it is built or being built."""
+        _, new = self._entry(tokenizer)
+        if new:
+            threading.Thread(target=self.get, args=(tokenizer,), daemon=True).start()
 
 
-_call_caches: dict[int, tuple[Any, CallCache]] = {}
-_call_caches_lock = threading.Lock()
+_channels = _PerTokenizer(required_channel_for)
+_call_caches = _PerTokenizer(
+    lambda tokenizer: CallCache(tokenizer, classes_for_tokenizer(tokenizer))
+)
 
 
 def call_cache_of(tokenizer: Any) -> CallCache:
     """The tokenizer's compiled tool sets; the first call builds its token classes."""
-    with _call_caches_lock:
-        hit = _call_caches.get(id(tokenizer))
-        if hit is None or hit[0] is not tokenizer:
-            cache = CallCache(tokenizer, classes_for_tokenizer(tokenizer))
-            hit = _call_caches[id(tokenizer)] = (tokenizer, cache)
-    return hit[1]
-
-
-def _warm(tokenizer: Any) -> None:
-    """Build the token classes off the request path (vLLM builds a parser at start-up)."""
-    if id(tokenizer) not in _call_caches:
-        threading.Thread(target=call_cache_of, args=(tokenizer,), daemon=True).start()
+    return _call_caches.get(tokenizer)
 
 
 def _tool_call(call: K3ToolCall) -> ToolCall:
@@ -139,9 +154,9 @@ class AtomKimiK3ToolParser(KimiK3ToolParser):
     def __init__(self, tokenizer: Any, tools: list | None = None):
         super().__init__(tokenizer, tools)
         keep_structural_tag()  # a bad setting fails when vLLM builds the parser at startup
-        self.channel = _channel_of(tokenizer)
+        self.channel: RequiredChannel | None = _channels.get(tokenizer)
         if self.channel is not None:
-            _warm(tokenizer)
+            _call_caches.warm(tokenizer)  # vLLM builds a parser at start-up
         self._stream = K3StreamParser()
         self._sent_calls = 0
         self._calls: tuple[Any, CompiledCalls | CallSpecError] | None = None
