@@ -167,6 +167,21 @@ def test_a_dummy_run_never_splits_and_joins_the_dp_agreement_as_an_idle_rank():
         TboStepPlanner(TboConfig(), 2)
 
 
+def test_a_recorded_bucket_replays_with_no_step_to_record():
+    """MRV2's replays build the recording step's inputs only for a bucket's first step."""
+    from collections import Counter
+
+    from tbo_harness.rerun_graphs import RerunGraphs
+
+    graphs = BucketGraphs(RerunGraphs(), plan_request_graphs([4], 1, TboConfig()))
+    key, steps = GraphKey(4, 1), Counter()
+    with pytest.raises(ValueError, match="not recorded yet and no step was given"):
+        graphs.run(key, None, steps)
+    assert graphs.run(key, lambda: "out", steps) == "out"
+    assert graphs.run(key, None, steps) == "out"
+    assert steps == {"captured": 1, "replayed": 2}
+
+
 # -- the prefix-cache veto, from vLLM's scheduler outputs --------------------------------
 def scheduler_output(new=(), cached=(), finished=(), preempted=None):
     """A real vLLM SchedulerOutput: `new` (req_id, block ids, computed tokens), `cached`

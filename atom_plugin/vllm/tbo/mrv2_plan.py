@@ -34,14 +34,12 @@ from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
 STAT_KINDS = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
 
 
-def step_shape(query_lens: Sequence[int], uniform_token_count: int | None) -> BatchShape:
+def step_shape(query_lens: list[int], uniform_token_count: int | None) -> BatchShape:
     """A step's shape as vLLM classed it: a decode when vLLM found a uniform decode batch
-    (`uniform_token_count` tokens per request, decode-graph eligible), else a prefill."""
-    lens = [int(q) for q in query_lens]
-    total = sum(lens)
-    if uniform_token_count is not None and total == len(lens) * uniform_token_count:
-        return BatchShape(len(lens), total, uniform_token_count)
-    return BatchShape(len(lens), total, None)
+    (`uniform_token_count` tokens for every request, decode-graph eligible), else a prefill."""
+    if uniform_token_count is None:
+        return BatchShape(len(query_lens), sum(query_lens))
+    return BatchShape.from_query_lens(query_lens, uniform_token_count)
 
 
 def split_descriptor(mode: ForwardMode, num_reqs: int, vote: bool) -> BatchExecutionDescriptor:
@@ -176,7 +174,8 @@ class TboStepPlanner:
     ) -> PlannedSplit | None:
         """Plan this rank's real step (requests in batch order); the split, or None."""
         self.end_step()
-        shape = step_shape(query_lens, uniform_token_count)
+        lens = np.asarray(query_lens).tolist()
+        shape = step_shape(lens, uniform_token_count)
         config = self.config
         # Only a step that could split is searched for readers of blocks written now.
         could_split = config.prefill and shape.num_tokens >= config.prefill_min_tokens
@@ -187,7 +186,7 @@ class TboStepPlanner:
         if not mode.split:
             self.steps["unsplit"] += 1
             return None
-        slices = maybe_create_ubatch_slices(mode, [int(q) for q in query_lens])
+        slices = maybe_create_ubatch_slices(mode, lens)
         self.split = PlannedSplit(mode, slices, shape.num_reqs)
         return self.split
 

@@ -121,7 +121,8 @@ class AtomTboMRV2ModelRunner(GPUModelRunner):
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output, *args, **kwargs):
-        self.tbo_planner.blocks.update(scheduler_output)
+        if self.tbo_planner.config.prefill:  # only the prefix-cache veto reads the block ids
+            self.tbo_planner.blocks.update(scheduler_output)
         try:
             return super().execute_model(scheduler_output, *args, **kwargs)
         finally:

@@ -225,6 +225,14 @@ class TboUBatchRunner(UBatchRunner):
         state = self._state
         if state is None or not state.split.mode.replay:
             raise RuntimeError(f"no split replay was prepared for {desc}")
+        planner = self.planner
+        key = state.split.mode.graph_key
+        # Only the bucket's first step records `step`; its replays read the buffers it read.
+        step = None if planner.graphs.recorded(key) else self._recorded_step(desc, state)
+        return planner.graphs.run(key, step, planner.steps)
+
+    def _recorded_step(self, desc, state: SplitState):
+        """The step a split bucket's graph records."""
         runner = self.model_runner
         n = desc.num_tokens
         # The step's inputs in vLLM's persistent buffers, as vLLM's own capture reads them.
@@ -243,8 +251,7 @@ class TboUBatchRunner(UBatchRunner):
             ):
                 return self._run_split(runner.model, model_inputs, state)
 
-        planner = self.planner
-        return planner.graphs.run(state.split.mode.graph_key, step, planner.steps)
+        return step
 
     def _run_split(self, model, model_inputs, state: SplitState):
         step_context = get_forward_context()
