@@ -292,6 +292,12 @@ def slicing():
     return buffers, qsl, seq
 
 
+def vllm_slices(slices):
+    from atom_plugin.vllm.tbo.ubatches import vllm_slices
+
+    return vllm_slices(slices)
+
+
 def planned(mode, lens):
     from atom_plugin.vllm.tbo.mrv2_plan import PlannedSplit
 
@@ -305,7 +311,8 @@ def test_a_replayed_bucket_is_cut_at_its_halves_with_inert_one_token_padding_row
     config = TboConfig(decode_min_requests=4)
     mode = ForwardMode.decide([BatchShape(5, 5, 1)], 0, config, [GraphKey(8, 1)])
     batch = step_input_batch(buffers, [1] * 5, [7, 3, 9, 1, 4], bucket=8)
-    first, second = ubatch_input_batches(batch, planned(mode, [1] * 5), qsl_bufs, seq_bufs)
+    slices = vllm_slices(planned(mode, [1] * 5).slices)
+    first, second = ubatch_input_batches(batch, mode, slices, qsl_bufs, seq_bufs)
     for ub, rows, seq_lens in ((first, 4, [8, 4, 10, 2]), (second, 4, [5, 0, 0, 0])):
         assert ub.num_reqs_after_padding == ub.num_tokens_after_padding == rows
         assert ub.query_start_loc.tolist() == list(range(rows + 1))  # the recorded layout
@@ -327,7 +334,7 @@ def test_a_straddling_prefill_request_sees_its_first_part_as_context(slicing):
     split = planned(mode, lens)
     assert split.straddles
     batch = step_input_batch(buffers, lens, contexts)
-    first, second = ubatch_input_batches(batch, split, qsl_bufs, seq_bufs)
+    first, second = ubatch_input_batches(batch, mode, vllm_slices(split.slices), qsl_bufs, seq_bufs)
     # micro-batch 0: tokens [0, 8): request 0 whole, request 1's first 3 tokens
     assert first.query_start_loc.tolist() == [0, 5, 8]
     assert first.seq_lens.tolist() == [5, 2 + 3]
@@ -338,12 +345,12 @@ def test_a_straddling_prefill_request_sees_its_first_part_as_context(slicing):
 
 
 def test_a_decode_step_that_is_not_one_token_per_request_is_refused(slicing):
-    from atom_plugin.vllm.tbo.mrv2_ubatch import pad_rows_one_token_each
+    from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each
 
     buffers, _, _ = slicing
     batch = step_input_batch(buffers, [2, 1], [0, 0], bucket=4)
     with pytest.raises(ValueError, match="2 one-token decode requests cannot end at token 3"):
-        pad_rows_one_token_each(batch, 4)
+        pad_rows_one_token_each(batch.query_start_loc_np, batch.query_start_loc, 2, 4)
 
 
 # -- vLLM 0.32's MRV2 classes with the plugin's manager adopted (fresh process) ----------

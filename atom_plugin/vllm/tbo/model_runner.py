@@ -36,21 +36,21 @@ from vllm.forward_context import (
     get_forward_context,
     override_forward_context,
 )
-from vllm.logger import init_logger
 from vllm.platforms import current_platform
-from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
 
 from atom_plugin import manager
 from atom_plugin.tbo.graphs import BucketGraphs
 from atom_plugin.tbo.hazards import reads_blocks_written_now
 from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
-from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
 from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo import dbo_bridge
-from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each, split_decode_graphs
-
-logger = init_logger("vllm.atom_plugin")
+from atom_plugin.vllm.tbo.decode_graphs import (
+    announce_split_decode_graphs,
+    pad_rows_one_token_each,
+    split_decode_graphs,
+)
+from atom_plugin.vllm.tbo.ubatches import builders_per_ubatch, pad_last_row, vllm_slices
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,6 @@ class SplitStep:
 
     mode: ForwardMode
     slices: tuple[UBatchSlice, UBatchSlice]
-
-    def vllm_slices(self) -> list[VllmUBatchSlice]:
-        """The same slices in vLLM's type (what `split_attn_metadata` cuts at)."""
-        return [VllmUBatchSlice(s.request_slice, s.token_slice) for s in self.slices]
 
     def input_slices(self, num_input_tokens: int) -> list[slice]:
         """Model-input token ranges: the last micro-batch also runs the step's padding."""
@@ -105,14 +101,7 @@ class TboModelRunnerMixin:
     # -- builders: one per micro-batch ---------------------------------------------
     def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
         super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes)
-        for gid in range(len(kv_cache_config.kv_cache_groups)):
-            for attn_group in self.attn_groups[gid]:
-                attn_group.create_metadata_builders(
-                    self.vllm_config,
-                    self.device,
-                    kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None,
-                    num_metadata_builders=NUM_UBATCHES,
-                )
+        builders_per_ubatch(self.attn_groups, self.vllm_config, self.device, kernel_block_sizes)
         backends = [g.backend.get_name() for groups in self.attn_groups for g in groups]
         self._tbo_graphs, why_not = split_decode_graphs(
             self.tbo_config,
@@ -123,15 +112,7 @@ class TboModelRunnerMixin:
             backends=backends,
             graph_pool=current_platform.get_global_graph_pool,
         )
-        if self._tbo_graphs is not None:
-            logger.info(
-                "atom-plugin: split decode buckets %s replay split request graphs "
-                "(each recorded on its first step)",
-                self._tbo_graphs.split_buckets,
-            )
-        elif self.tbo_config.decode:
-            log = logger.warning if self.device.type != "cpu" else logger.info
-            log("atom-plugin: split decode steps run eagerly: %s", why_not)
+        announce_split_decode_graphs(self._tbo_graphs, why_not, self.tbo_config, self.device.type)
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output, intermediate_tensors=None):
@@ -208,9 +189,10 @@ class TboModelRunnerMixin:
         step = self._tbo_step
         if step is None:
             return super()._build_attention_metadata(*args, **kwargs)
-        kwargs["ubatch_slices"] = step.vllm_slices()
+        kwargs["ubatch_slices"] = vllm_slices(step.slices)
         if step.mode.replay:
-            pad_rows_one_token_each(self.query_start_loc, kwargs["num_reqs"], step.mode.bucket)
+            qsl = self.query_start_loc
+            pad_rows_one_token_each(qsl.np, qsl.gpu, kwargs["num_reqs"], step.mode.bucket)
             # The step that records the graph plans for any context, as vLLM's capture does.
             kwargs["for_cudagraph_capture"] = not self._tbo_graphs.recorded(step.mode.graph_key)
         return super()._build_attention_metadata(*args, **kwargs)
@@ -243,19 +225,24 @@ class TboModelRunnerMixin:
 
         def run_ubatch(ctx):
             ts, padded = token_slices[ctx.id], step.mode.ubatch_num_tokens[ctx.id]
-            pad = max(0, padded - (ts.stop - ts.start))
+            n = ts.stop - ts.start
+            pad = max(0, padded - n)
+
+            def rows(t, dim=0):  # its tokens of `t`, padded to the agreed count
+                return None if t is None else pad_last_row(t.narrow(dim, ts.start, n), pad, dim)
+
             registration = (
                 dbo_bridge.registered(ctx) if self._tbo_vllm_yields else contextlib.nullcontext()
             )
             with registration:
                 out = self.model(
-                    input_ids=_rows(input_ids, ts, pad),
+                    input_ids=rows(input_ids),
                     # M-RoPE positions are [3, tokens]
-                    positions=_rows(positions, ts, pad, dim=positions.ndim - 1),
+                    positions=rows(positions, dim=positions.ndim - 1),
                     intermediate_tensors=None,
-                    inputs_embeds=_rows(inputs_embeds, ts, pad),
+                    inputs_embeds=rows(inputs_embeds),
                 )
-            return out[: ts.stop - ts.start] if pad else out
+            return out[:n] if pad else out
 
         def run_split():
             with override_forward_context(step_context):
@@ -291,15 +278,3 @@ class TboModelRunnerMixin:
             skip_compiled=step_context.skip_compiled,
             is_padding=None if step_context.is_padding is None else step_context.is_padding[ts],
         )
-
-
-def _rows(t: torch.Tensor | None, ts: slice, pad: int, dim: int = 0) -> torch.Tensor | None:
-    """Tokens `ts` of `t` (along `dim`), plus `pad` copies of the last one (DP padding
-    to the agreed count)."""
-    if t is None:
-        return None
-    rows = t.narrow(dim, ts.start, ts.stop - ts.start)
-    if not pad:
-        return rows
-    last = rows.narrow(dim, rows.shape[dim] - 1, 1)
-    return torch.cat([rows, last.repeat_interleave(pad, dim=dim)], dim=dim)
