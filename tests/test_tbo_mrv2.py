@@ -116,7 +116,7 @@ def test_prefill_steps_split_at_the_token_midpoint_from_the_threshold(lens, thre
 
 
 def test_a_step_vllm_does_not_call_a_uniform_decode_is_not_one():
-    from atom_plugin.vllm.tbo.mrv2_plan import step_shape
+    from atom_plugin.tbo.planner import step_shape
 
     assert step_shape([1, 1, 1], 1) == BatchShape(3, 3, 1)
     # one-token prompts with no context: vLLM keeps them out of its decode graphs
@@ -299,7 +299,7 @@ def vllm_slices(slices):
 
 
 def planned(mode, lens):
-    from atom_plugin.vllm.tbo.mrv2_plan import PlannedSplit
+    from atom_plugin.tbo.planner import PlannedSplit
 
     return PlannedSplit(mode, maybe_create_ubatch_slices(mode, lens), len(lens))
 

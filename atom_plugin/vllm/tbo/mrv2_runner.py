@@ -61,7 +61,7 @@ class AtomTboMRV2ModelRunner(GPUModelRunner):
         self.tbo_planner = TboStepPlanner(config, dp_size, agree_across_dp)
 
     def tbo_stats(self) -> dict[str, int]:
-        """Steps run, by kind (`mrv2_plan.STAT_KINDS`)."""
+        """Steps run, by kind (`atom_plugin.tbo.planner.STAT_KINDS`)."""
         return self.tbo_planner.stats()
 
     # -- set-up ----------------------------------------------------------------------

@@ -45,10 +45,10 @@ from vllm.v1.worker.gpu.ubatch_utils import (
 from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
 
 from atom_plugin.tbo.mode import DECODE, ForwardMode
+from atom_plugin.tbo.planner import PlannedSplit
 from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.vllm.tbo import dbo_bridge
 from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each
-from atom_plugin.vllm.tbo.mrv2_plan import PlannedSplit
 from atom_plugin.vllm.tbo.ubatches import pad_last_row, vllm_slices
 
 
