@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -34,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.engine_shapes import DEEPSEEK_V2_LITE
+from benchmarks.engine import case_env
+from benchmarks.engine_shapes import write_shape
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("off", "decode", "prefill", "all")
@@ -176,21 +176,10 @@ def run_case(spec: dict) -> dict:
 
 
 # -- the driver ----------------------------------------------------------------------------
-def write_shape(root: Path, layers: int) -> Path:
-    folder = root / f"deepseek-v2-lite-{layers}l"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(
-        json.dumps({**DEEPSEEK_V2_LITE, "num_hidden_layers": layers})
-    )
-    return folder
-
-
 def run_all(args) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="tbo-engine-"))
-    shape = write_shape(work, args.layers)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = ":".join([str(REPO), *filter(None, env.get("PYTHONPATH", "").split(":"))])
-    env.pop("ATOM_PLUGIN_DISABLE", None)
+    shape = write_shape("deepseek-v2-lite", work, args.layers)
+    env = case_env("", None)  # the plugin on, this checkout first on the path
     procs = []
     for mode in args.cases:
         spec = {

@@ -116,7 +116,7 @@ def test_prefill_steps_split_at_the_token_midpoint_from_the_threshold(lens, thre
 
 
 def test_a_step_vllm_does_not_call_a_uniform_decode_is_not_one():
-    from atom_plugin.vllm.tbo.mrv2_plan import step_shape
+    from atom_plugin.tbo.planner import step_shape
 
     assert step_shape([1, 1, 1], 1) == BatchShape(3, 3, 1)
     # one-token prompts with no context: vLLM keeps them out of its decode graphs
@@ -165,6 +165,21 @@ def test_a_dummy_run_never_splits_and_joins_the_dp_agreement_as_an_idle_rank():
     assert planner.descriptor() is None
     with pytest.raises(ValueError, match="data parallelism 2 needs an agreement"):
         TboStepPlanner(TboConfig(), 2)
+
+
+def test_a_recorded_bucket_replays_with_no_step_to_record():
+    """MRV2's replays build the recording step's inputs only for a bucket's first step."""
+    from collections import Counter
+
+    from tbo_harness.rerun_graphs import RerunGraphs
+
+    graphs = BucketGraphs(RerunGraphs(), plan_request_graphs([4], 1, TboConfig()))
+    key, steps = GraphKey(4, 1), Counter()
+    with pytest.raises(ValueError, match="not recorded yet and no step was given"):
+        graphs.run(key, None, steps)
+    assert graphs.run(key, lambda: "out", steps) == "out"
+    assert graphs.run(key, None, steps) == "out"
+    assert steps == {"captured": 1, "replayed": 2}
 
 
 # -- the prefix-cache veto, from vLLM's scheduler outputs --------------------------------
@@ -277,8 +292,14 @@ def slicing():
     return buffers, qsl, seq
 
 
+def vllm_slices(slices):
+    from atom_plugin.vllm.tbo.ubatches import vllm_slices
+
+    return vllm_slices(slices)
+
+
 def planned(mode, lens):
-    from atom_plugin.vllm.tbo.mrv2_plan import PlannedSplit
+    from atom_plugin.tbo.planner import PlannedSplit
 
     return PlannedSplit(mode, maybe_create_ubatch_slices(mode, lens), len(lens))
 
@@ -290,7 +311,8 @@ def test_a_replayed_bucket_is_cut_at_its_halves_with_inert_one_token_padding_row
     config = TboConfig(decode_min_requests=4)
     mode = ForwardMode.decide([BatchShape(5, 5, 1)], 0, config, [GraphKey(8, 1)])
     batch = step_input_batch(buffers, [1] * 5, [7, 3, 9, 1, 4], bucket=8)
-    first, second = ubatch_input_batches(batch, planned(mode, [1] * 5), qsl_bufs, seq_bufs)
+    slices = vllm_slices(planned(mode, [1] * 5).slices)
+    first, second = ubatch_input_batches(batch, mode, slices, qsl_bufs, seq_bufs)
     for ub, rows, seq_lens in ((first, 4, [8, 4, 10, 2]), (second, 4, [5, 0, 0, 0])):
         assert ub.num_reqs_after_padding == ub.num_tokens_after_padding == rows
         assert ub.query_start_loc.tolist() == list(range(rows + 1))  # the recorded layout
@@ -312,7 +334,7 @@ def test_a_straddling_prefill_request_sees_its_first_part_as_context(slicing):
     split = planned(mode, lens)
     assert split.straddles
     batch = step_input_batch(buffers, lens, contexts)
-    first, second = ubatch_input_batches(batch, split, qsl_bufs, seq_bufs)
+    first, second = ubatch_input_batches(batch, mode, vllm_slices(split.slices), qsl_bufs, seq_bufs)
     # micro-batch 0: tokens [0, 8): request 0 whole, request 1's first 3 tokens
     assert first.query_start_loc.tolist() == [0, 5, 8]
     assert first.seq_lens.tolist() == [5, 2 + 3]
@@ -323,12 +345,12 @@ def test_a_straddling_prefill_request_sees_its_first_part_as_context(slicing):
 
 
 def test_a_decode_step_that_is_not_one_token_per_request_is_refused(slicing):
-    from atom_plugin.vllm.tbo.mrv2_ubatch import pad_rows_one_token_each
+    from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each
 
     buffers, _, _ = slicing
     batch = step_input_batch(buffers, [2, 1], [0, 0], bucket=4)
     with pytest.raises(ValueError, match="2 one-token decode requests cannot end at token 3"):
-        pad_rows_one_token_each(batch, 4)
+        pad_rows_one_token_each(batch.query_start_loc_np, batch.query_start_loc, 2, 4)
 
 
 # -- vLLM 0.32's MRV2 classes with the plugin's manager adopted (fresh process) ----------

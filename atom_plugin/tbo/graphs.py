@@ -142,12 +142,14 @@ class BucketGraphs:
     def recorded(self, key: GraphKey) -> bool:
         return key in self.graphs
 
-    def run(self, key: GraphKey, step: Callable[[], Any], steps: Counter) -> Any:
-        """Replay `key`'s graph, recording `step` first on the bucket's first step;
-        counts `steps["captured"]` and `steps["replayed"]`."""
+    def run(self, key: GraphKey, step: Callable[[], Any] | None, steps: Counter) -> Any:
+        """Replay `key`'s graph, recording `step` first on the bucket's first step (`step`
+        may be None once `recorded(key)`); counts `steps["captured"]` and `steps["replayed"]`."""
         if key not in self.keys:
             raise KeyError(f"{key} is not a planned bucket: {self.keys}")
         if key not in self.graphs:
+            if step is None:
+                raise ValueError(f"{key} is not recorded yet and no step was given to record")
             self.graphs.capture(key, step)
             steps["captured"] += 1
         steps["replayed"] += 1

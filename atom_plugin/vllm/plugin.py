@@ -9,7 +9,6 @@ idempotent: vLLM may call them several times in one process.
 from __future__ import annotations
 
 import functools
-import importlib
 
 from atom_plugin.vllm.compat import unsupported_message
 from atom_plugin.vllm.guard import setup_step
@@ -46,7 +45,10 @@ def register_platform() -> str | None:
         name = detect_builtin_platform()
         path = _PLATFORM_CLASSES.get(name) if name else None
         if path is not None:
-            _import_class(path)  # vLLM imports it next: a class that cannot import stands aside
+            from vllm.utils.import_utils import resolve_obj_by_qualname
+
+            # vLLM imports it next: a class that cannot import stands aside
+            resolve_obj_by_qualname(path)
         return path
     return None
 
@@ -62,11 +64,6 @@ def register_general() -> None:
         specs = register_attention_backends()
         register_tool_parsers()
         _announce(tuple(spec.name for spec in specs))
-
-
-def _import_class(path: str) -> type:
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 @functools.cache

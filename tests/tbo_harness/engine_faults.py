@@ -33,7 +33,7 @@ def install() -> None:
 def _build_miscut_attention_metadata(self, *args, **kwargs):
     """The runner's metadata, with micro-batch 1's cut one request off the slices."""
     attn_metadata, spec_common = _build_attention_metadata(self, *args, **kwargs)
-    if self._tbo_step is not None:  # a split step: one metadata dict per micro-batch
+    if self.tbo_planner.split is not None:  # a split step: one metadata dict per micro-batch
         attn_metadata[1] = {k: miscut(v) for k, v in attn_metadata[1].items()}
     return attn_metadata, spec_common
 

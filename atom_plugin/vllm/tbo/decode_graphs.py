@@ -29,11 +29,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
+from vllm.logger import init_logger
 
 from atom_plugin.tbo.graphs import BucketGraphs, RequestGraphs
 from atom_plugin.tbo.mode import TboConfig, plan_request_graphs
 
 GRAPH_BACKENDS = ("ATOM_AITER", "ATOM_AITER_MLA")
+
+logger = init_logger("vllm.atom_plugin")
 
 
 def split_decode_graphs(
@@ -92,19 +96,39 @@ def plan_bucket_graphs(
     return BucketGraphs(new_graphs(), planned), ""
 
 
-def pad_rows_one_token_each(query_start_loc, num_reqs: int, bucket: int) -> None:
-    """Give the padding rows of a uniform one-token decode step one token each.
+def announce_split_decode_graphs(
+    graphs: BucketGraphs | None, why_not: str, config: TboConfig, device_type: str
+) -> None:
+    """Log `split_decode_graphs`' answer: the buckets that replay, or why split decode steps
+    run eagerly (a warning, but only information on a CPU, which records no graphs)."""
+    if graphs is not None:
+        logger.info(
+            "atom-plugin: split decode buckets %s replay split request graphs "
+            "(each recorded on its first step)",
+            graphs.split_buckets,
+        )
+    elif config.decode:
+        log = logger.warning if device_type != "cpu" else logger.info
+        log("atom-plugin: split decode steps run eagerly: %s", why_not)
 
-    `query_start_loc` is vLLM's persistent `CpuGpuBuffer` of the step, whose padding
-    rows vLLM leaves empty (flat offsets). With one token each, every replay of a
-    bucket cuts its micro-batches into the same offsets `[0, 1, ..., half]`, as the
-    harness's padded rows (`tests/tbo_harness/graph_buffers.py`).
+
+def pad_rows_one_token_each(
+    qsl_np: np.ndarray, qsl: torch.Tensor, num_reqs: int, bucket: int
+) -> None:
+    """Give the padding rows of a replayed one-token decode step one token each.
+
+    `qsl_np` and `qsl` are the step's query offsets on the host and on the device, whose
+    padding rows vLLM leaves empty (flat at the real token count). With one token each,
+    every replay of a bucket cuts its micro-batches into the same offsets `[0, 1, ...,
+    half]`, the layout the split graph was recorded with, as the harness's padded rows
+    (`tests/tbo_harness/graph_buffers.py`); their sequence length stays 0 (vLLM pads it
+    so), so they read and write nothing.
     """
-    if query_start_loc.np[num_reqs] != num_reqs:
+    if qsl_np[num_reqs] != num_reqs:
         raise ValueError(
-            f"{num_reqs} one-token decode requests cannot end at token "
-            f"{query_start_loc.np[num_reqs]}"
+            f"{num_reqs} one-token decode requests cannot end at token {qsl_np[num_reqs]}"
         )
     if bucket > num_reqs:
-        query_start_loc.np[num_reqs + 1 : bucket + 1] = np.arange(num_reqs + 1, bucket + 1)
-        query_start_loc.copy_to_gpu(bucket + 1)
+        rows = slice(num_reqs + 1, bucket + 1)
+        qsl_np[rows] = np.arange(num_reqs + 1, bucket + 1, dtype=qsl_np.dtype)
+        qsl[rows].copy_(torch.arange(num_reqs + 1, bucket + 1, dtype=qsl.dtype, device=qsl.device))

@@ -3,10 +3,11 @@
 `GPUModelRunner.execute_model` is one long method; `TboModelRunnerMixin`
 changes three of the methods it calls and nothing else:
 
-- `_determine_batch_execution_and_padding`: this step's `ForwardMode` by the
-  plugin's rule (`atom_plugin.tbo.mode`), agreed over the DP group in one CPU
-  collective (`atom_plugin.tbo.dp`, none with DP = 1), and the two micro-batch
-  slices (`atom_plugin.tbo.slices`), the only definition of the micro-batches;
+- `_determine_batch_execution_and_padding`: the step planned by the plugin's
+  `StepPlanner` (`atom_plugin.tbo.planner`: a decode when every request has one new
+  token, the prefix-cache veto, the `ForwardMode` agreed over the DP group in one CPU
+  collective, none with DP = 1, and the two micro-batch slices, the only definition of
+  the micro-batches);
 - `_build_attention_metadata`: when the step splits, every KV-cache group's
   builder (the plugin's and vLLM's own) builds one metadata per micro-batch,
   from vLLM's `CommonAttentionMetadata` cut at those same slices;
@@ -18,15 +19,15 @@ changes three of the methods it calls and nothing else:
 
 On a GPU a split decode step whose bucket has a graph replays the plugin's
 split request graph (`atom_plugin.vllm.tbo.decode_graphs`); other split steps run
-eagerly. The step's plan lives on the runner from the first of those calls to
-the last, because `execute_model` hands nothing else from one to the next.
+eagerly. The step's plan lives on the runner's planner from the first of those calls
+to the last, because `execute_model` hands nothing else from one to the next.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import replace
 
 import torch
 from vllm.config import CUDAGraphMode
@@ -36,38 +37,31 @@ from vllm.forward_context import (
     get_forward_context,
     override_forward_context,
 )
-from vllm.logger import init_logger
 from vllm.platforms import current_platform
-from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
 
 from atom_plugin import manager
-from atom_plugin.tbo.graphs import BucketGraphs
 from atom_plugin.tbo.hazards import reads_blocks_written_now
-from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
-from atom_plugin.tbo.runner import NUM_UBATCHES
-from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
+from atom_plugin.tbo.mode import BatchShape, ForwardMode, GraphKey, TboConfig
+from atom_plugin.tbo.planner import PlannedSplit, StepPlanner
 from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo import dbo_bridge
-from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each, split_decode_graphs
+from atom_plugin.vllm.tbo.decode_graphs import (
+    announce_split_decode_graphs,
+    pad_rows_one_token_each,
+    split_decode_graphs,
+)
+from atom_plugin.vllm.tbo.ubatches import builders_per_ubatch, pad_last_row, vllm_slices
 
-logger = init_logger("vllm.atom_plugin")
 
+def agree_across_dp(
+    shape: BatchShape, config: TboConfig, graph_keys: Collection[GraphKey]
+) -> ForwardMode:
+    """This rank's mode, agreed over vLLM's DP CPU group in one all_gather."""
+    from vllm.distributed.parallel_state import get_dp_group
 
-@dataclass(frozen=True)
-class SplitStep:
-    """A split step's plan: the mode and the micro-batches' slices of this rank."""
+    from atom_plugin.tbo.dp import decide_across_dp
 
-    mode: ForwardMode
-    slices: tuple[UBatchSlice, UBatchSlice]
-
-    def vllm_slices(self) -> list[VllmUBatchSlice]:
-        """The same slices in vLLM's type (what `split_attn_metadata` cuts at)."""
-        return [VllmUBatchSlice(s.request_slice, s.token_slice) for s in self.slices]
-
-    def input_slices(self, num_input_tokens: int) -> list[slice]:
-        """Model-input token ranges: the last micro-batch also runs the step's padding."""
-        first, last = (s.token_slice for s in self.slices)
-        return [first, slice(last.start, num_input_tokens)]
+    return decide_across_dp(shape, config, graph_keys, group=get_dp_group().cpu_group)
 
 
 class TboModelRunnerMixin:
@@ -79,7 +73,9 @@ class TboModelRunnerMixin:
         config = settings.tbo_config()
         if config is None:
             raise ValueError("the TBO model runner was built with atom_plugin tbo off")
-        self.tbo_config: TboConfig = config
+        dp_size = self.parallel_config.data_parallel_size
+        # The step's plan, the split decode graphs (set with the builders), the steps run.
+        self.tbo_planner = StepPlanner(config, dp_size, agree_across_dp)
         spec = manager.microbatch_runner()
         if spec is None:
             raise ValueError("no micro-batch runner is registered (atom_microbatch_runner hook)")
@@ -88,34 +84,20 @@ class TboModelRunnerMixin:
         # Without an all-to-all that yields, the micro-batches run one after the other
         # and vLLM's dbo_* functions must not see them (its MoE asserts as much).
         self._tbo_vllm_yields = dbo_bridge.model_yields(self.parallel_config)
-        # Steps run, by kind: "decode" and "prefill" split, "unsplit" otherwise;
-        # "straddled": split prefill steps with a request on both sides of the cut;
-        # "vetoed": steps this rank kept whole for a request reading blocks written now;
-        # "replayed": split decode steps replayed from a split graph, "captured": the
-        # split graphs recorded.
-        self.tbo_steps: collections.Counter[str] = collections.Counter()
         self._tbo_in_step = False
-        self._tbo_step: SplitStep | None = None
-        self._tbo_graphs: BucketGraphs | None = None  # set with the builders
 
     def tbo_stats(self) -> dict[str, int]:
-        kinds = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
-        return {k: self.tbo_steps[k] for k in kinds}
+        """Steps run, by kind (`atom_plugin.tbo.planner.STAT_KINDS`)."""
+        return self.tbo_planner.stats()
 
     # -- builders: one per micro-batch ---------------------------------------------
     def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
         super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes)
-        for gid in range(len(kv_cache_config.kv_cache_groups)):
-            for attn_group in self.attn_groups[gid]:
-                attn_group.create_metadata_builders(
-                    self.vllm_config,
-                    self.device,
-                    kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None,
-                    num_metadata_builders=NUM_UBATCHES,
-                )
+        builders_per_ubatch(self.attn_groups, self.vllm_config, self.device, kernel_block_sizes)
+        planner = self.tbo_planner
         backends = [g.backend.get_name() for groups in self.attn_groups for g in groups]
-        self._tbo_graphs, why_not = split_decode_graphs(
-            self.tbo_config,
+        planner.graphs, why_not = split_decode_graphs(
+            planner.config,
             self.device.type,
             graphs_on=self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE,
             capture_sizes=self.cudagraph_batch_sizes,
@@ -123,23 +105,17 @@ class TboModelRunnerMixin:
             backends=backends,
             graph_pool=current_platform.get_global_graph_pool,
         )
-        if self._tbo_graphs is not None:
-            logger.info(
-                "atom-plugin: split decode buckets %s replay split request graphs "
-                "(each recorded on its first step)",
-                self._tbo_graphs.split_buckets,
-            )
-        elif self.tbo_config.decode:
-            log = logger.warning if self.device.type != "cpu" else logger.info
-            log("atom-plugin: split decode steps run eagerly: %s", why_not)
+        announce_split_decode_graphs(planner.graphs, why_not, planner.config, self.device.type)
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output, intermediate_tensors=None):
-        self._tbo_in_step, self._tbo_step = True, None
+        self._tbo_in_step = True
+        self.tbo_planner.end_step()
         try:
             return super().execute_model(scheduler_output, intermediate_tensors)
         finally:
-            self._tbo_in_step, self._tbo_step = False, None
+            self._tbo_in_step = False
+            self.tbo_planner.end_step()
 
     def _determine_batch_execution_and_padding(
         self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, **kwargs
@@ -147,23 +123,20 @@ class TboModelRunnerMixin:
         result = super()._determine_batch_execution_and_padding(
             num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, **kwargs
         )
+        planner = self.tbo_planner
         if not self._tbo_in_step:
             # Dummy runs (profiling, idle DP ranks) join the DP agreement as idle ranks
             # that keep the step whole: vLLM runs a dummy batch outside the plugin's
             # runner, so it cannot take part in a split replay.
-            if self.parallel_config.data_parallel_size > 1:
-                self._tbo_decide(BatchShape(0, 0, splittable=False))
+            planner.plan_idle()
             return result
         query_lens = num_scheduled_tokens_np[:num_reqs].tolist()
-        mode = self._tbo_decide(self._tbo_batch_shape(query_lens))
-        if not mode.split:
-            self.tbo_steps["unsplit"] += 1
+        # A decode: every request has one new token.
+        split = planner.plan(query_lens, 1, lambda: self._tbo_prefix_hazard(query_lens))
+        if split is None:
             return result
-        slices = maybe_create_ubatch_slices(mode, query_lens)
-        self._tbo_step = SplitStep(mode, slices)
-        self.tbo_steps[mode.kind] += 1
-        if slices[0].request_slice.stop > slices[1].request_slice.start:
-            self.tbo_steps["straddled"] += 1
+        planner.count_run(split)
+        mode = split.mode
         _cudagraph_mode, batch_desc, _should_ubatch, num_tokens_across_dp, stats = result
         if mode.replay:
             # vLLM pads the step and its metadata to the bucket as for its FULL graphs;
@@ -173,16 +146,6 @@ class TboModelRunnerMixin:
             )
             return CUDAGraphMode.FULL, padded, False, num_tokens_across_dp, stats
         return CUDAGraphMode.NONE, batch_desc, False, num_tokens_across_dp, stats
-
-    def _tbo_batch_shape(self, query_lens: list[int]) -> BatchShape:
-        shape = BatchShape.from_query_lens(query_lens)
-        config = self.tbo_config
-        # Only a step that could split is searched for readers of blocks written now.
-        could_split = config.prefill and shape.num_tokens >= config.prefill_min_tokens
-        if shape.kind == "prefill" and could_split and self._tbo_prefix_hazard(query_lens):
-            self.tbo_steps["vetoed"] += 1
-            shape = replace(shape, splittable=False)
-        return shape
 
     def _tbo_prefix_hazard(self, query_lens: list[int]) -> bool:
         n = len(query_lens)
@@ -194,25 +157,17 @@ class TboModelRunnerMixin:
             self.input_batch.num_computed_tokens_cpu[:n], query_lens, tables
         )
 
-    def _tbo_decide(self, shape: BatchShape) -> ForwardMode:
-        keys = self._tbo_graphs.keys if self._tbo_graphs is not None else ()
-        if self.parallel_config.data_parallel_size == 1:
-            return ForwardMode.decide([shape], 0, self.tbo_config, keys)
-        from vllm.distributed.parallel_state import get_dp_group
-
-        from atom_plugin.tbo.dp import decide_across_dp
-
-        return decide_across_dp(shape, self.tbo_config, keys, group=get_dp_group().cpu_group)
-
     def _build_attention_metadata(self, *args, **kwargs):
-        step = self._tbo_step
+        step = self.tbo_planner.split
         if step is None:
             return super()._build_attention_metadata(*args, **kwargs)
-        kwargs["ubatch_slices"] = step.vllm_slices()
+        kwargs["ubatch_slices"] = vllm_slices(step.slices)
         if step.mode.replay:
-            pad_rows_one_token_each(self.query_start_loc, kwargs["num_reqs"], step.mode.bucket)
+            qsl = self.query_start_loc
+            pad_rows_one_token_each(qsl.np, qsl.gpu, kwargs["num_reqs"], step.mode.bucket)
             # The step that records the graph plans for any context, as vLLM's capture does.
-            kwargs["for_cudagraph_capture"] = not self._tbo_graphs.recorded(step.mode.graph_key)
+            graphs = self.tbo_planner.graphs
+            kwargs["for_cudagraph_capture"] = not graphs.recorded(step.mode.graph_key)
         return super()._build_attention_metadata(*args, **kwargs)
 
     def _model_forward(
@@ -223,7 +178,7 @@ class TboModelRunnerMixin:
         inputs_embeds=None,
         **model_kwargs,
     ):
-        step = self._tbo_step
+        step = self.tbo_planner.split
         if step is None:
             return super()._model_forward(
                 input_ids, positions, intermediate_tensors, inputs_embeds, **model_kwargs
@@ -243,19 +198,24 @@ class TboModelRunnerMixin:
 
         def run_ubatch(ctx):
             ts, padded = token_slices[ctx.id], step.mode.ubatch_num_tokens[ctx.id]
-            pad = max(0, padded - (ts.stop - ts.start))
+            n = ts.stop - ts.start
+            pad = max(0, padded - n)
+
+            def rows(t, dim=0):  # its tokens of `t`, padded to the agreed count
+                return None if t is None else pad_last_row(t.narrow(dim, ts.start, n), pad, dim)
+
             registration = (
                 dbo_bridge.registered(ctx) if self._tbo_vllm_yields else contextlib.nullcontext()
             )
             with registration:
                 out = self.model(
-                    input_ids=_rows(input_ids, ts, pad),
+                    input_ids=rows(input_ids),
                     # M-RoPE positions are [3, tokens]
-                    positions=_rows(positions, ts, pad, dim=positions.ndim - 1),
+                    positions=rows(positions, dim=positions.ndim - 1),
                     intermediate_tensors=None,
-                    inputs_embeds=_rows(inputs_embeds, ts, pad),
+                    inputs_embeds=rows(inputs_embeds),
                 )
-            return out[: ts.stop - ts.start] if pad else out
+            return out[:n] if pad else out
 
         def run_split():
             with override_forward_context(step_context):
@@ -267,10 +227,11 @@ class TboModelRunnerMixin:
             return torch.cat(outputs, dim=0)
 
         if step.mode.replay:
-            return self._tbo_graphs.run(step.mode.graph_key, run_split, self.tbo_steps)
+            planner = self.tbo_planner
+            return planner.graphs.run(step.mode.graph_key, run_split, planner.steps)
         return run_split()
 
-    def _tbo_forward_context(self, step_context, i: int, ts: slice, step: SplitStep):
+    def _tbo_forward_context(self, step_context, i: int, ts: slice, step: PlannedSplit):
         dp_metadata = None
         if step_context.dp_metadata is not None:
             agreed = step.mode.ubatch_num_tokens[i]
@@ -291,15 +252,3 @@ class TboModelRunnerMixin:
             skip_compiled=step_context.skip_compiled,
             is_padding=None if step_context.is_padding is None else step_context.is_padding[ts],
         )
-
-
-def _rows(t: torch.Tensor | None, ts: slice, pad: int, dim: int = 0) -> torch.Tensor | None:
-    """Tokens `ts` of `t` (along `dim`), plus `pad` copies of the last one (DP padding
-    to the agreed count)."""
-    if t is None:
-        return None
-    rows = t.narrow(dim, ts.start, ts.stop - ts.start)
-    if not pad:
-        return rows
-    last = rows.narrow(dim, rows.shape[dim] - 1, 1)
-    return torch.cat([rows, last.repeat_interleave(pad, dim=dim)], dim=dim)

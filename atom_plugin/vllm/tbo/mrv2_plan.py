@@ -1,11 +1,13 @@
-"""Which Model Runner V2 steps split, where, and as which `BatchExecutionDescriptor`.
+"""Model Runner V2's parts of the step plan: its planner, descriptor and block-id mirror.
 
 MRV2's `execute_model` calls `gather_batch_req_state` once per step on every DP
 rank, dummy runs included, before any of its own DP collectives. The plugin's runner
-plans the step there (`TboStepPlanner.plan`): the step's `BatchShape`, the
-prefix-cache veto (`atom_plugin.tbo.hazards`), the DP agreement
-(`atom_plugin.tbo.dp`, one all_gather with DP > 1) and `ForwardMode.decide`; the
-micro-batches are cut by `maybe_create_ubatch_slices`, the one split rule.
+plans the step there with `TboStepPlanner`, the shared `StepPlanner`
+(`atom_plugin.tbo.planner`: shape, prefix-cache veto, DP agreement, decision, slices)
+with what MRV2 adds: a decode is what vLLM found a uniform decode batch (its
+`uniform_token_count`), the prefix-cache veto reads the block ids kept from vLLM's
+scheduler outputs (`RequestBlockIds`), and graph keys count only once vLLM has
+recorded its own graphs.
 
 vLLM then asks its graph manager which descriptor the step runs as
 (`CudaGraphManager.dispatch`). For a split step the plugin's manager answers with
@@ -18,30 +20,15 @@ votes FULL and all of them reach the second call.
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 
 import numpy as np
 from vllm.config import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
-from atom_plugin.tbo.graphs import BucketGraphs
-from atom_plugin.tbo.mode import PREFILL, BatchShape, ForwardMode, GraphKey, TboConfig
+from atom_plugin.tbo.mode import ForwardMode, GraphKey, TboConfig
+from atom_plugin.tbo.planner import Agree, StepPlanner
 from atom_plugin.tbo.runner import NUM_UBATCHES
-from atom_plugin.tbo.slices import UBatchSlice, maybe_create_ubatch_slices
-
-STAT_KINDS = ("decode", "prefill", "unsplit", "straddled", "vetoed", "replayed", "captured")
-
-
-def step_shape(query_lens: Sequence[int], uniform_token_count: int | None) -> BatchShape:
-    """A step's shape as vLLM classed it: a decode when vLLM found a uniform decode batch
-    (`uniform_token_count` tokens per request, decode-graph eligible), else a prefill."""
-    lens = [int(q) for q in query_lens]
-    total = sum(lens)
-    if uniform_token_count is not None and total == len(lens) * uniform_token_count:
-        return BatchShape(len(lens), total, uniform_token_count)
-    return BatchShape(len(lens), total, None)
 
 
 def split_descriptor(mode: ForwardMode, num_reqs: int, vote: bool) -> BatchExecutionDescriptor:
@@ -113,83 +100,26 @@ class RequestBlockIds:
         return out
 
 
-@dataclass(frozen=True)
-class PlannedSplit:
-    """A split step of this rank: the mode, the micro-batches and the requests scheduled."""
+class TboStepPlanner(StepPlanner):
+    """The step planner of the plugin's MRV2 runner (see the module docstring).
 
-    mode: ForwardMode
-    slices: tuple[UBatchSlice, UBatchSlice]
-    num_reqs: int
-
-    @property
-    def straddles(self) -> bool:
-        return self.slices[0].request_slice.stop > self.slices[1].request_slice.start
-
-
-class TboStepPlanner:
-    """Plans each MRV2 step (see the module docstring) and counts the steps run.
-
-    `graphs`: the split decode buckets' request graphs; their keys take part in the
-    decision only once vLLM has recorded its own graphs (`graphs_live`): before that
-    (start-up warm-up) vLLM runs every step eagerly, and so does a split decode step.
+    The split decode buckets' keys take part in the decision only once vLLM has
+    recorded its own graphs (`graphs_live`): before that (start-up warm-up) vLLM runs
+    every step eagerly, and so does a split decode step.
     """
 
-    def __init__(
-        self,
-        config: TboConfig,
-        dp_size: int,
-        agree: Callable[[BatchShape, TboConfig, Iterable[GraphKey]], ForwardMode] | None = None,
-    ):
-        if dp_size > 1 and agree is None:
-            raise ValueError(f"data parallelism {dp_size} needs an agreement across the ranks")
-        self.config = config
-        self.dp_size = dp_size
-        self._agree = agree
-        self.steps: collections.Counter[str] = collections.Counter()
+    def __init__(self, config: TboConfig, dp_size: int, agree: Agree | None = None):
+        super().__init__(config, dp_size, agree)
         self.blocks = RequestBlockIds()
-        self.graphs: BucketGraphs | None = None
         self.graphs_live = False
-        self.split: PlannedSplit | None = None
         self._dispatches = 0
 
-    def stats(self) -> dict[str, int]:
-        return {k: self.steps[k] for k in STAT_KINDS}
-
     def graph_keys(self) -> list[GraphKey]:
-        return self.graphs.keys if self.graphs is not None and self.graphs_live else []
+        return super().graph_keys() if self.graphs_live else []
 
     def end_step(self) -> None:
-        self.split, self._dispatches = None, 0
-
-    def plan_idle(self) -> None:
-        """A dummy run: it never splits, and with DP > 1 it takes part in the agreement as
-        an idle rank that keeps the step whole (vLLM runs dummy batches outside the split)."""
-        self.end_step()
-        if self.dp_size > 1:
-            self._decide(BatchShape(0, 0, splittable=False))
-
-    def plan(
-        self,
-        query_lens: Sequence[int],
-        uniform_token_count: int | None,
-        reads_blocks_written_now: Callable[[], bool],
-    ) -> PlannedSplit | None:
-        """Plan this rank's real step (requests in batch order); the split, or None."""
-        self.end_step()
-        shape = step_shape(query_lens, uniform_token_count)
-        config = self.config
-        # Only a step that could split is searched for readers of blocks written now.
-        could_split = config.prefill and shape.num_tokens >= config.prefill_min_tokens
-        if shape.kind == PREFILL and could_split and reads_blocks_written_now():
-            self.steps["vetoed"] += 1
-            shape = replace(shape, splittable=False)
-        mode = self._decide(shape)
-        if not mode.split:
-            self.steps["unsplit"] += 1
-            return None
-        slices = maybe_create_ubatch_slices(mode, [int(q) for q in query_lens])
-        self.split = PlannedSplit(mode, slices, shape.num_reqs)
-        return self.split
+        super().end_step()
+        self._dispatches = 0
 
     def descriptor(self) -> BatchExecutionDescriptor | None:
         """The planned split's descriptor for this dispatch of the step, or None when the
@@ -199,14 +129,3 @@ class TboStepPlanner:
         self._dispatches += 1
         vote = self.dp_size > 1 and self._dispatches == 1
         return split_descriptor(self.split.mode, self.split.num_reqs, vote)
-
-    def count_run(self, split: PlannedSplit) -> None:
-        """A split step's micro-batches were prepared: count it by kind."""
-        self.steps[split.mode.kind] += 1
-        if split.straddles:
-            self.steps["straddled"] += 1
-
-    def _decide(self, shape: BatchShape) -> ForwardMode:
-        if self.dp_size == 1:
-            return ForwardMode.decide([shape], 0, self.config, self.graph_keys())
-        return self._agree(shape, self.config, self.graph_keys())

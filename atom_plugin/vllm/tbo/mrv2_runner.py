@@ -19,21 +19,18 @@ together with a second metadata builder per attention group (one per micro-batch
 from __future__ import annotations
 
 from vllm.config import CUDAGraphMode
-from vllm.logger import init_logger
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from atom_plugin import manager
 from atom_plugin.tbo.hazards import reads_blocks_written_now
 from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
-from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.vllm.compat.mrv2 import decode_graph_sizes
 from atom_plugin.vllm.settings import PluginSettings
-from atom_plugin.vllm.tbo.decode_graphs import split_decode_graphs
+from atom_plugin.vllm.tbo.decode_graphs import announce_split_decode_graphs, split_decode_graphs
 from atom_plugin.vllm.tbo.mrv2_graphs import TboCudaGraphManager
 from atom_plugin.vllm.tbo.mrv2_plan import TboStepPlanner
 from atom_plugin.vllm.tbo.mrv2_ubatch import TboUBatchRunner
-
-logger = init_logger("vllm.atom_plugin")
+from atom_plugin.vllm.tbo.ubatches import builders_per_ubatch
 
 
 def agree_across_dp(shape: BatchShape, config: TboConfig, graph_keys) -> ForwardMode:
@@ -64,13 +61,15 @@ class AtomTboMRV2ModelRunner(GPUModelRunner):
         self.tbo_planner = TboStepPlanner(config, dp_size, agree_across_dp)
 
     def tbo_stats(self) -> dict[str, int]:
-        """Steps run, by kind (`mrv2_plan.STAT_KINDS`)."""
+        """Steps run, by kind (`atom_plugin.tbo.planner.STAT_KINDS`)."""
         return self.tbo_planner.stats()
 
     # -- set-up ----------------------------------------------------------------------
     def initialize_kv_cache(self, kv_cache_config, is_profiling=False, **kwargs):
         super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling, **kwargs)
-        self._tbo_builder_per_ubatch()
+        builders_per_ubatch(
+            self.attn_groups, self.vllm_config, self.device, self.kernel_block_sizes
+        )
         self.ubatch_runner = TboUBatchRunner(
             self.vllm_config,
             self.device,
@@ -82,19 +81,6 @@ class AtomTboMRV2ModelRunner(GPUModelRunner):
         )
         TboCudaGraphManager.adopt(self.cudagraph_manager, self.ubatch_runner)
         self._tbo_plan_graphs(announce=not is_profiling)
-
-    def _tbo_builder_per_ubatch(self) -> None:
-        """Each micro-batch builds its metadata with builders of its own (some keep state
-        between `build` and the forward)."""
-        sizes = self.kernel_block_sizes
-        for gid, groups in enumerate(self.attn_groups):
-            for group in groups:
-                group.create_metadata_builders(
-                    self.vllm_config,
-                    self.device,
-                    sizes[gid] if gid < len(sizes) else None,
-                    num_metadata_builders=NUM_UBATCHES,
-                )
 
     def _tbo_plan_graphs(self, announce: bool) -> None:
         planner, graph_manager = self.tbo_planner, self.cudagraph_manager
@@ -108,20 +94,13 @@ class AtomTboMRV2ModelRunner(GPUModelRunner):
             backends=backends,
             graph_pool=lambda: graph_manager.pool,
         )
-        if not announce:
-            return
-        if planner.graphs is not None:
-            logger.info(
-                "atom-plugin: split decode buckets %s replay split request graphs "
-                "(each recorded on its first step)",
-                planner.graphs.split_buckets,
-            )
-        elif planner.config.decode:
-            logger.warning("atom-plugin: split decode steps run eagerly: %s", why_not)
+        if announce:
+            announce_split_decode_graphs(planner.graphs, why_not, planner.config, self.device.type)
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output, *args, **kwargs):
-        self.tbo_planner.blocks.update(scheduler_output)
+        if self.tbo_planner.config.prefill:  # only the prefix-cache veto reads the block ids
+            self.tbo_planner.blocks.update(scheduler_output)
         try:
             return super().execute_model(scheduler_output, *args, **kwargs)
         finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import (
@@ -45,10 +44,12 @@ from vllm.v1.worker.gpu.ubatch_utils import (
 )
 from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmUBatchSlice
 
-from atom_plugin.tbo.mode import DECODE
+from atom_plugin.tbo.mode import DECODE, ForwardMode
+from atom_plugin.tbo.planner import PlannedSplit
 from atom_plugin.tbo.runner import NUM_UBATCHES
 from atom_plugin.vllm.tbo import dbo_bridge
-from atom_plugin.vllm.tbo.mrv2_plan import PlannedSplit
+from atom_plugin.vllm.tbo.decode_graphs import pad_rows_one_token_each
+from atom_plugin.vllm.tbo.ubatches import pad_last_row, vllm_slices
 
 
 @dataclass(frozen=True)
@@ -71,49 +72,26 @@ class SplitState:
     ubatches: tuple[PreparedUBatch, PreparedUBatch]
 
 
-def pad_rows_one_token_each(input_batch, bucket: int) -> None:
-    """Give a replayed decode step's padding rows (up to `bucket`) one token each.
-
-    vLLM leaves them empty (query offsets flat at the real token count). With one token
-    each, the bucket's halves are two uniform one-token decodes on every replay, the
-    layout the split graph was recorded with; their sequence length stays 0 (vLLM pads
-    it so), so they read and write nothing.
-    """
-    n = input_batch.num_reqs
-    qsl_np = input_batch.query_start_loc_np
-    if qsl_np[n] != n:
-        raise ValueError(f"{n} one-token decode requests cannot end at token {qsl_np[n]}")
-    if bucket > n:
-        qsl_np[n + 1 : bucket + 1] = np.arange(n + 1, bucket + 1, dtype=qsl_np.dtype)
-        qsl = input_batch.query_start_loc
-        qsl[n + 1 : bucket + 1].copy_(
-            torch.arange(n + 1, bucket + 1, dtype=qsl.dtype, device=qsl.device)
-        )
-
-
-def ubatch_input_batches(input_batch, split: PlannedSplit, query_start_loc_bufs, seq_lens_bufs):
-    """Each micro-batch's `InputBatch`, cut at `split`'s slices by vLLM's
-    `_slice_input_batch` into the persistent buffers given (one per micro-batch)."""
-    mode = split.mode
+def ubatch_input_batches(
+    input_batch,
+    mode: ForwardMode,
+    slices: list[VllmUBatchSlice],
+    query_start_loc_bufs,
+    seq_lens_bufs,
+):
+    """Each micro-batch's `InputBatch`, cut at `slices` by vLLM's `_slice_input_batch`
+    into the persistent buffers given (one per micro-batch)."""
     if mode.replay:
-        pad_rows_one_token_each(input_batch, mode.bucket)
+        qsl_np, qsl = input_batch.query_start_loc_np, input_batch.query_start_loc
+        pad_rows_one_token_each(qsl_np, qsl, input_batch.num_reqs, mode.bucket)
     out = []
-    for i, s in enumerate(split.slices):
-        vs = VllmUBatchSlice(s.request_slice, s.token_slice)
+    for i, vs in enumerate(slices):
         ub = _slice_input_batch(input_batch, vs, query_start_loc_bufs[i], seq_lens_bufs[i])
         if mode.kind == DECODE:
             # A half of padding rows only has no real row to take its longest query from.
             ub = replace(ub, max_query_len=mode.query_len)
         out.append(ub)
     return out
-
-
-def _rows(t: torch.Tensor | None, pad: int, dim: int = 0) -> torch.Tensor | None:
-    """`t` with `pad` copies of its last row appended along `dim` (DP padding)."""
-    if t is None or not pad:
-        return t
-    last = t.narrow(dim, t.shape[dim] - 1, 1)
-    return torch.cat([t, last.repeat_interleave(pad, dim=dim)], dim=dim)
 
 
 def _trim(out, n: int):
@@ -193,8 +171,9 @@ class TboUBatchRunner(UBatchRunner):
         # The step that records a bucket's graph plans for any context, as vLLM's capture does.
         recording = mode.replay and not self.planner.graphs.recorded(mode.graph_key)
         ubatches = []
+        slices = vllm_slices(split.slices)
         batches = ubatch_input_batches(
-            input_batch, split, self.query_start_loc_bufs, self.seq_lens_bufs
+            input_batch, mode, slices, self.query_start_loc_bufs, self.seq_lens_bufs
         )
         for i, (s, ub) in enumerate(zip(split.slices, batches, strict=True)):
             tables = tuple(table[s.request_slice] for table in block_tables)
@@ -212,7 +191,6 @@ class TboUBatchRunner(UBatchRunner):
             pad = s.num_padded_tokens - s.num_tokens
             ubatches.append(PreparedUBatch(metadata, slots, ub.is_padding, pad))
         self.planner.count_run(split)
-        slices = [VllmUBatchSlice(s.request_slice, s.token_slice) for s in split.slices]
         self._state = SplitState(split, slices, (ubatches[0], ubatches[1]))
         return self._state
 
@@ -225,6 +203,14 @@ class TboUBatchRunner(UBatchRunner):
         state = self._state
         if state is None or not state.split.mode.replay:
             raise RuntimeError(f"no split replay was prepared for {desc}")
+        planner = self.planner
+        key = state.split.mode.graph_key
+        # Only the bucket's first step records `step`; its replays read the buffers it read.
+        step = None if planner.graphs.recorded(key) else self._recorded_step(desc, state)
+        return planner.graphs.run(key, step, planner.steps)
+
+    def _recorded_step(self, desc, state: SplitState):
+        """The step a split bucket's graph records."""
         runner = self.model_runner
         n = desc.num_tokens
         # The step's inputs in vLLM's persistent buffers, as vLLM's own capture reads them.
@@ -243,8 +229,7 @@ class TboUBatchRunner(UBatchRunner):
             ):
                 return self._run_split(runner.model, model_inputs, state)
 
-        planner = self.planner
-        return planner.graphs.run(state.split.mode.graph_key, step, planner.steps)
+        return step
 
     def _run_split(self, model, model_inputs, state: SplitState):
         step_context = get_forward_context()
@@ -257,9 +242,9 @@ class TboUBatchRunner(UBatchRunner):
             if ubatch.pad:
                 for key in ("input_ids", "inputs_embeds"):
                     if key in inputs:
-                        inputs[key] = _rows(inputs[key], ubatch.pad)
+                        inputs[key] = pad_last_row(inputs[key], ubatch.pad)
                 positions = inputs["positions"]  # M-RoPE positions are [3, tokens]
-                inputs["positions"] = _rows(positions, ubatch.pad, dim=positions.ndim - 1)
+                inputs["positions"] = pad_last_row(positions, ubatch.pad, dim=positions.ndim - 1)
             registration = (
                 dbo_bridge.registered(ctx) if self._vllm_yields else contextlib.nullcontext()
             )

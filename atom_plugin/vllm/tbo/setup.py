@@ -138,10 +138,8 @@ def engine_limits(vllm_config) -> EngineLimits:
 
 
 def install_tbo(device_type: str, vllm_config, settings: PluginSettings, chosen_worker: str):
-    """Put the TBO worker in place when `settings.tbo` asks for it; log what runs."""
+    """Put the TBO worker in place (`settings.tbo` is not off); log what runs."""
     config = settings.tbo_config()
-    if config is None:
-        return
     refusal = tbo_refusal(device_type, vllm_config, chosen_worker)
     if refusal:
         raise PluginRefusal(f"atom_plugin tbo={settings.tbo!r} cannot run: {refusal}")
