@@ -217,8 +217,8 @@ def main(spec: dict) -> dict:
         # warm-up did not reach land here (a user's first requests pay them too).
         cold = run_workload(llm, workloads[0], "cold", seed="cold")
         result["cold"] = cold
-        for w in workloads:  # small passes compile what each workload's steps need
-            run_workload(llm, w.scaled(min(w.requests, 4), 4), f"warm-{w.name}", seed="warm")
+        for w in workloads:
+            warm_up(llm, w, again=bool(spec.get("again")))
         probe = bool(spec.get("probe"))
         if probe:
             llm.collective_rpc(engine_probe.install)
@@ -236,6 +236,18 @@ def main(spec: dict) -> dict:
         result["profiles"] = [profile(llm, spec, entry) for entry in spec["profile"]]
         result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return result
+
+
+def warm_up(llm, workload: Workload, again: bool) -> None:
+    """Short passes at the workload's own concurrency on prompts of their own, so the JIT
+    compiles its steps need (Triton specializes kernels on the step's sizes: the batch's
+    split counts and merge tiles, the token rows of a prefix-cache hit) land here and not
+    in the measured passes; the cold pass reports what a first request pays. With `again`,
+    the same prompts run once more, as the measured `again` pass runs its prompts."""
+    short = workload.scaled(workload.requests, 4)
+    run_workload(llm, short, f"warm-{workload.name}", seed="warm")
+    if again:
+        run_workload(llm, short, f"warm-{workload.name}-again", seed="warm")
 
 
 def profile(llm, spec: dict, entry: str) -> dict:

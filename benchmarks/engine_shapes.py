@@ -112,6 +112,16 @@ DEEPSEEK_V3_TP8 = {
     "vocab_size": 129280,
 }
 
+# One tensor-parallel-2 rank of DeepSeek-V3: 64 of the 128 query heads, dense MLPs of the
+# TP2 share of 9 x 2048 columns. Run it with few layers (`--layers 4`) to fit several
+# engines on one GPU.
+DEEPSEEK_V3_TP2 = {
+    **DEEPSEEK_V3_TP8,
+    "intermediate_size": 9216,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+}
+
 # A two-layer Llama for trying the harness on vLLM's CPU build.
 TINY_LLAMA = {
     **LLAMA_8B,
@@ -132,9 +142,12 @@ SHAPES: dict[str, dict] = {
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "deepseek-v3-attn-4l": DEEPSEEK_V3_ATTENTION,
     "deepseek-v3-tp8": DEEPSEEK_V3_TP8,
+    "deepseek-v3-tp2": DEEPSEEK_V3_TP2,
 }
 
-MLA_SHAPES = frozenset({"deepseek-v2-lite", "deepseek-v3-attn-4l", "deepseek-v3-tp8"})
+MLA_SHAPES = frozenset(
+    {"deepseek-v2-lite", "deepseek-v3-attn-4l", "deepseek-v3-tp8", "deepseek-v3-tp2"}
+)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@
 #   install     joins the parts sent to the release's parts folder (its install.sh among them) and
 #               installs them
 #   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs; prefix
-#               caching on and off; vLLM 0.34's extensible KV cache on and off)
+#               caching on and off; vLLM 0.34's extensible KV cache on and off); TESTS_K selects
+#               configurations by pytest's -k (TESTS_K=mla: the MLA engines only)
 #   k3-tests    the K3 served tests (tests/test_k3_e2e.py: required, named and auto through
 #               `vllm serve --tool-call-parser atom_kimi_k3`, under vLLM's strict default)
 #   tbo-mha, tbo-mla
@@ -27,7 +28,11 @@
 #               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
 #               decode-2k, shared-8k), each pass twice (prefix cache on), with the step probe and
 #               profiles; OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old;
-#               MLA16_ARGS adds arguments. About 3 minutes.
+#               MLA16_ARGS adds arguments; MLA16_PROFILE (cases) and MLA16_PROFILE_WORKLOADS
+#               (NAME[@again][:decode|:prefill]) choose the profiles. About 5 minutes.
+#   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l) and 64 heads
+#               (deepseek-v3-tp2), 4 layers each, MLA16_CASES on HEADS_WORKLOADS (lat-8, decode-2k),
+#               prefix cache on. About 5 minutes.
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
@@ -77,7 +82,7 @@ for what in "$@"; do
     tests)
       stage "GPU engine tests (vLLM $VLLM)"
       timeout 590 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
-        2>&1 | tee "$OUT/gpu_engine_tests_$VLLM.log" || status=1 ;;
+        ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/gpu_engine_tests_$VLLM.log" || status=1 ;;
     k3-tests)
       stage "K3 served tests (vLLM $VLLM)"
       timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_k3_e2e.py \
@@ -116,11 +121,12 @@ for what in "$@"; do
       stage "MLA at 16 heads, vLLM $VLLM"
       out=/tmp/engine-mla16-$VLLM
       rm -rf "$out"
-      timeout 290 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
+      timeout 590 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
         --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats 1 \
         --prefix-caching --again --probe --wave 4 --kv-gib 6 --gpu-util 0.15 \
-        --max-model-len 16384 --profile ATOM_AITER_MLA,FLASH_ATTN_MLA \
-        --profile-workloads lat-1,decode-2k@again --deadline-s 280 \
+        --max-model-len 16384 --profile "${MLA16_PROFILE:-ATOM_AITER_MLA,FLASH_ATTN_MLA}" \
+        --profile-workloads "${MLA16_PROFILE_WORKLOADS:-lat-1@again:prefill,decode-2k:decode,decode-2k@again:decode}" \
+        --deadline-s "${MLA16_DEADLINE_S:-570}" \
         ${OLD_PLUGIN:+--old-plugin "$OLD_PLUGIN"} --out-dir "$out" ${MLA16_ARGS:-} \
         2>&1 | tee "$OUT/engine_mla16_$VLLM.log" || status=1
       tar -czf "$OUT/engine_mla16_$VLLM.tgz" -C "$out" --exclude shapes --exclude '*.json.gz' . \
@@ -128,6 +134,18 @@ for what in "$@"; do
       # the profiles' Chrome traces apart (the largest files)
       traces=$(cd "$out" && ls -- *.json.gz 2>/dev/null)
       [ -z "$traces" ] || tar -cf "$OUT/engine_mla16_${VLLM}_traces.tar" -C "$out" $traces ;;
+    mla-heads)
+      cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA,TRITON_MLA}
+      for shape in deepseek-v3-attn-4l deepseek-v3-tp2; do
+        stage "MLA at ${shape}'s heads, vLLM $VLLM"
+        out=/tmp/engine-$shape-$VLLM
+        rm -rf "$out"
+        timeout 285 python3 -m benchmarks.engine --shape "$shape" --layers 4 --cases "$cases" \
+          --workloads "${HEADS_WORKLOADS:-lat-8,decode-2k}" --repeats 1 --prefix-caching \
+          --wave 4 --kv-gib 3 --gpu-util 0.15 --max-model-len 16384 --deadline-s 270 \
+          --out-dir "$out" 2>&1 | tee "$OUT/engine_${shape}_$VLLM.log" || status=1
+        tar -czf "$OUT/engine_${shape}_$VLLM.tgz" -C "$out" --exclude shapes . || status=1
+      done ;;
     mha)
       stage "engine benchmark, MHA"
       python3 -m benchmarks.engine --shape llama-3.1-8b --out-dir /tmp/engine-mha ${ENGINE_ARGS:-} \
@@ -173,7 +191,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

@@ -199,9 +199,24 @@ def models(tmp_path_factory):
     return {"mha": str(mha), "mla": str(mla)}
 
 
+def _selected(session) -> list[Config]:
+    """The configurations this session's tests read: those whose own test it runs, and
+    every configuration of a model whose reference backends' test it runs (`-k mla` runs
+    MLA engines only)."""
+    names, models = set(), set()
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "config" in params:
+            names.add(params["config"].name)
+        if "model" in params:
+            models.add(params["model"])
+    return [c for c in PLUGIN if c.name in names or c.model in models]
+
+
 @pytest.fixture(scope="module")
-def runs(models):
-    """Every plugin configuration, then the reference backends on the sequences they made."""
+def runs(models, request):
+    """The selected plugin configurations, then the reference backends on the sequences
+    they made."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     prompts = _prompts(500)
@@ -222,7 +237,7 @@ def runs(models):
         except AssertionError as failure:  # reported by this configuration's own test
             return c.name, failure
 
-    here = [c for c in PLUGIN if _runs_here(c)]
+    here = [c for c in _selected(request.session) if _runs_here(c)]
     with ThreadPoolExecutor(len(here)) as pool:
         plugin = dict(pool.map(plugin_run, [c for c in here if not c.extensible]))
     for config in (c for c in here if c.extensible):  # one at a time: each measures memory
@@ -240,7 +255,8 @@ def runs(models):
         except AssertionError as failure:
             return (model, backend), failure
 
-    pairs = [(m, b) for m, refs in REFERENCES.items() for b in refs]
+    selected_models = {c.model for c in here}
+    pairs = [(m, b) for m, refs in REFERENCES.items() for b in refs if m in selected_models]
     with ThreadPoolExecutor(len(pairs)) as pool:
         reference = dict(pool.map(reference_run, pairs))
     return plugin, reference

@@ -118,6 +118,7 @@ def mla_decode_aiter(
             f"cache width {kv_cache.shape[-1]}"
         )
     page_size = kv_cache.shape[1]
+    output.zero_()  # AITER writes its requests' tokens; the semantics zero every other row
     _, lse = mla_decode_fwd(
         q,
         kv_cache.unsqueeze(2),

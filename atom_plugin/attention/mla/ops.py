@@ -44,8 +44,9 @@ def mla_decode(
     kv_lora_rank: int = 512,
     kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Absorbed MLA decode over the paged latent cache; writes output [T, H, kv_lora_rank]
-    in place and returns lse [T, H] float32.
+    """Absorbed MLA decode over the paged latent cache; writes every row of output
+    [T, H, kv_lora_rank] in place (zeros for a token that sees no key or belongs to no
+    request) and returns lse [T, H] float32.
 
     q [T, H, kv_lora_rank + rope]; a request's several query tokens (speculative
     verification) are causal. `plan` is the step's (the metadata builder's, shared by

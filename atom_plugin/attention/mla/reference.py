@@ -46,7 +46,8 @@ def mla_decode_reference(
 ) -> torch.Tensor:
     """Absorbed MLA decode: output[t, h] = softmax(q[t,h] . K^T * scale) @ V over the keys
     token t sees (see `mla_token_plan`); returns lse [T, H] float32 (natural log, -inf
-    for tokens that see no key; their output is zero). Tokens of no request are untouched.
+    for tokens that see no key; their output is zero, as is that of tokens of no request:
+    every row of `output` is written).
     `plan` (`plan_mla_decode`'s) supplies the token plan; without one it is the
     metadata's own (no per-token key counts).
     """
@@ -58,6 +59,7 @@ def mla_decode_reference(
     if plan is None:
         plan = TorchMLAPlan(*mla_token_plan(meta, T))
     req_l, len_l = plan.token_req.tolist(), plan.token_kv_len.tolist()
+    output.zero_()
     T = min(T, len(req_l))
     block_size = kv_cache.shape[1]
     for r in sorted(set(req_l) - {-1}):

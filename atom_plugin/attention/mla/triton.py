@@ -144,12 +144,13 @@ def mla_decode_triton(
     kv_lora_rank=512,
     kv_scale=None,
 ) -> torch.Tensor:
-    """Split-KV MLA decode; see `mla.reference.mla_decode_reference` for the semantics.
+    """Split-KV MLA decode; see `mla.reference.mla_decode_reference` for the semantics
+    (every row of `output` is written: nothing need be filled beforehand).
     `plan` is `plan_mla_decode`'s, made once per step (by the metadata builder) and
     shared by every layer: the token plan and the launch."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
     T, H, _ = q.shape
-    lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
+    lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
     if T == 0:
         return lse
     fp8 = is_fp8(kv_cache.dtype)
@@ -164,9 +165,16 @@ def mla_decode_triton(
     if q.stride(-1) != 1:
         q = q.contiguous()
     req, kv_len = plan.token_req, plan.token_kv_len
-    T = min(T, req.shape[0])  # tokens past the plan stay untouched
+    if req.shape[0] < T:  # tokens past the plan see no key
+        output[req.shape[0] :].zero_()
+        lse[req.shape[0] :] = float("-inf")
+        T = req.shape[0]
     splits = launch.num_splits
     if splits == 1:  # stage 1 writes the result itself: no partials, no merge
+        # Stage 1 visits the requests' tokens only; the merge, where it runs, writes every
+        # row (zeros for a token of no request), so only here is the output filled first.
+        output[:T].zero_()
+        lse[:T] = float("-inf")
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
         mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q.device)

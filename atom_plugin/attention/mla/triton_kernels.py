@@ -364,13 +364,22 @@ def _mla_decode_stage2(
     once when they fit in BLOCK_S (ONE_CHUNK), else BLOCK_S at a time with a running max.
     BLOCK_S is the plan's (`launch_plan.merge_block_s`): the split count's power of two,
     so a one-pass tile holds no more than twice the real rows. The column programs of a
-    row each weigh its (few) splits; the first stores the row's lse."""
+    row each weigh its (few) splits; the first stores the row's lse. A token of no request
+    gets zeros and lse -inf (stage 1 wrote no partials for it), so the caller's output
+    needs no filling beforehand."""
     h = tl.program_id(0)
     t = tl.program_id(1)
-    if tl.load(TOK_REQ + t) < 0:
-        return
     offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < LORA
+    if tl.load(TOK_REQ + t) < 0:
+        tl.store(
+            OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_dv,
+            tl.zeros([BLOCK_DV], dtype=OUT.dtype.element_ty),
+            mask=mask_dv,
+        )
+        if tl.program_id(2) == 0:
+            tl.store(LSE + t.to(tl.int64) * stride_st + h, float("-inf"))
+        return
     lse_row = MID_LSE + t.to(tl.int64) * stride_lt + h * stride_lh
     mid = MID_O + t.to(tl.int64) * stride_mt + h * stride_mh
     if ONE_CHUNK:

@@ -339,7 +339,8 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         assert isinstance(decode, AtomMLADecodeMetadata), "built by AtomAiterMLAMetadataBuilder"
         if isinstance(q, tuple):
             q = torch.cat(q, dim=-1)
-        out = torch.zeros(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
+        # every row is written by the decode (`mla_ops.mla_decode`): no fill kernel a layer
+        out = torch.empty(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
         lse = mla_ops.mla_decode(
             q,
             kv_c_and_k_pe_cache,
