@@ -16,6 +16,7 @@ from benchmarks.kernel_problems import (
     assert_close,
     bf16_latents,
     fa3_call,
+    fa3_mla_call,
     flashmla_call,
     make_mla_shape,
     mha_meta,
@@ -120,8 +121,10 @@ def judge(row: dict, outs: dict, ref_fn=None) -> None:
 
 
 def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16") -> dict:
-    """One MLA decode row. bf16: the plugin and FlashMLA, both timed. fp8: the plugin
-    timed; FlashMLA over the cache dequantized to bf16 run once, as the output check."""
+    """One MLA decode row. bf16: the plugin, FlashMLA and FA3 with q_v (vLLM's
+    FLASH_ATTN_MLA backend, split cap FA3_DECODE_SPLITS as under full CUDA graphs), all
+    timed. fp8: the plugin timed; FlashMLA over the cache dequantized to bf16 run once, as
+    the output check (FLASH_ATTN_MLA takes no fp8 cache: not run)."""
     row = {"heads": heads, "q_len": q_len, "batch": batch, "context": context, "cache": cache}
     seed = batch * 131 + heads + q_len
     shape = make_mla_shape(batch, context, heads, q_len, seed=seed, cache=cache)
@@ -136,14 +139,16 @@ def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16") -> dic
     plugin = plugin_mla_call(shape, plan, out)
     plugin_out = _side(row, "plugin", plugin, flush, iters) if plan is not None else None
 
+    outs = {"plugin": ("plugin", plugin_out)}
     if cache == "bf16":
-        key, name = "vllm", "FlashMLA"
-        call = _built(row, key, lambda: flashmla_call(shape))
-        vllm_out = _side(row, key, call, flush, iters) if call else None
+        call = _built(row, "vllm", lambda: flashmla_call(shape))
+        outs["vllm"] = ("FlashMLA", _side(row, "vllm", call, flush, iters) if call else None)
+        call = _built(row, "fa3_mla", lambda: fa3_mla_call(shape, FA3_DECODE_SPLITS))
+        outs["fa3_mla"] = ("FA3-MLA", _side(row, "fa3_mla", call, flush, iters) if call else None)
     else:
-        key, name = "check", "FlashMLA (dequantized bf16 cache)"
-        call = _built(row, key, lambda: flashmla_call(shape, bf16_latents(shape)))
-        vllm_out = _output(row, key, call) if call else None
+        call = _built(row, "check", lambda: flashmla_call(shape, bf16_latents(shape)))
+        check_out = _output(row, "check", call) if call else None
+        outs["check"] = ("FlashMLA (dequantized bf16 cache)", check_out)
 
     ref_fn = None
     if batch * context <= REFERENCE_MAX_KEYS:
@@ -165,7 +170,7 @@ def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16") -> dic
             )
             return ref
 
-    judge(row, {"plugin": ("plugin", plugin_out), key: (name, vllm_out)}, ref_fn)
+    judge(row, outs, ref_fn)
     return row  # the caller empties the allocator cache once the inputs are gone
 
 

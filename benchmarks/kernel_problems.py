@@ -1,7 +1,7 @@
 """The problems `benchmarks.kernels_vs_vllm` poses to the plugin's kernels and to vLLM's:
 how their work is counted (FLOP, bytes), the inputs and the arguments each side is called
-with (as vLLM's backends call FlashMLA, FA3 and vLLM's Triton kernel), and the output
-check every row must pass."""
+with (as vLLM's backends call FlashMLA, FA3, FA3 with q_v for MLA and vLLM's Triton
+kernel), and the output check every row must pass."""
 
 from __future__ import annotations
 
@@ -171,6 +171,57 @@ def flashmla_kwargs(shape, kv: torch.Tensor | None = None) -> dict:
     )
 
 
+def fa3_mla_kwargs(shape, num_splits: int) -> dict:
+    """flash_attn_varlen_func's arguments as vLLM's FlashAttnMLAImpl.forward_mqa passes them
+    (bf16 cache, no decode context parallelism), less scheduler_metadata: the rope part of
+    the query as q [T, H, 64] (a view, as vLLM splits it off the wider query) and the latent
+    part as q_v [T, H, 512] (contiguous, as vLLM's W_UK bmm writes it); k and v the rope and
+    latent columns of the cache with a head axis of 1 ([blocks, 64, 1, 64] and
+    [blocks, 64, 1, 512] views); causal, no LSE; `num_splits` the builder's split cap.
+    cp_world_size, cp_rank and cp_tot_seqused_k keep their defaults (1, 0, None), what vLLM
+    passes without decode context parallelism."""
+    meta = shape.meta
+    return dict(
+        q=shape.q[..., LORA:],
+        k=shape.kv[..., LORA:].unsqueeze(-2),
+        v=shape.kv[..., :LORA].unsqueeze(-2),
+        q_v=shape.q[..., :LORA].contiguous(),
+        max_seqlen_q=max(meta.max_query_len, 1),
+        cu_seqlens_q=meta.query_start_loc,
+        max_seqlen_k=meta.max_seq_len,
+        seqused_k=meta.seq_lens,
+        block_table=meta.block_table,
+        softmax_scale=shape.scale,
+        causal=True,
+        return_softmax_lse=False,
+        fa_version=3,
+        num_splits=num_splits,
+    )
+
+
+def fa3_mla_scheduler_kwargs(shape, num_splits: int) -> dict:
+    """get_scheduler_metadata's arguments as vLLM's FlashAttnMLAMetadataBuilder passes them
+    (`_schedule_decode`): one KV head, head size the rope width (64), value head size the
+    latent width (512), the cache's dtype and block size, causal, `num_splits` the split cap
+    (`flash_attn_max_num_splits_for_cuda_graph` for batches under full CUDA graphs)."""
+    meta = shape.meta
+    return dict(
+        batch_size=meta.num_reqs,
+        max_seqlen_q=meta.max_query_len,
+        max_seqlen_k=meta.max_seq_len,
+        num_heads_q=shape.heads,
+        num_heads_kv=1,
+        headdim=ROPE,
+        cache_seqlens=meta.seq_lens,
+        qkv_dtype=shape.kv.dtype,
+        headdim_v=LORA,
+        page_size=shape.kv.shape[1],
+        cu_seqlens_q=meta.query_start_loc,
+        causal=True,
+        num_splits=num_splits,
+    )
+
+
 def mha_pool_tokens(decode_shapes, prefill_shapes, block_size=MHA_BLOCK_SIZE) -> int:
     """Cache rows one pool needs to hold the largest case's blocks."""
     need = [b * -(-c // block_size) for b, c in (*decode_shapes, *prefill_shapes)]
@@ -328,6 +379,19 @@ def flashmla_call(shape, kv: torch.Tensor | None = None):
         return o.reshape(b * ql, h, LORA)  # [B, q_len, H, 512] -> tokens
 
     return call
+
+
+def fa3_mla_call(shape, num_splits: int):
+    """FA3 with q_v on `shape` (a bf16 cache) as vLLM's FLASH_ATTN_MLA backend calls it,
+    with the scheduler metadata its metadata builder makes once a step (made here, before
+    any call); the call returns the output as [tokens, heads, 512]."""
+    if shape.kv.dtype != torch.bfloat16:
+        raise ValueError(f"FA3 MLA takes a bf16 cache here, not {shape.kv.dtype}")
+    from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+
+    sched = get_scheduler_metadata(**fa3_mla_scheduler_kwargs(shape, num_splits))
+    kw = fa3_mla_kwargs(shape, num_splits)
+    return lambda: flash_attn_varlen_func(scheduler_metadata=sched, **kw)
 
 
 def mha_meta(pool, reqs, seed: int = 0):

@@ -9,10 +9,15 @@ Each family is timed beside vLLM's kernels called as vLLM's backends call them:
   cache [blocks, 64, 1, 576], causal, head_dim_v 512; the tile-scheduler metadata is
   filled by one call before timing, as the first layer of a step fills it for the
   others). Block size 64. Target: plugin/FlashMLA <= 1.0.
+* MLA decode, bf16 cache, the same rows: FA3 with q_v as vLLM's FLASH_ATTN_MLA backend
+  calls it (`flash_attn_varlen_func`: q the rope part [T, H, 64], q_v the latent part
+  [T, H, 512], k / v the cache's rope / latent columns as [blocks, 64, 1, 64 / 512]
+  views; scheduler metadata for one KV head, head sizes 64 / 512; split cap 32, as under
+  full CUDA graphs). Target, counted on its own line: plugin/FA3-MLA <= 1.0.
 * MLA decode, fp8 e4m3 cache (one per-tensor scale): the plugin's kernel against the
   physical limit, the larger of FLOP / matmul rate and bytes / copy bandwidth (FlashMLA's
-  dense path takes no such cache); FlashMLA over the cache dequantized to bf16 runs once
-  as the output check. Target: time <= limit / 0.7.
+  dense path and FLASH_ATTN_MLA take no such cache); FlashMLA over the cache dequantized
+  to bf16 runs once as the output check. Target: time <= limit / 0.7.
 * MHA decode: `ops.paged_attention` (the ATOM_AITER backend's entry) against FA3
   `flash_attn_varlen_func(..., block_table=..., scheduler_metadata=..., fa_version=3)` as
   vLLM's FLASH_ATTN backend calls it (split cap 32, as under full CUDA graphs) and vLLM's
@@ -452,8 +457,11 @@ def run(cfg: Config) -> tuple[str, int]:
         all_rows += rows
         sections.append(
             "## MLA decode, bf16 cache: plugin (mla_ops.mla_decode) vs FlashMLA (FLASHMLA "
-            f"backend)\n\nbf16 cache, {mla_common}. Target: plugin/FlashMLA <= 1.0.\n\n"
-            + mla_table(rows, copy_gbps)
+            "backend) and FA3-MLA (FLASH_ATTN_MLA backend)\n\n"
+            f"bf16 cache, {mla_common}. FA3-MLA: FA3 with q_v, scheduler metadata and "
+            f"num_splits={FA3_DECODE_SPLITS} (vLLM under full CUDA graphs). Targets: "
+            f"plugin/FlashMLA <= 1.0 (the target column and the first Target line) and "
+            f"plugin/FA3-MLA <= 1.0 (the second line).\n\n" + mla_table(rows, copy_gbps)
         )
     if "mla" in cfg.families and "fp8" in cfg.mla_dtypes:
         rows = _mla_rows(cfg, "fp8", flush, copy_gbps, mm)
@@ -463,7 +471,8 @@ def run(cfg: Config) -> tuple[str, int]:
             f"fp8 e4m3 cache (one per-tensor scale, 1 byte a latent element), {mla_common}. "
             f"Limit = max(FLOP / {fmt(mm, '.0f')} TFLOP/s, bytes / {fmt(copy_gbps, '.0f')} "
             f"GB/s); target: time <= limit / 0.7. Outputs checked against FlashMLA over the "
-            f"cache dequantized to bf16 (not timed).\n\n" + mla_fp8_table(rows)
+            f"cache dequantized to bf16 (not timed); FA3-MLA not run (vLLM's FLASH_ATTN_MLA "
+            f"takes no fp8 cache).\n\n" + mla_fp8_table(rows)
         )
     if "mha-decode" in cfg.families:
         rows, notes = _decode_rows(cfg, flush)
@@ -506,7 +515,7 @@ def run(cfg: Config) -> tuple[str, int]:
 
 def _line(r: dict) -> str:
     cells = [f"plugin {us_cell(r, 'plugin')} us"]
-    for side, name in (("vllm", "vLLM"), ("triton", "vLLM Triton")):
+    for side, name in (("vllm", "vLLM"), ("fa3_mla", "FA3-MLA"), ("triton", "vLLM Triton")):
         if f"{side}_us" in r or f"{side}_error" in r:
             x = ratio(r, side)
             cells.append(f"{name} {us_cell(r, side)} us{f' (ratio {x:.2f})' if x else ''}")

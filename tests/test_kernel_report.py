@@ -23,15 +23,21 @@ def test_tables_and_exit_status_for_failed_and_error_rows():
     ok.update(flops=kp.mla_flops(1, 1024, 16, 1), bytes=kp.mla_bytes(1, 1024, 16, 1))
     ok.update(plugin_us=10.0, vllm_us=8.0, plugin_timing="graph", vllm_timing="graph")
     ok.update(kernel="gluon/lockstep", maxdiff=0.01)
-    err = dict(ok, status="ERROR: vllm: RuntimeError: nope", vllm_error="RuntimeError: nope")
+    mla = dict(ok, fa3_mla_us=12.5, fa3_mla_timing="graph")
+    err = dict(mla, status="ERROR: vllm: RuntimeError: nope", vllm_error="RuntimeError: nope")
     del err["vllm_us"]
-    text = kt.mla_table([ok, err], copy_gbps=4000.0)
-    assert "| 1.25 |" in text  # plugin / FlashMLA
-    assert "| graph | missed | ok |" in text
-    assert "| error |" in text and "| - | ERROR: vllm" in text  # not judged
+    text = kt.mla_table([mla, err], copy_gbps=4000.0)
+    assert "| 10.0 | 8.0 | 1.25 | 12.5 | 0.80 |" in text  # plugin / FlashMLA, / FA3-MLA
+    assert "| graph | missed | ok |" in text  # the target column: FlashMLA's
+    assert "| 10.0 | error | - | 12.5 | 0.80 |" in text and "| - | ERROR: vllm" in text
     assert text.endswith(
-        "\n\nTarget: 0 of 2 met (1 not judged: outputs not ok or a side not timed)."
+        "\n\nTarget: 0 of 2 met (1 not judged: outputs not ok or a side not timed).\n\n"
+        "Target plugin/FA3-MLA <= 1.0: 1 of 2 met (1 not judged: outputs not ok or a side "
+        "not timed)."
     )
+    no_fa3 = dict(ok, status="ERROR: FA3-MLA: ImportError: x", fa3_mla_error="ImportError: x")
+    text = kt.mla_table([no_fa3], copy_gbps=4000.0)
+    assert "| 1.25 | error | - |" in text and "Target plugin/FA3-MLA <= 1.0: 0 of 1 met (1" in text
     assert kt.exit_status([ok]) == 0
     assert kt.exit_status([ok, err]) == 3
     assert kt.exit_status([err, dict(ok, status="FAILED: plugin vs FlashMLA: ...")]) == 1
@@ -161,6 +167,7 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(kc, "peaked_mha_query", functools.partial(kp.peaked_mha_query, **cpu))
     monkeypatch.setattr(kc, "plugin_mla_call", lambda shape, plan, out: mla_out(shape))
     monkeypatch.setattr(kc, "flashmla_call", lambda shape, kv=None: mla_out(shape))
+    monkeypatch.setattr(kc, "fa3_mla_call", lambda shape, num_splits: mla_out(shape))
     for name in ("plugin_mha_call", "fa3_call", "triton_call"):
         monkeypatch.setattr(kc, name, mha_out)
     monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
@@ -180,6 +187,9 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     text = out.read_text()
     assert text.count("| ok |") == 2 + 1 + 4  # MLA bf16 and fp8, decode, 2 x 2 prefill
     assert "Target: 1 of 1 met." in text  # MLA bf16: 10 us against 10 us
+    assert "| 2 | 100 | per_token | 10.0 | 10.0 | 1.00 | 10.0 | 1.00 |" in text
+    assert "Target plugin/FA3-MLA <= 1.0: 1 of 1 met." in text
+    assert "FA3-MLA not run (vLLM's FLASH_ATTN_MLA takes no fp8 cache)" in text
     assert "Target: 0 of 1 met." in text  # MLA fp8: 10 us against a limit of ~0.05 us
     assert "| 32/8/128 | 2 | 100 | 10.0 | 10.0 | 10.0 | 1.00 | 1.00 |" in text
     assert "Skipped at 32/8/128 (K/V above the 40 GiB cap, --kv-cap-gib): 256 x 65536" in text
@@ -187,3 +197,27 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     assert "Target: 4 of 4 met." in text and text.endswith("Result: all rows ok.\n")
     err = capsys.readouterr().err
     assert "prefill 32/4/64 [2/2] 2 x 32 over 40 cached" in err and "MLA fp8 [1/1]" in err
+
+
+def test_mla_row_without_fa3_mla(monkeypatch):
+    """Where FA3-MLA cannot run (here the real call: vLLM's CPU build has no FA3), the row
+    is an ERROR naming FA3-MLA and the plugin and FlashMLA still run, timed and checked."""
+    cpu = dict(device="cpu")
+    monkeypatch.setattr(kc, "make_mla_shape", functools.partial(kp.make_mla_shape, **cpu))
+
+    def mla_out(shape, *_):
+        ref = torch.zeros(shape.batch * shape.q_len, shape.heads, kp.LORA)
+        mla_decode_reference(shape.q, shape.kv, shape.meta, scale=shape.scale, output=ref)
+        return lambda: ref.to(torch.bfloat16)
+
+    monkeypatch.setattr(kc, "plugin_mla_call", mla_out)
+    monkeypatch.setattr(kc, "flashmla_call", mla_out)
+    monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    row = kc.mla_case(2, 100, 16, 1, flush=None)
+    if "fa3_mla_error" not in row:
+        pytest.skip("FA3 runs here")
+    assert row["status"].startswith("ERROR: FA3-MLA: ")
+    assert row["plugin_us"] == row["vllm_us"] == 10.0 and "fa3_mla_us" not in row
+    assert row["maxdiff"] == 0.0 and row["ref_maxdiff"] is not None
+    assert kt.met_ratio(row) is None and kt.met_fa3_mla(row) is None

@@ -1,7 +1,8 @@
 """benchmarks/kernels_vs_vllm.py: what runs without a GPU (flags, FLOP and byte accounting,
-the inputs and argument sets built for FlashMLA, FA3 and vLLM's Triton kernel, checked
-against the torch references on tiny CPU inputs and against vLLM's signatures), and one
-short GPU run of each family. The report's tables and targets: test_kernel_report.py."""
+the inputs and argument sets built for FlashMLA, FA3, FA3-MLA (FA3 with q_v) and vLLM's
+Triton kernel, checked against the torch references on tiny CPU inputs and against vLLM's
+signatures), and one short GPU run of each family. The report's tables and targets:
+test_kernel_report.py."""
 
 import ast
 import importlib
@@ -330,6 +331,78 @@ def test_fp8_mla_check_poses_the_same_problem():
     assert kp.bf16_latents(bf16) is bf16.kv
 
 
+def fa3_mla_semantics(q, k, v, q_v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, seqused_k,
+                      block_table, softmax_scale, causal, return_softmax_lse, fa_version,
+                      num_splits):  # fmt: skip
+    """flash_attn_varlen_func with q_v over a paged cache as its docstring defines it:
+    logits q.k + q_v.v (one KV head shared by every query head), output softmax . v."""
+    assert causal and not return_softmax_lse and fa_version == 3
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+    bs = k.shape[1]
+    cu = cu_seqlens_q.tolist()
+    assert max_seqlen_q == max(b - a for a, b in itertools.pairwise(cu))
+    assert max_seqlen_k == int(seqused_k.max())
+    for i in range(len(cu) - 1):
+        t0, t1, s = cu[i], cu[i + 1], int(seqused_k[i])
+        pos = torch.arange(s)
+        blocks = block_table[i, pos // bs].long()
+        kk, vv = k[blocks, pos % bs, 0].float(), v[blocks, pos % bs, 0].float()
+        logits = torch.einsum("qhd,kd->qhk", q[t0:t1].float(), kk)
+        logits += torch.einsum("qhd,kd->qhk", q_v[t0:t1].float(), vv)
+        ql = t1 - t0
+        visible = pos[None, :] <= (s - ql + torch.arange(ql))[:, None]  # bottom-right
+        logits = logits.masked_fill(~visible[:, None, :], float("-inf"))
+        out[t0:t1] = torch.einsum("qhk,kd->qhd", (logits * softmax_scale).softmax(-1), vv)
+    return out
+
+
+@pytest.mark.parametrize("q_len, heads", [(1, 16), (2, 16), (1, 128)])
+def test_fa3_mla_arguments_pose_the_plugins_problem(q_len, heads):
+    """FA3 with q_v as FlashAttnMLAImpl.forward_mqa calls it: the rope part of the query
+    as q and of the cache as k, the latent part of each as q_v and v, every cache view
+    [blocks, 64, 1, cols] over the one [blocks, 64, 576] cache; the scheduler metadata
+    for one KV head of size 64 with values of size 512; the same problem as the plugin's."""
+    shape = kp.make_mla_shape(3, 150, heads, q_len, device="cpu", seed=6)
+    T, blocks, el = 3 * q_len, shape.kv.shape[0], shape.kv.element_size()
+    args = kp.fa3_mla_kwargs(shape, 32)
+    assert args["q"].shape == (T, heads, 64) and args["q"].stride() == (heads * 576, 576, 1)
+    assert args["q"].data_ptr() == shape.q.data_ptr() + 512 * el  # a view of the rope part
+    assert args["q_v"].shape == (T, heads, 512) and args["q_v"].is_contiguous()
+    torch.testing.assert_close(args["q_v"], shape.q[..., :512], atol=0, rtol=0)
+    for name, cols, offset in (("k", 64, 512), ("v", 512, 0)):  # views of the one cache
+        view = args[name]
+        assert view.shape == (blocks, 64, 1, cols)
+        assert view.data_ptr() == shape.kv.data_ptr() + offset * el
+        assert [view.stride(i) for i in (0, 1, 3)] == [64 * 576, 576, 1]  # axis 2 has size 1
+    assert args["cu_seqlens_q"].tolist() == list(range(0, T + 1, q_len))
+    assert args["seqused_k"].tolist() == [150] * 3 and args["max_seqlen_k"] == 150
+    assert args["block_table"].dtype == torch.int32 and args["block_table"].shape == (3, 3)
+    assert args["max_seqlen_q"] == q_len and args["num_splits"] == 32
+    assert args["softmax_scale"] == pytest.approx(192**-0.5)
+    sched = kp.fa3_mla_scheduler_kwargs(shape, 32)
+    assert sched["batch_size"] == 3 and sched["max_seqlen_q"] == q_len
+    assert sched["max_seqlen_k"] == 150 and sched["num_heads_q"] == heads
+    assert (sched["num_heads_kv"], sched["headdim"], sched["headdim_v"]) == (1, 64, 512)
+    assert sched["qkv_dtype"] == torch.bfloat16 and sched["page_size"] == 64
+    assert sched["causal"] is True and sched["num_splits"] == 32
+    assert sched["cache_seqlens"] is shape.meta.seq_lens
+    assert sched["cu_seqlens_q"] is shape.meta.query_start_loc
+    torch.testing.assert_close(
+        fa3_mla_semantics(**args), mla_reference(shape), atol=1e-4, rtol=1e-4
+    )
+    interface = "vllm_flash_attn/flash_attn_interface.py"
+    assert set(args) | {"scheduler_metadata"} <= vllm_parameters(
+        interface, "flash_attn_varlen_func"
+    )
+    assert set(sched) <= vllm_parameters(interface, "get_scheduler_metadata")
+
+
+def test_fa3_mla_takes_no_fp8_cache():
+    shape = kp.make_mla_shape(1, 64, 16, 1, device="cpu", cache="fp8")
+    with pytest.raises(ValueError, match="bf16 cache here, not torch.float8_e4m3fn"):
+        kp.fa3_mla_call(shape, 32)
+
+
 def test_mla_queries_are_peaked():
     shape = kp.make_mla_shape(2, 512, 16, 1, device="cpu")
     logits = torch.einsum("thd,kd->thk", shape.q.float(), shape.kv.flatten(0, 1).float())
@@ -537,4 +610,5 @@ def test_short_gpu_run(tmp_path):
     assert "FAILED" not in text
     # one summary per table: MLA bf16, MLA fp8, MHA decode, prefill
     assert len(re.findall(r"^Target: \d+ of \d+ met", text, flags=re.M)) == 4, text
+    assert re.search(r"^Target plugin/FA3-MLA <= 1.0: \d+ of 2 met\.$", text, flags=re.M), text
     assert status == 0, text
