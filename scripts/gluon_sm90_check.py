@@ -113,8 +113,9 @@ def compile_case(schedule: str, cache_dtype: torch.dtype, block_h: int, tokens: 
         schedule=schedule,
     )  # fmt: skip
     gluon_launch.run_stage1(
-        q, cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1), 0.1, launch, 512
-    )
+        q[..., :512], q[..., 512:], cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1),
+        0.1, launch, 512,
+    )  # fmt: skip
 
 
 # (heads, query tokens per request, fp8 cache, split count, config): the launches the

@@ -16,7 +16,7 @@ import torch
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.mha.aiter import kv_cache_dtype_name, unit_scale
-from atom_plugin.attention.mla.checks import check_mla_shapes
+from atom_plugin.attention.mla.checks import check_mla_shapes, whole_query
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ def mla_decode_aiter(
     from aiter.mla import mla_decode_fwd
 
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
+    q = whole_query(q)  # AITER's kernel reads one [T, H, 576] query
     if kv_lora_rank != 512 or kv_cache.shape[-1] != 576:
         raise ValueError(
             f"AITER MLA decode runs DeepSeek shapes (512 + 64); got kv_lora_rank={kv_lora_rank}, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from atom_plugin.attention.mla.aiter import AiterMLAPlan, mla_decode_aiter, write_mla_kv_aiter
+from atom_plugin.attention.mla.checks import MLAQuery, query_parts
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
 from atom_plugin.attention.mla.plan import MLAPlan, TorchMLAPlan, TritonMLAPlan, plan_mla_decode
 from atom_plugin.attention.mla.reference import mla_decode_reference, write_mla_kv_reference
@@ -34,7 +35,7 @@ def write_mla_kv(kv_c, k_pe, kv_cache, slot_mapping, scale=None, *, kernel_impl=
 
 
 def mla_decode(
-    q: torch.Tensor,
+    q: MLAQuery,
     kv_cache: torch.Tensor,
     meta,
     plan: MLAPlan | None = None,
@@ -48,16 +49,21 @@ def mla_decode(
     [T, H, kv_lora_rank] in place (zeros for a token that sees no key or belongs to no
     request) and returns lse [T, H] float32.
 
-    q [T, H, kv_lora_rank + rope]; a request's several query tokens (speculative
-    verification) are causal. `plan` is the step's (the metadata builder's, shared by
+    q [T, H, kv_lora_rank + rope], or its latent and rope parts apart as vLLM hands them
+    (`mla.checks.MLAQuery`: the Triton path reads each through its own strides, the
+    others join them); a request's several query tokens (speculative verification) are
+    causal. `plan` is the step's (the metadata builder's, shared by
     every layer); without one (direct callers) the step is planned here, as the builder
     would for these tensors.
     """
     if plan is None:
+        latent, _ = query_parts(q, kv_lora_rank)
         layout = MLAStepLayout(
-            q.dtype, kv_cache.shape[1], kv_lora_rank, kv_cache.shape[-1] - kv_lora_rank
+            latent.dtype, kv_cache.shape[1], kv_lora_rank, kv_cache.shape[-1] - kv_lora_rank
         )
-        plan = plan_mla_decode(meta, q.shape[0], q.shape[1], kv_dtype=kv_cache.dtype, layout=layout)
+        plan = plan_mla_decode(
+            meta, latent.shape[0], latent.shape[1], kv_dtype=kv_cache.dtype, layout=layout
+        )
     kwargs = dict(scale=scale, output=output, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale)
     match plan:
         case AiterMLAPlan():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from atom_plugin.attention.dtypes import is_fp8
-from atom_plugin.attention.mla.checks import check_mla_shapes
+from atom_plugin.attention.mla.checks import check_mla_shapes, whole_query
 from atom_plugin.attention.mla.plan import TorchMLAPlan, mla_token_plan
 
 
@@ -52,6 +52,7 @@ def mla_decode_reference(
     metadata's own (no per-token key counts).
     """
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
+    q = whole_query(q)
     T, H, _ = q.shape
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
     if T == 0:

@@ -11,7 +11,7 @@ import torch
 
 from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, use_tma
-from atom_plugin.attention.mla.checks import check_mla_shapes
+from atom_plugin.attention.mla.checks import MLAQuery, check_mla_shapes, query_parts
 from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.mla.plan import TritonMLAPlan
@@ -59,7 +59,7 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
     )
 
 
-def _gluon_input_problems(q, kv_cache, lora: int, fp8: bool) -> list[str]:
+def _gluon_input_problems(q: torch.Tensor, kv_cache, lora: int, fp8: bool) -> list[str]:
     """Why this layer's query and cache do not fit the Gluon kernel its plan chose: the
     probe's answer for the layout they have, the cache's TMA view, the cache's dtype."""
     rope = kv_cache.shape[2] - lora
@@ -72,26 +72,28 @@ def _gluon_input_problems(q, kv_cache, lora: int, fp8: bool) -> list[str]:
 
 
 def _run_triton_stage1(
-    q, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
+    q_c, q_pe, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
 ):
     """Stage 1 on the Triton kernel `launch` names ('packed' or 'per_token') for the
-    step's first T query tokens."""
-    H = q.shape[1]
+    step's first T query tokens; `q_c` / `q_pe`: the query's latent and rope parts."""
+    H = q_c.shape[1]
     fp8 = launch.fp8_cache
     splits = launch.num_splits
     rope = kv_cache.shape[2] - kv_lora_rank
     block_table = meta.block_table
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
+    precision = "ieee" if q_c.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
     tma = use_tma(launch.tma, kv_cache, kv_lora_rank, rope, launch.block_n)
     descs = (kv_cache, kv_cache)  # unused without tma
     if tma:
         descs = tma_descriptors(kv_cache, kv_lora_rank, launch.block_n)
     # The two stage-1 kernels take the same arguments around their token indexing.
-    head = (q, kv_cache, *descs, block_table)
-    tail = (mid_o, mid_lse, kv_scale if fp8 else q, float(scale), H, splits)
+    head = (q_c, q_pe, kv_cache, *descs, block_table)
+    tail = (mid_o, mid_lse, kv_scale if fp8 else q_c, float(scale), H, splits)
     strides = (
-        q.stride(0),
-        q.stride(1),
+        q_c.stride(0),
+        q_c.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
         kv_cache.stride(0),
         kv_cache.stride(1),
         block_table.stride(0),
@@ -134,7 +136,7 @@ def _run_triton_stage1(
 
 
 def mla_decode_triton(
-    q,
+    q: MLAQuery,
     kv_cache,
     meta,
     plan: TritonMLAPlan,
@@ -145,12 +147,15 @@ def mla_decode_triton(
     kv_scale=None,
 ) -> torch.Tensor:
     """Split-KV MLA decode; see `mla.reference.mla_decode_reference` for the semantics
-    (every row of `output` is written: nothing need be filled beforehand).
+    (every row of `output` is written: nothing need be filled beforehand). `q` may come
+    whole or as its latent and rope parts (`mla.checks.MLAQuery`): the kernels read each
+    part through its own strides.
     `plan` is `plan_mla_decode`'s, made once per step (by the metadata builder) and
     shared by every layer: the token plan and the launch."""
     check_mla_shapes(q, kv_cache, output, kv_lora_rank)
-    T, H, _ = q.shape
-    lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    q_c, q_pe = (p if p.stride(-1) == 1 else p.contiguous() for p in query_parts(q, kv_lora_rank))
+    T, H, _ = q_c.shape
+    lse = torch.empty((T, H), dtype=torch.float32, device=q_c.device)
     if T == 0:
         return lse
     fp8 = is_fp8(kv_cache.dtype)
@@ -162,8 +167,6 @@ def mla_decode_triton(
             f"the plan was made for an {'fp8' if launch.fp8_cache else '16/32-bit'} cache, "
             f"the cache is {kv_cache.dtype}"
         )
-    if q.stride(-1) != 1:
-        q = q.contiguous()
     req, kv_len = plan.token_req, plan.token_kv_len
     if req.shape[0] < T:  # tokens past the plan see no key
         output[req.shape[0] :].zero_()
@@ -177,16 +180,17 @@ def mla_decode_triton(
         lse[:T] = float("-inf")
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
-        mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q.device)
+        mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q_c.device)
+        mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q_c.device)
     if launch.kernel == "gluon":
-        problems = _gluon_input_problems(q, kv_cache, kv_lora_rank, fp8)
+        problems = _gluon_input_problems(q_c, kv_cache, kv_lora_rank, fp8)
         if problems:
             raise ValueError("the plan chose the gluon kernel, but: " + "; ".join(problems))
         from atom_plugin.attention.mla.gluon import launch as gluon_launch  # imports Gluon
 
         gluon_launch.run_stage1(
-            q,
+            q_c,
+            q_pe,
             kv_cache,
             meta.block_table,
             meta.query_start_loc,
@@ -201,8 +205,9 @@ def mla_decode_triton(
         )
     else:
         _run_triton_stage1(
-            q, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
-        )
+            q_c, q_pe, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch,
+            kv_lora_rank,
+        )  # fmt: skip
     if splits == 1:
         return lse
     dv = next_power_of_2(kv_lora_rank)

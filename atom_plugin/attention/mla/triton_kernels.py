@@ -12,7 +12,9 @@ request see different counts). Head groups are the fastest-varying grid axis, so
 groups that read the same rows run next to each other and mostly hit L2.
 `_mla_decode_per_token` runs one program per (head group, split, query token). Stage 2
 merges the splits with their log-sum-exps, in chunks of splits; with one split, stage 1
-writes the output itself and stage 2 does not run.
+writes the output itself and stage 2 does not run. The stage-1 kernels read the query's
+latent part (Q) and rope part (QPE) through strides of their own, as vLLM hands them over
+(no concatenation a layer).
 
 With TMA, whole tiles load through tensor descriptors of the cache viewed as rows
 (`mla.cache_view`): a tile never crosses a page, so it is one box. The last, partial
@@ -89,6 +91,7 @@ def _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION: 
 @triton.jit(do_not_specialize=[*_SPLIT_SHAPED, "token_chunks"])
 def _mla_decode_stage1(
     Q,
+    QPE,
     KV,
     KV_C_DESC,
     K_PE_DESC,
@@ -104,6 +107,8 @@ def _mla_decode_stage1(
     token_chunks,
     stride_qt,
     stride_qh,
+    stride_pt,
+    stride_ph,
     stride_kb,
     stride_ks,
     stride_bt,
@@ -152,9 +157,8 @@ def _mla_decode_stage1(
     mask_pe = offs_pe < ROPE
     q_row = Q + t[:, None] * stride_qt + head[:, None] * stride_qh
     q_c = tl.load(q_row + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
-    q_pe = tl.load(
-        q_row + LORA + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0
-    )
+    pe_row = QPE + t[:, None] * stride_pt + head[:, None] * stride_ph
+    q_pe = tl.load(pe_row + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
     if IS_FP8:
         kv_scale = tl.load(KV_SCALE)
@@ -229,6 +233,7 @@ def _mla_decode_stage1(
 @triton.jit(do_not_specialize=_SPLIT_SHAPED)
 def _mla_decode_per_token(
     Q,
+    QPE,
     KV,
     KV_C_DESC,
     K_PE_DESC,
@@ -243,6 +248,8 @@ def _mla_decode_per_token(
     num_splits,
     stride_qt,
     stride_qh,
+    stride_pt,
+    stride_ph,
     stride_kb,
     stride_ks,
     stride_bt,
@@ -284,9 +291,8 @@ def _mla_decode_per_token(
     mask_pe = offs_pe < ROPE
     q_row = Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
     q_c = tl.load(q_row + offs_dv[None, :], mask=mask_h[:, None] & mask_dv[None, :], other=0.0)
-    q_pe = tl.load(
-        q_row + LORA + offs_pe[None, :], mask=mask_h[:, None] & mask_pe[None, :], other=0.0
-    )
+    pe_row = QPE + t.to(tl.int64) * stride_pt + offs_h[:, None] * stride_ph
+    q_pe = tl.load(pe_row + offs_pe[None, :], mask=mask_h[:, None] & mask_pe[None, :], other=0.0)
     if IS_FP8:
         kv_scale = tl.load(KV_SCALE)
 

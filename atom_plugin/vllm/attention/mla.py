@@ -337,10 +337,11 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         decode = attn_metadata.decode
         assert isinstance(decode, AtomMLADecodeMetadata), "built by AtomAiterMLAMetadataBuilder"
-        if isinstance(q, tuple):
-            q = torch.cat(q, dim=-1)
-        # every row is written by the decode (`mla_ops.mla_decode`): no fill kernel a layer
-        out = torch.empty(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
+        # The query's latent and rope parts go to the decode apart (the Triton path reads
+        # each through its own strides), and the decode writes every output row: no
+        # concatenation and no fill kernel a layer.
+        latent = q[0] if isinstance(q, tuple) else q
+        out = latent.new_empty(latent.shape[0], latent.shape[1], self.kv_lora_rank)
         lse = mla_ops.mla_decode(
             q,
             kv_c_and_k_pe_cache,

@@ -97,11 +97,13 @@ def consumer(
     TOKENS: gl.constexpr,
     PAGE: gl.constexpr,
 ):
-    Q, TOK_KV_LEN, MID_O, MID_LSE = ptrs
+    Q, QPE, TOK_KV_LEN, MID_O, MID_LSE = ptrs
     qc_smem, kc_ring, kpe_ring, p_smem, max_smem, l_smem = smem
     full, empty, max_bar, p_bar, p_free, l_bar = bars
     q_start, q_len, first, pid_h, split, start, end, num_tiles, qk_scale, num_heads = work
-    stride_qt, stride_qh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh = strides
+    stride_pt, stride_ph = strides[2], strides[3]  # the query's rope part
+    stride_mt, stride_mh, stride_ms = strides[4], strides[5], strides[6]
+    stride_lt, stride_lh = strides[7], strides[8]
     HALF: gl.constexpr = LORA // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
@@ -124,9 +126,9 @@ def consumer(
         first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, qr_op)
     )
     offs_r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, qr_op))
-    q_row = Q + (q_start + tok_q).to(gl.int64)[:, None] * stride_qt
+    pe_row = QPE + (q_start + tok_q).to(gl.int64)[:, None] * stride_pt
     q_rope = gl.load(
-        q_row + head_q[:, None] * stride_qh + LORA + offs_r[None, :],
+        pe_row + head_q[:, None] * stride_ph + offs_r[None, :],
         mask=mask_q[:, None],
         other=0.0,
     )
@@ -257,6 +259,7 @@ def consumer(
 @gluon.jit
 def stage1(
     Q,
+    QPE,
     KC_DESC,
     KPE_DESC,
     BLOCK_TABLE,
@@ -270,6 +273,8 @@ def stage1(
     token_chunks,
     stride_qt,
     stride_qh,
+    stride_pt,
+    stride_ph,
     stride_bt,
     stride_mt,
     stride_mh,
@@ -337,11 +342,21 @@ def stage1(
     bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
     # Every partition takes the same arguments (Gluon 3.6's workers share one
     # signature), grouped in tuples; the first names the partition's role.
-    ptrs = (Q, TOK_KV_LEN, MID_O, MID_LSE)
+    ptrs = (Q, QPE, TOK_KV_LEN, MID_O, MID_LSE)
     smem = (qc_smem, kc_ring, kpe_ring, p_smem, max_smem, l_smem)
     bars = (full, empty, max_bar, p_bar, p_free, l_bar)
     work = (q_start, q_len, first, pid_h, split, start, end, num_tiles, qk_scale, num_heads)
-    strides = (stride_qt, stride_qh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh)
+    strides = (
+        stride_qt,
+        stride_qh,
+        stride_pt,
+        stride_ph,
+        stride_mt,
+        stride_mh,
+        stride_ms,
+        stride_lt,
+        stride_lh,
+    )
     descs = (KC_DESC, KPE_DESC, bt_row)
     gl.warp_specialize(
         [

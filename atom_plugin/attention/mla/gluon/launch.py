@@ -14,19 +14,23 @@ from atom_plugin.attention.mla.gluon.common import cache_descriptors
 
 
 def run_stage1(
-    q, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale, launch, lora
-):
+    q_c, q_pe, kv_cache, block_table, qsl, num_reqs, kv_len, mid_o, mid_lse, kv_scale, scale,
+    launch, lora,
+):  # fmt: skip
     """Launch stage 1 on the grid of `launch` (`mla.launch_plan.TritonMLALaunch`, kernel
-    'gluon') in its schedule; `mid_o` / `mid_lse` are the merge's partials (or the
-    output and lse themselves at one split). Both kernels take the same arguments but
-    for the lockstep one's kv scale and stage count."""
+    'gluon') in its schedule; `q_c` / `q_pe` are the query's latent and rope parts
+    (`mla.checks.query_parts`), `mid_o` / `mid_lse` the merge's partials (or the output
+    and lse themselves at one split). Both kernels take the same arguments but for the
+    lockstep one's kv scale and stage count."""
     page, width = kv_cache.shape[1], kv_cache.shape[2]
     grid = (launch.head_groups, launch.num_splits, num_reqs * launch.token_chunks)
     plan = (block_table, qsl, kv_len, mid_o, mid_lse)
-    sizes = (float(scale), q.shape[1], launch.num_splits, launch.token_chunks)
+    sizes = (float(scale), q_c.shape[1], launch.num_splits, launch.token_chunks)
     strides = (
-        q.stride(0),
-        q.stride(1),
+        q_c.stride(0),
+        q_c.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
         block_table.stride(0),
         mid_o.stride(0),
         mid_o.stride(1),
@@ -40,7 +44,8 @@ def run_stage1(
     if launch.schedule == "alternate":
         descs = cache_descriptors(kv_cache, lora, shapes.CHUNK_COLS)
         alternate.stage1[grid](
-            q,
+            q_c,
+            q_pe,
             *descs,
             *plan,
             *sizes,
@@ -52,10 +57,11 @@ def run_stage1(
         return
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     lockstep.stage1[grid](
-        q,
+        q_c,
+        q_pe,
         *cache_descriptors(kv_cache, lora),
         *plan,
-        kv_scale if fp8 else q,
+        kv_scale if fp8 else q_c,
         *sizes,
         *strides,
         **shape,

@@ -63,6 +63,7 @@ def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
 @gluon.jit
 def stage1(
     Q,
+    QPE,
     KC_DESC,
     KPE_DESC,
     BLOCK_TABLE,
@@ -77,6 +78,8 @@ def stage1(
     token_chunks,
     stride_qt,
     stride_qh,
+    stride_pt,
+    stride_ph,
     stride_bt,
     stride_mt,
     stride_mh,
@@ -114,11 +117,13 @@ def stage1(
     tok_l, head_l, mask_ml = query_rows(
         first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, load_layout)
     )
-    q_row = Q + (q_start + tok_l).to(gl.int64)[:, None] * stride_qt + head_l[:, None] * stride_qh
+    t_l = (q_start + tok_l).to(gl.int64)[:, None]
+    q_row = Q + t_l * stride_qt + head_l[:, None] * stride_qh
+    pe_row = QPE + t_l * stride_pt + head_l[:, None] * stride_ph
     offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, load_layout))
     offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, load_layout))
     q_c = gl.load(q_row + offs_c[None, :], mask=mask_ml[:, None], other=0.0)
-    q_pe = gl.load(q_row + LORA + offs_p[None, :], mask=mask_ml[:, None], other=0.0)
+    q_pe = gl.load(pe_row + offs_p[None, :], mask=mask_ml[:, None], other=0.0)
     if IS_FP8:
         q_c = gl.minimum(gl.maximum(q_c.to(gl.float32), -65504.0), 65504.0)
         q_pe = gl.minimum(gl.maximum(q_pe.to(gl.float32), -65504.0), 65504.0)
