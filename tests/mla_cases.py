@@ -39,7 +39,7 @@ def make_mla_batch(
     cache is a strided view (each row padded by 16 columns, the view starting
     `col_offset` columns in) so kernels must honour strides; 8 keeps 16-bit rows
     16-byte aligned, as TMA needs. `pad_rows` adds inert rows (seq_len 0, no queries);
-    `pad_tokens` adds query rows past the requests (must stay untouched). `nan_unused`
+    `pad_tokens` adds query rows past the requests (their output must be zeros). `nan_unused`
     fills every cache row outside the requests' contexts with NaN, so a kernel that
     reads one past its mask turns its output NaN."""
     gen = torch.Generator().manual_seed(seed)
@@ -105,3 +105,12 @@ def gpu_edge_batch(reqs, heads, cache, block_size=64):
         nan_unused=True,
         col_offset=16 if cache == "fp8" else 8,  # 16-byte aligned columns either way
     )
+
+
+def query_in_parts(q: torch.Tensor, lora: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query as vLLM's MLA layer hands it over: the latent part contiguous, the rope
+    part a view into a wider row (vLLM splits it off [T, H, nope + rope])."""
+    latent = q[..., :lora].contiguous()
+    wide = torch.zeros(*q.shape[:2], 8 + q.shape[-1] - lora, dtype=q.dtype, device=q.device)
+    wide[..., 8:] = q[..., lora:]
+    return latent, wide[..., 8:]

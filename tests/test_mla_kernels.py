@@ -11,7 +11,14 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, tolerance  # noqa: E402
+from mla_cases import (  # noqa: E402
+    EDGE_REQS,
+    FP8,
+    gpu_edge_batch,
+    make_mla_batch,
+    query_in_parts,
+    tolerance,
+)
 
 from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
@@ -136,25 +143,16 @@ def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
 
-def _query_in_parts(q: torch.Tensor, lora: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query as vLLM's MLA layer hands it over: the latent part contiguous, the rope
-    part a view into a wider row (vLLM splits it off [T, H, nope + rope])."""
-    latent = q[..., :lora].contiguous()
-    wide = torch.zeros(*q.shape[:2], 8 + q.shape[-1] - lora, dtype=q.dtype, device=q.device)
-    wide[..., 8:] = q[..., lora:]
-    return latent, wide[..., 8:]
-
-
 @INTERPRETER_ONLY
 @pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
 @pytest.mark.parametrize("cfg", [{"kernel": "packed"}, {"kernel": "per_token"}])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_triton_decode_takes_the_query_in_parts(reqs, cfg, splits):
+def test_triton_decode_takes_thequery_in_parts(reqs, cfg, splits):
     """The stage-1 kernels read the latent and rope parts where they lie (the rope part
     strided as vLLM's view is): the same output as the joined query, on every path."""
     b = make_mla_batch(reqs, heads=16, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
     plan = _plan(b, "triton", num_splits=splits, config=cfg)
-    parts = _query_in_parts(b.q, 32)
+    parts = query_in_parts(b.q, 32)
     assert parts[1].stride(1) != 16, "the rope part must be a strided view"
     whole, whole_lse = _run("triton", b, 32, plan=plan)
     for path, plan_for in (("triton", plan), ("torch", _plan(b, "torch"))):
@@ -169,7 +167,7 @@ def test_triton_decode_takes_the_query_in_parts(reqs, cfg, splits):
 def test_a_query_in_parts_of_the_wrong_widths_is_refused():
     b = make_mla_batch(SINGLE, heads=4, lora=32, rope=16, block_size=BS)
     out = torch.zeros(b.q.shape[0], 4, 32)
-    latent, rope = _query_in_parts(b.q, 32)
+    latent, rope = query_in_parts(b.q, 32)
     with pytest.raises(ValueError, match=r"a split q must be \(\[T, H, 32\], \[T, H, 16\]\)"):
         mla_ops.mla_decode(
             (rope, latent), b.kv_cache, b.meta, scale=0.3, output=out, kv_lora_rank=32
