@@ -67,10 +67,9 @@ def mla_decode_reference(
         toks = [t for t in range(T) if req_l[t] == r]
         lens = torch.tensor([len_l[t] for t in toks], device=q.device)
         n_keys = int(lens.max())
-        tok_idx = torch.tensor(toks, device=q.device)
-        if n_keys == 0:
-            output[tok_idx] = 0
+        if n_keys == 0:  # its rows stay zero
             continue
+        tok_idx = torch.tensor(toks, device=q.device)
         pos = torch.arange(n_keys, device=q.device)
         blocks = meta.block_table[r, pos // block_size].to(torch.int64)
         kv = kv_cache[blocks, pos % block_size].float()
