@@ -217,8 +217,9 @@ def main(spec: dict) -> dict:
         # warm-up did not reach land here (a user's first requests pay them too).
         cold = run_workload(llm, workloads[0], "cold", seed="cold")
         result["cold"] = cold
-        for w in workloads:
-            warm_up(llm, w, again=bool(spec.get("again")))
+        result["warm"] = [
+            run for w in workloads for run in warm_up(llm, w, again=bool(spec.get("again")))
+        ]
         probe = bool(spec.get("probe"))
         if probe:
             llm.collective_rpc(engine_probe.install)
@@ -238,16 +239,21 @@ def main(spec: dict) -> dict:
     return result
 
 
-def warm_up(llm, workload: Workload, again: bool) -> None:
+def warm_up(llm, workload: Workload, again: bool) -> list[dict]:
     """Short passes at the workload's own concurrency on prompts of their own, so the JIT
     compiles its steps need (Triton specializes kernels on the step's sizes: the batch's
     split counts and merge tiles, the token rows of a prefix-cache hit) land here and not
     in the measured passes; the cold pass reports what a first request pays. With `again`,
-    the same prompts run once more, as the measured `again` pass runs its prompts."""
+    the same prompts run once more, as the measured `again` pass runs its prompts. Returns
+    each pass's sizes and wall time."""
     short = workload.scaled(workload.requests, 4)
-    run_workload(llm, short, f"warm-{workload.name}", seed="warm")
-    if again:
-        run_workload(llm, short, f"warm-{workload.name}-again", seed="warm")
+    passes = ["new", "again"] if again else ["new"]
+    runs = []
+    for kind in passes:
+        run = run_workload(llm, short, f"warm-{workload.name}-{kind}", seed="warm")
+        keep = ("workload", "requests", "output_len", "wall_s")
+        runs.append({"pass": kind, **{k: run[k] for k in keep}})
+    return runs
 
 
 def profile(llm, spec: dict, entry: str) -> dict:

@@ -206,7 +206,8 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
 
     out = tmp_path / "out"
     args = [
-        *("--shape", "tiny-llama", "--cases", "default,default@disabled", "--workloads", "lat-1"),
+        *("--shape", "tiny-llama", "--cases", "default,default@disabled"),
+        *("--workloads", "lat-1,lat-8"),
         *("--wave", "2", "--repeats", "1", "--kv-gib", "0.25", "--max-model-len", "2048"),
         *("--eager", "--out-dir", str(out)),
         # the prefix cache, the same prompts again, the step probe, both profile phases
@@ -229,6 +230,10 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
         new, again = [r for r in result["runs"] if r["workload"] == "lat-1"]
         assert (new["pass"], again["pass"]) == ("new", "again")
         assert new["steps"] >= new["output_len"] and result["cold"]["workload"] == "lat-1"
+        # each workload warmed at its own concurrency, and on the same prompts again
+        warm = [(r["workload"], r["requests"], r["pass"]) for r in result["warm"]]
+        sizes = (("lat-1", 1), ("lat-8", 8))
+        assert warm == [(w, n, kind) for w, n in sizes for kind in ("new", "again")]
         # every model step recorded: one prefill, the rest decodes
         assert new["probe"]["prefill"]["steps"] >= 1
         assert new["probe"]["decode"]["steps"] >= new["output_len"] - 2
