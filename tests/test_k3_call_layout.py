@@ -379,9 +379,22 @@ def spies(monkeypatch):
 # ---- the call table's layout ---------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.fixture(params=["the module's blocks", "blocks of 3 rows"])
+def block(request, monkeypatch):
+    """The copies' rows laid out in blocks as large as the module's, or of 3 rows (each
+    block then ends with the next id: many blocks)."""
+    if request.param == "blocks of 3 rows":
+        monkeypatch.setattr(node_versions, "_BLOCK", 3)
+    return node_versions._BLOCK
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(tools(), st.booleans())
-def test_generated_schemas_lay_out_as_the_plain_build(request_tools, parallel):
+def test_generated_schemas_lay_out_as_the_plain_build(block, request_tools, parallel):
     try:
         spec = call_spec_for(WORDS, request_tools, None, parallel)
     except UnsupportedSchema:
@@ -389,7 +402,7 @@ def test_generated_schemas_lay_out_as_the_plain_build(request_tools, parallel):
     assert_same(*both(spec))
 
 
-def test_many_optional_keys_take_the_copied_nodes_path(spies):
+def test_many_optional_keys_take_the_copied_nodes_path(block, spies):
     """2,000-property shape at test size: every window copies the nodes on its key's path,
     kept as versions; the table equals the plain build's."""
     old, new = both(one_tool({k: {"type": "integer"} for k in KEYS}))
@@ -397,7 +410,7 @@ def test_many_optional_keys_take_the_copied_nodes_path(spies):
     assert_same(old, new)
 
 
-def test_nested_optional_keys_and_merges_lay_out_as_the_plain_build(spies):
+def test_nested_optional_keys_and_merges_lay_out_as_the_plain_build(block, spies):
     inner = {"type": "object", "properties": {k: {"type": "integer"} for k in KEYS[:20]}}
     array = {"type": "array", "items": {"type": "number"}}
     old, new = both(one_tool({"a": inner, "b": array}, required=["b"]))

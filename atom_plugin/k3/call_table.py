@@ -153,14 +153,16 @@ class CallTable:
     # ---- the wire ------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
         """A JSON-able value (the arrays zlib-compressed, base64)."""
-        raw = b"".join(np.ascontiguousarray(getattr(self, name), "<i4").data for name in _ARRAYS)
+        # Compressed array by array: no copy of the arrays joined.
+        zipped = zlib.compressobj(1)
+        parts = [zipped.compress(np.ascontiguousarray(getattr(self, n), "<i4")) for n in _ARRAYS]
         return {
             "v": WIRE_VERSION,
             "states": self.num_states,
             "edges": len(self.edge_tok),
             "class_edges": len(self.class_cls),
             "classes": self.token_classes.fingerprint,
-            "data": base64.b64encode(zlib.compress(raw, 1)).decode("ascii"),
+            "data": base64.b64encode(b"".join([*parts, zipped.flush()])).decode("ascii"),
         }
 
     @classmethod

@@ -6,7 +6,7 @@ with one edge set. A node that branches to many keys (the ids after `key="p` wit
 properties `p0`, `p1`, ...) would cost every window all of its edges in Python twice, as
 a dict copy and again as the table's arrays. Here a chain of copies is a family: one dict
 holds the edges of its newest copy (the only copy the build reads or sets), the edges of
-the node first copied are its base, and each edge set on a copy is recorded. `rows()`
+the node first copied are its base, and each edge set on a copy is recorded. `place()`
 writes the edges of every copy, ids ascending, with numpy: an id's position at a copy is
 its rank when it was added plus the count of smaller ids added since.
 """
@@ -33,15 +33,6 @@ class _Family:
     edges: dict[int, int]  # the newest copy's
     states: list[int] = field(default_factory=list)  # the copies, oldest first
     sorted_ids: list[int] = field(default_factory=list)  # the newest copy's ids, ascending
-
-
-@dataclass(frozen=True)
-class CopiedRows:
-    """Edge i of the copies is `ids[i]` -> `targets[i]`, at `at[i]` in the table's edges."""
-
-    at: np.ndarray
-    ids: np.ndarray
-    targets: np.ndarray
 
 
 class NodeVersions:
@@ -103,14 +94,13 @@ class NodeVersions:
         lengths = n.base_size[n.family] + through - through[first] + added[first]
         return n.states, lengths
 
-    def rows(self, row_start: np.ndarray) -> CopiedRows:
-        """Every copy's edges, placed for a table whose state s has its edges from
-        `row_start[s]` on. Call it once `lengths()` are within `LIMITS` (every added id
-        then has its rank)."""
+    def place(self, row_start: np.ndarray, ids_out: np.ndarray, targets_out: np.ndarray) -> None:
+        """Write every copy's edges into a table's `ids_out` and `targets_out`, where state
+        s has its edges from `row_start[s]` on. Call it once `lengths()` are within
+        `LIMITS` (every added id then has its rank)."""
         n = self._numbering()
         if not len(n.states):
-            empty = np.zeros(0, dtype=np.int64)
-            return CopiedRows(empty, empty, empty)
+            return
         if (n.set_rank == _UNRANKED).any():
             raise ValueError("copies allowing more ids than LIMITS.allowed have no layout")
         # The records of edges: each base's (at its family's first copy, before a set
@@ -132,30 +122,53 @@ class NodeVersions:
         last = n.first + n.count - 1  # per family
         end = np.where(same_next, np.roll(at, -1) - 1, last[family])
         count = np.maximum(end - at + 1, 0)
-        begins = np.cumsum(count) - count  # each record's first row
-        total = int(begins[-1] + count[-1])
-        # One row per edge of a copy, record by record (int32: ids, states and positions
-        # are within LIMITS).
-        copy = np.repeat((at - begins).astype(np.int32), count)
-        copy += np.arange(total, dtype=np.int32)
-        edge_id = np.repeat(ids.astype(np.int32), count)
-        # An id's rank at a copy: its rank when added (its first record's) plus the
-        # smaller ids added at its copies since: a running count over the id's rows,
-        # contiguous here (its own add is not smaller: it counts 0).
+        # Per record its id's first record, whose rank is the id's rank when added; that
+        # record may hold no copy (a base edge set again at the family's first copy), so
+        # each id's rows start at the first of its records that hold any.
+        first_of_id = np.concatenate([[True], ~same_next[:-1]])
+        owner = np.flatnonzero(first_of_id)[np.cumsum(first_of_id) - 1]
+        id_rank = added_rank[owner]
+        keep = count > 0
+        owner = owner[keep]
+        records = _Records(
+            ids=ids[keep].astype(np.int32),
+            at=at[keep],
+            targets=targets[keep].astype(np.int32),
+            count=count[keep],
+            id_start=np.concatenate([[True], owner[1:] != owner[:-1]]),
+            id_rank=id_rank[keep],
+        )
+        # The copy at which each id was added (the rank counts the smaller ones since).
         added_at = np.full(len(n.states), np.iinfo(np.int32).max, dtype=np.int32)
         adds = n.set_rank >= 0
         added_at[n.set_copy[adds]] = n.set_ids[adds]
-        running = np.cumsum(added_at[copy] < edge_id, dtype=np.int32)
-        # Per record, what turns the running count into the rank: the id's rank when
-        # added less the count before the id's first row.
-        starts = np.flatnonzero(np.concatenate([[True], ~same_next[:-1]]))
-        before = np.concatenate([[0], running])[begins[starts]]
-        per_id = added_rank[starts] - before
-        per_record = np.repeat(per_id, np.diff(np.append(starts, len(ids))))
-        at_row = np.repeat(per_record.astype(np.int32), count)
-        at_row += running
-        at_row += row_start[n.states].astype(np.int32)[copy]
-        return CopiedRows(at_row, edge_id, np.repeat(targets.astype(np.int32), count))
+        # Rows (one per edge of a copy) go in blocks of whole ids: the copies of a node
+        # with many ids have many rows, and buffers of a block's rows are reused where a
+        # buffer of all rows would be fresh memory (a page fault per page) on each compile.
+        begins = np.cumsum(records.count) - records.count  # each record's first row
+        row_of = np.append(begins, begins[-1] + records.count[-1])  # and the end
+        id_first = np.flatnonzero(records.id_start)
+        marks = np.arange(0, row_of[-1], _BLOCK)  # each block's cut: the id holding a mark
+        cut_ids = np.searchsorted(row_of[id_first], marks, side="right") - 1
+        cuts = np.unique(np.append(id_first[cut_ids], len(begins)))
+        buffers = _Buffers(int(np.diff(row_of[cuts]).max()))
+        copy_start = row_start[n.states]
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            where, rank, edge_ids, edge_targets = buffers.rows(records, lo, hi)
+            # An id's rank at a copy: its rank when added plus the smaller ids added at
+            # its copies since (its own add is not smaller), a running count over the
+            # id's rows (contiguous here) reset to its rank at its first row.
+            np.take(added_at, where, out=rank)
+            np.less(rank, edge_ids, out=rank)
+            reset = (begins[lo:hi] - begins[lo])[records.id_start[lo:hi]]
+            per_id = np.add.reduceat(rank, reset)  # the smaller ids over each id's rows
+            start_rank = records.id_rank[lo:hi][records.id_start[lo:hi]]
+            rank[reset] += np.diff(start_rank, prepend=0) - np.concatenate([[0], per_id[:-1]])
+            np.cumsum(rank, out=rank)
+            np.take(copy_start, where, out=where)
+            where += rank
+            ids_out[where] = edge_ids
+            targets_out[where] = edge_targets
 
     def _numbering(self) -> _Numbering:
         """The copies numbered family by family, each family's contiguous, oldest first
@@ -194,6 +207,53 @@ class NodeVersions:
             set_targets=sets[:, 3],
             set_rank=sets[:, 4],
         )
+
+
+_BLOCK = 1 << 14  # rows laid out at a time (a block may hold more: it ends with an id)
+
+
+@dataclass(frozen=True)
+class _Records:
+    """Runs of rows: record r gives `count[r]` copies from `at[r]` on the edge `ids[r]` ->
+    `targets[r]`; `id_start[r]` where a new id starts (its rank when added: `id_rank`)."""
+
+    ids: np.ndarray
+    at: np.ndarray
+    targets: np.ndarray
+    count: np.ndarray
+    id_start: np.ndarray
+    id_rank: np.ndarray
+
+
+class _Buffers:
+    """The rows of a block of records, in buffers reused from block to block."""
+
+    def __init__(self, size: int) -> None:
+        self.where = np.empty(size, dtype=np.intp)
+        self.rank = np.empty(size, dtype=np.int32)
+        self.record = np.empty(size, dtype=np.intp)
+        self.ids = np.empty(size, dtype=np.int32)
+        self.targets = np.empty(size, dtype=np.int32)
+
+    def rows(self, records: _Records, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """Records lo..hi-1 as rows: each row's copy, a rank buffer, its id and target."""
+        count = records.count[lo:hi]
+        begins = np.cumsum(count) - count
+        size = int(begins[-1] + count[-1])
+        where, record = self.where[:size], self.record[:size]
+        # Running sums of 1s that jump where a record starts: each row's copy and record.
+        at = records.at[lo:hi]
+        where.fill(1)
+        where[0] = at[0]
+        where[begins[1:]] = at[1:] - (at[:-1] + count[:-1] - 1)
+        np.cumsum(where, out=where)
+        record.fill(0)
+        record[begins[1:]] = 1
+        np.cumsum(record, out=record)
+        ids, targets = self.ids[:size], self.targets[:size]
+        np.take(records.ids[lo:hi], record, out=ids)
+        np.take(records.targets[lo:hi], record, out=targets)
+        return where, self.rank[:size], ids, targets
 
 
 @dataclass(frozen=True)

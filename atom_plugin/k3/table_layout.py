@@ -87,9 +87,7 @@ def table_arrays(
     at = ptr[src] + np.arange(len(src)) - (np.cumsum(own_counts) - own_counts)[src]
     out_ids[at], out_targets[at] = ids, targets
     out_ids[ptr[chain_state]], out_targets[ptr[chain_state]] = chain_ids, chain_targets
-    rows = copies.rows(ptr)
-    at = rows.at.astype(np.intp)
-    out_ids[at], out_targets[at] = rows.ids, rows.targets
+    copies.place(ptr, out_ids, out_targets)
     return {
         "edge_ptr": ptr.astype(np.int32),
         "edge_tok": out_ids,
