@@ -30,9 +30,11 @@ the call may close only once no required property is left. Values:
   quote; a value's end takes the edges of the state after it (merged once the
   states are built, so numbers and options end on whatever may follow them).
 
-The result is a `CallTable` (call_table.py: flat arrays, what the engine receives);
-building stops with `CallsTooLarge` once it passes `LIMITS.states`, so a hostile
-schema costs at most that much work.
+The result is a `CallTable` (call_table.py: flat arrays, what the engine receives),
+laid out with numpy (table_layout.py): states built whole at once (runs of forced ids,
+a number argument's states) and the key windows' copied nodes (node_versions.py) keep
+no dict per state. Building stops with `CallsTooLarge` once it passes `LIMITS.states`,
+so a hostile schema costs at most that much work.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any
 from atom_plugin.k3 import call_table
 from atom_plugin.k3.call_table import FINAL, CallSpecError, CallTable, too_large
 from atom_plugin.k3.node_versions import NodeVersions
-from atom_plugin.k3.table_layout import Chains, table_arrays
+from atom_plugin.k3.table_layout import Chains, NumberRuns, table_arrays
 from atom_plugin.k3.token_classes import (
     ACCEPTING,
     DEAD,
@@ -273,17 +275,18 @@ class CallAutomaton:
         self.spec = spec
         self.token_classes = classes
         self._max_states = call_table.LIMITS.states
-        # Per state its explicit edges (id -> state): a dict of its own, None for a state
-        # of a run that `_chains` holds, and empty for a copied node (`_copies` holds its).
+        # Per state its explicit edges (id -> state): a dict of its own, or None for a
+        # state of a run (`_chains`, `_numbers` hold them) and a copied node (`_copies`).
         self._edges: list[dict[int, int] | None] = []
         self._chains = Chains()
+        self._numbers = NumberRuns()
         self._copies = NodeVersions()
         # The class edges (class -> state) of the states that have any.
         self._classes: dict[int, dict[int, int]] = {}
         self._build()
-        arrays = table_arrays(self._edges, self._chains, self._classes, self._copies)
+        arrays = table_arrays(self._edges, self._chains, self._numbers, self._classes, self._copies)
         self.table = CallTable(classes, **arrays)
-        del self._edges, self._chains, self._copies, self._classes
+        del self._edges, self._chains, self._numbers, self._copies, self._classes
 
     # ---- construction ---------------------------------------------------------
     def _new(self) -> int:
@@ -292,12 +295,13 @@ class CallAutomaton:
         self._edges.append({})
         return len(self._edges) - 1
 
-    def _new_states(self, n: int) -> int:
-        """`n` new states (as `n` calls of `_new`); returns the first."""
+    def _new_states(self, n: int, own: bool = True) -> int:
+        """`n` new states (as `n` calls of `_new`), with dicts of their own unless their
+        edges are held elsewhere (a run, a copy); returns the first."""
         first = len(self._edges)
         if first + n > self._max_states:
             raise too_large("states", self._max_states + 1, self._max_states)
-        self._edges.extend([{} for _ in range(n)])
+        self._edges.extend([{} for _ in range(n)] if own else itertools.repeat(None, n))
         return first
 
     def _chain(self, ids: Sequence[int], target: int) -> int:
@@ -356,7 +360,7 @@ class CallAutomaton:
                 self._set(node, token, target if last else self._chain(ids[i + 1 :], target))
                 self._ends.add(target)
                 break
-            child = self._new()
+            child = self._new_states(1, own=False)
             self._copies.copy(old, child, self._edges_of)
             self._set(node, token, child)
             node = child
@@ -367,7 +371,8 @@ class CallAutomaton:
             self._edges[state][token] = target
 
     def _edges_of(self, state: int) -> dict[int, int]:
-        """The edges of a state that is no copy (a dict to read, not to set)."""
+        """The edges of a state that is no copy nor in a number's run (a dict to read, not
+        to set)."""
         edges = self._edges[state]
         return self._chains.edges(state) if edges is None else edges
 
@@ -506,15 +511,16 @@ class CallAutomaton:
         """States of a character DFA language. An accepting state leaves on `explicit_end`
         to `after`, or without one takes `after`'s edges (merged once built)."""
         shape = _number_shape(self.token_classes, language)
+        if explicit_end is not None:  # final at once: a run (see `_numbers`)
+            first = self._new_states(len(shape), own=False)
+            self._numbers.add(first, shape, explicit_end, after)
+            return first
         first = self._new_states(len(shape))
         for i, (moves, accepting) in enumerate(shape):
             state = first + i
             self._classes[state] = {c: first + j for c, j in moves}
             if accepting:
-                if explicit_end is None:
-                    self._merges.append((state, after))
-                else:
-                    self._edges[state][explicit_end] = after
+                self._merges.append((state, after))
         return first
 
 
