@@ -359,20 +359,21 @@ def assert_same(old, new) -> None:
 
 @pytest.fixture
 def spies(monkeypatch):
-    """Counts of copied nodes (NodeVersions.copy) and runs of states (Chains.add)."""
-    counts = {"copies": 0, "runs": 0}
-    copy, add = node_versions.NodeVersions.copy, table_layout.Chains.add
+    """Counts of copied nodes (NodeVersions.copy) and runs of states (Chains.add,
+    NumberRuns.add)."""
+    counts = {"copies": 0, "runs": 0, "numbers": 0}
+    for owner, method, key in (
+        (node_versions.NodeVersions, "copy", "copies"),
+        (table_layout.Chains, "add", "runs"),
+        (table_layout.NumberRuns, "add", "numbers"),
+    ):
+        original = getattr(owner, method)
 
-    def counting_copy(self, *args):
-        counts["copies"] += 1
-        return copy(self, *args)
+        def counting(self, *args, _original=original, _key=key):
+            counts[_key] += 1
+            return _original(self, *args)
 
-    def counting_add(self, *args):
-        counts["runs"] += 1
-        return add(self, *args)
-
-    monkeypatch.setattr(node_versions.NodeVersions, "copy", counting_copy)
-    monkeypatch.setattr(table_layout.Chains, "add", counting_add)
+        monkeypatch.setattr(owner, method, counting)
     return counts
 
 
@@ -407,6 +408,7 @@ def test_many_optional_keys_take_the_copied_nodes_path(block, spies):
     kept as versions; the table equals the plain build's."""
     old, new = both(one_tool({k: {"type": "integer"} for k in KEYS}))
     assert spies["copies"] >= len(KEYS) and spies["runs"] > 0
+    assert spies["numbers"] == len(KEYS) + 1  # each property's value, and the call index
     assert_same(old, new)
 
 
