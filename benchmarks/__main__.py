@@ -35,6 +35,8 @@ BENCHMARKS = {
     "plugin's channel against vLLM's strict structural tag (tok/s, TTFT, TPOT, valid calls)?",
     "k3_admission": "How long do the other streams of a server stall while a request with a "
     "large tool schema is admitted, cold and warm?",
+    "k3_compile": "What does compiling a new Kimi-K3 tool set cost the API server's event loop, "
+    "per schema of k3_admission (standalone, no server)?",
     "k3_serving_model": "Builds the K3 serving model folder (DeepSeek-V3-shaped MLA, random "
     "weights, a synthetic K3 tokenizer of 163,840 ids) that the K3 benchmarks serve.",
     "tbo": "Does a decode step split into two micro-batches beat the unsplit step on one GPU, "

@@ -30,14 +30,17 @@ the call may close only once no required property is left. Values:
   quote; a value's end takes the edges of the state after it (merged once the
   states are built, so numbers and options end on whatever may follow them).
 
-The result is a `CallTable` (call_table.py: flat arrays, what the engine receives);
-building stops with `CallsTooLarge` once it passes `LIMITS.states`, so a hostile
-schema costs at most that much work.
+The result is a `CallTable` (call_table.py: flat arrays, what the engine receives),
+laid out with numpy (table_layout.py): states built whole at once (runs of forced ids,
+a number argument's states) and the key windows' copied nodes (node_versions.py) keep
+no dict per state. Building stops with `CallsTooLarge` once it passes `LIMITS.states`,
+so a hostile schema costs at most that much work.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +48,8 @@ from typing import Any
 
 from atom_plugin.k3 import call_table
 from atom_plugin.k3.call_table import FINAL, CallSpecError, CallTable, too_large
+from atom_plugin.k3.node_versions import NodeVersions
+from atom_plugin.k3.table_layout import Chains, NumberRuns, table_arrays
 from atom_plugin.k3.token_classes import (
     ACCEPTING,
     DEAD,
@@ -270,31 +275,45 @@ class CallAutomaton:
         self.spec = spec
         self.token_classes = classes
         self._max_states = call_table.LIMITS.states
-        # Per state: its explicit edges (id -> state) and class edges (class -> state).
-        self._edges: list[dict[int, int]] = []
-        self._classes: list[dict[int, int]] = []
+        # Per state its explicit edges (id -> state): a dict of its own, or None for a
+        # state of a run (`_chains`, `_numbers` hold them) and a copied node (`_copies`).
+        self._edges: list[dict[int, int] | None] = []
+        self._chains = Chains()
+        self._numbers = NumberRuns()
+        self._copies = NodeVersions()
+        # The class edges (class -> state) of the states that have any.
+        self._classes: dict[int, dict[int, int]] = {}
         self._build()
-        self.table = CallTable.from_edges(self._edges, self._classes, classes)
-        del self._edges, self._classes
+        arrays = table_arrays(self._edges, self._chains, self._numbers, self._classes, self._copies)
+        self.table = CallTable(classes, **arrays)
+        del self._edges, self._chains, self._numbers, self._copies, self._classes
 
     # ---- construction ---------------------------------------------------------
     def _new(self) -> int:
         if len(self._edges) >= self._max_states:
             raise too_large("states", len(self._edges) + 1, self._max_states)
         self._edges.append({})
-        self._classes.append({})
         return len(self._edges) - 1
 
+    def _new_states(self, n: int, own: bool = True) -> int:
+        """`n` new states (as `n` calls of `_new`), with dicts of their own unless their
+        edges are held elsewhere (a run, a copy); returns the first."""
+        first = len(self._edges)
+        if first + n > self._max_states:
+            raise too_large("states", self._max_states + 1, self._max_states)
+        self._edges.extend([{} for _ in range(n)] if own else itertools.repeat(None, n))
+        return first
+
     def _chain(self, ids: Sequence[int], target: int) -> int:
-        """States forcing `ids` then going to `target`; returns the first."""
+        """States forcing `ids` then going to `target`; returns the first. They are final:
+        `_chains` holds their edges (see `_edges_of`)."""
         if not ids:
             return target
         first, n = len(self._edges), len(ids)
         if first + n > self._max_states:
             raise too_large("states", first + n, self._max_states)
-        self._edges.extend([{token: first + k + 1} for k, token in enumerate(ids)])
-        self._classes.extend([{} for _ in range(n)])
-        self._edges[-1][ids[-1]] = target
+        self._edges.extend(itertools.repeat(None, n))
+        self._chains.add(first, ids, target)
         return first
 
     def _trie(self, root: int, branches: Sequence[tuple[Sequence[int], int]]) -> None:
@@ -321,14 +340,16 @@ class CallAutomaton:
     def _insert(self, root: int | None, ids: Sequence[int], target: int) -> int:
         """A new trie: `root`'s (None: empty) with `ids` -> `target` added. Only the nodes
         along `ids` are new (copies where `root` had them); every other subtree is shared,
-        so a run of windows that each add one sequence costs one path per window."""
+        so a run of windows that each add one sequence costs one path per window. A copy
+        of a node below the root is kept as a version of it (`NodeVersions`): the copy
+        costs no edges, only the edge set on it."""
         new = self._new()
         if root is not None:
             self._edges[new].update(self._edges[root])
         node = new
         for i, token in enumerate(ids):
-            edges = self._edges[node]
-            old = edges.get(token)
+            copied = self._copies.edges(node)
+            old = (self._edges[node] if copied is None else copied).get(token)
             last = i == len(ids) - 1
             if old is not None and (last or old in self._ends):
                 raise CallSpecError(
@@ -336,19 +357,34 @@ class CallAutomaton:
                     "are prefixes of each other: the automaton cannot tell them apart"
                 )
             if last or old is None:  # past the shared path every state is new: a chain
-                edges[token] = target if last else self._chain(ids[i + 1 :], target)
+                self._set(node, token, target if last else self._chain(ids[i + 1 :], target))
                 self._ends.add(target)
                 break
-            child = self._new()
-            self._edges[child].update(self._edges[old])
-            edges[token] = node = child
+            child = self._new_states(1, own=False)
+            self._copies.copy(old, child, self._edges_of)
+            self._set(node, token, child)
+            node = child
         return new
+
+    def _set(self, state: int, token: int, target: int) -> None:
+        if not self._copies.set(state, token, target):
+            self._edges[state][token] = target
+
+    def _edges_of(self, state: int) -> dict[int, int]:
+        """The edges of a state that is no copy nor in a number's run (a dict to read, not
+        to set)."""
+        edges = self._edges[state]
+        return self._chains.edges(state) if edges is None else edges
 
     def _build(self) -> None:
         spec, seq = self.spec, self.spec.sequence
         open_, close, sep, end = (spec.piece(p) for p in _PIECES)
         self._ends: set[int] = set()
         self._merges: list[tuple[int, int]] = []
+        # The classes a raw string's text loops on, and a JSON string's.
+        classes = range(self.token_classes.num_classes)
+        self._text_classes = tuple(c for c in classes if c != SPECIAL)
+        self._string_classes = tuple(c for c in classes if c not in (SPECIAL, QUOTED))
         name_root = self._new()  # state 0: right after `call tool="`
         tools_close = self._chain(
             (*seq("tools_end"), sep, close, *seq("message_end"), sep, end), FINAL
@@ -359,25 +395,29 @@ class CallAutomaton:
         self._edges[after_call][close] = tools_close
         call_close = self._chain((*seq("call_end"), sep), after_call)
         branches = []
+        index, index_end = seq("index"), seq("index_end")
         for tool in spec.tools:
             first_arg = self._arguments(tool.args, close, open_, sep, call_close)
             # The index's first closing id is the edge out of its digits.
-            index_end = self._chain((*seq("index_end")[1:], sep), first_arg)
-            digits = self._number("index", index_end, explicit_end=seq("index_end")[0])
-            branches.append(((*tool.name, *seq("index")), digits))
+            after_index = self._chain((*index_end[1:], sep), first_arg)
+            digits = self._number("index", after_index, explicit_end=index_end[0])
+            branches.append(((*tool.name, *index), digits))
         self._trie(name_root, branches)
         self._merge()
 
     def _merge(self) -> None:
         """Give each merge's target state the edges and classes of its source, to a fixpoint
         (a source may take edges of its own); a clash of targets is a CallSpecError."""
+        copied = self._copies.copies.intersection(itertools.chain.from_iterable(self._merges))
+        if copied:  # a copy's edges live in self._copies, not in self._edges
+            raise RuntimeError(f"copied trie nodes {sorted(copied)} cannot take part in a merge")
         changed = True
         while changed:
             changed = False
             for dst, src in self._merges:
                 for mine, theirs in (
-                    (self._edges[dst], self._edges[src]),
-                    (self._classes[dst], self._classes[src]),
+                    (self._edges[dst], self._edges_of(src)),
+                    (self._classes.setdefault(dst, {}), self._classes.get(src, {})),
                 ):
                     for key, target in theirs.items():
                         if key not in mine:
@@ -394,7 +434,8 @@ class CallAutomaton:
     ) -> int:
         """State "before property i" for i = 0..n, wired; returns the one for i = 0."""
         n = len(args)
-        before = [self._new() for _ in range(n + 1)]
+        before = range(self._new_states(n + 1), len(self._edges))
+        argument_end = (*self.spec.sequence("argument"), sep)
         # Property j's value goes on to "before j + 1" whichever property came before it,
         # so each value's states are built once and shared by every key trie reaching it.
         # Before property i the keys of i up to the first required one from i may come:
@@ -404,7 +445,7 @@ class CallAutomaton:
         no_required_left = True
         for i in range(n, -1, -1):
             if i < n:
-                after_value = self._chain((*self.spec.sequence("argument"), sep), before[i + 1])
+                after_value = self._chain(argument_end, before[i + 1])
                 value = self._value(args[i], close, after_value)
                 keys = self._insert(None if args[i].required else keys, (*args[i].head, sep), value)
                 no_required_left = no_required_left and not args[i].required
@@ -417,10 +458,7 @@ class CallAutomaton:
         if arg.kind == "text":
             state = self._new()
             self._edges[state][close] = arg_close
-            loops = self._classes[state]
-            for cls in range(self.token_classes.num_classes):
-                if cls != SPECIAL:
-                    loops[cls] = state
+            self._classes[state] = dict.fromkeys(self._text_classes, state)
             return state
         if arg.kind == "options":
             root = self._new()
@@ -436,10 +474,7 @@ class CallAutomaton:
         """States of a JSON value that goes on to `after`; returns the first."""
         if node.kind == "string":
             body = self._new()
-            loops = self._classes[body]
-            for cls in range(self.token_classes.num_classes):
-                if cls not in (SPECIAL, QUOTED):
-                    loops[cls] = body
+            self._classes[body] = dict.fromkeys(self._string_classes, body)
             self._edges[body][node.close[0]] = self._chain(node.close[1:], after)
             return self._chain(node.open, body)
         if node.kind in ("integer", "number"):
@@ -476,17 +511,16 @@ class CallAutomaton:
         """States of a character DFA language. An accepting state leaves on `explicit_end`
         to `after`, or without one takes `after`'s edges (merged once built)."""
         shape = _number_shape(self.token_classes, language)
-        first = len(self._edges)
-        for _ in shape:
-            self._new()
+        if explicit_end is not None:  # final at once: a run (see `_numbers`)
+            first = self._new_states(len(shape), own=False)
+            self._numbers.add(first, shape, explicit_end, after)
+            return first
+        first = self._new_states(len(shape))
         for i, (moves, accepting) in enumerate(shape):
             state = first + i
-            self._classes[state].update((c, first + j) for c, j in moves)
+            self._classes[state] = {c: first + j for c, j in moves}
             if accepting:
-                if explicit_end is None:
-                    self._merges.append((state, after))
-                else:
-                    self._edges[state][explicit_end] = after
+                self._merges.append((state, after))
         return first
 
 

@@ -22,11 +22,11 @@ from the same tokenizer, must match it.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
-import itertools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +91,16 @@ class CallTable:
     class_ptr: np.ndarray
     class_cls: np.ndarray
     class_dst: np.ndarray
-    digest: str  # of the arrays: equal tables of one vocabulary are one channel
+    # The arrays' digest when it is known already (read_wire computes it); else `digest`
+    # computes it on first use (the API server, which only sends the table, never does).
+    known_digest: str | None = dataclasses.field(default=None, repr=False)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Of the arrays and classes: equal tables of one vocabulary are one channel."""
+        if self.known_digest is not None:
+            return self.known_digest
+        return _digest({n: getattr(self, n) for n in _ARRAYS}, self.token_classes.fingerprint)
 
     @property
     def num_states(self) -> int:
@@ -144,44 +153,22 @@ class CallTable:
     # ---- the wire ------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
         """A JSON-able value (the arrays zlib-compressed, base64)."""
-        raw = b"".join(getattr(self, name).astype("<i4").tobytes() for name in _ARRAYS)
+        # Compressed array by array: no copy of the arrays joined.
+        zipped = zlib.compressobj(1)
+        parts = [zipped.compress(np.ascontiguousarray(getattr(self, n), "<i4")) for n in _ARRAYS]
         return {
             "v": WIRE_VERSION,
             "states": self.num_states,
             "edges": len(self.edge_tok),
             "class_edges": len(self.class_cls),
             "classes": self.token_classes.fingerprint,
-            "data": base64.b64encode(zlib.compress(raw, 1)).decode("ascii"),
+            "data": base64.b64encode(b"".join([*parts, zipped.flush()])).decode("ascii"),
         }
 
     @classmethod
     def from_wire(cls, value: Any, classes: TokenClasses) -> CallTable:
         """The table `value` describes, for `classes` (ValueError if it is not theirs)."""
         return CheckedCalls(*read_wire(value)).bind(classes)
-
-    @classmethod
-    def from_edges(
-        cls,
-        edges: Sequence[Mapping[int, int]],
-        class_edges: Sequence[Mapping[int, int]],
-        classes: TokenClasses,
-    ) -> CallTable:
-        """From per-state edge maps (CallAutomaton's build); CallsTooLarge beyond `LIMITS`."""
-        arrays: dict[str, np.ndarray] = {}
-        for prefix, maps in (("edge", edges), ("class", class_edges)):
-            counts = np.fromiter(map(len, maps), dtype=np.int64, count=len(maps))
-            keys = np.fromiter(itertools.chain.from_iterable(maps), dtype=np.int64)
-            dsts = np.fromiter(
-                itertools.chain.from_iterable(m.values() for m in maps), dtype=np.int64
-            )
-            src = np.repeat(np.arange(len(maps)), counts)
-            order = np.lexsort((keys, src))  # by state, then ascending within it
-            key = "tok" if prefix == "edge" else "cls"
-            arrays[f"{prefix}_ptr"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-            arrays[f"{prefix}_{key}"] = keys[order].astype(np.int32)
-            arrays[f"{prefix}_dst"] = dsts[order].astype(np.int32)
-        check_limits(arrays)
-        return cls(classes, **arrays, digest=_digest(arrays, classes.fingerprint))
 
 
 @dataclass(frozen=True)
@@ -210,25 +197,32 @@ class CheckedCalls:
             raise ValueError(
                 f"the call table uses token class {top}; this vocabulary has {classes.num_classes}"
             )
-        return CallTable(classes, **self.arrays, digest=self.digest)
+        return CallTable(classes, **self.arrays, known_digest=self.digest)
 
 
 def _digest(arrays: Mapping[str, np.ndarray], fingerprint: str) -> str:
     h = hashlib.sha256(fingerprint.encode())
     for name in _ARRAYS:
-        h.update(arrays[name].astype("<i4").tobytes())
+        h.update(np.ascontiguousarray(arrays[name], "<i4").data)
     return h.hexdigest()
 
 
 def check_limits(arrays: Mapping[str, np.ndarray]) -> None:
     """CallsTooLarge when the table is beyond `LIMITS`."""
-    states = len(arrays["edge_ptr"]) - 1
+    check_sizes(
+        len(arrays["edge_ptr"]) - 1,
+        int(np.diff(arrays["edge_ptr"]).max(initial=0)),
+        len(arrays["edge_tok"]) + len(arrays["class_cls"]),
+    )
+
+
+def check_sizes(states: int, widest: int, edges: int) -> None:
+    """CallsTooLarge for a table of `states`, `widest` ids allowed by name in one state
+    and `edges` (explicit and class) beyond `LIMITS`."""
     if states > LIMITS.states:
         raise too_large("states", states, LIMITS.states)
-    widest = int(np.diff(arrays["edge_ptr"]).max(initial=0))
     if widest > LIMITS.allowed:
         raise too_large("ids allowed by name in one state", widest, LIMITS.allowed)
-    edges = len(arrays["edge_tok"]) + len(arrays["class_cls"])
     if edges > LIMITS.edges:
         raise too_large("edges", edges, LIMITS.edges)
 

@@ -21,9 +21,8 @@ booleans, null and enums. Everything else (type unions, `anyOf`/`oneOf`/`allOf`/
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from atom_plugin.k3.call_automaton import (
@@ -66,23 +65,43 @@ def _field(value: Any, key: str) -> Any:
     return value.get(key) if isinstance(value, Mapping) else getattr(value, key, None)
 
 
-def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
-    unknown = getattr(tokenizer, "unk_token_id", None)
-    return _checked(text, tokenizer.encode(text, add_special_tokens=False), unknown)
+class _Encoder:
+    """A request's texts, each encoded on its own (as the model's encoder does) and once.
+
+    `prime(texts)` encodes those not seen yet; a Hugging Face fast tokenizer takes them in
+    one batch of its backend. The ids are checked where a text is used (`enc(text)`), so a
+    text that cannot be encoded fails there, as if it had been encoded there.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.unknown = getattr(tokenizer, "unk_token_id", None)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        fast = getattr(tokenizer, "is_fast", False) is True and backend is not None
+        # `encode_batch_fast` gives the same ids without computing offsets.
+        self._batch = getattr(backend, "encode_batch_fast", backend.encode_batch) if fast else None
+        self._ids: dict[str, tuple[int, ...]] = {}
+
+    def prime(self, texts: Iterable[str]) -> None:
+        if self._batch is None:
+            return
+        new = [t for t in dict.fromkeys(texts) if t not in self._ids]
+        if new:
+            batch = self._batch(new, add_special_tokens=False)
+            self._ids.update(zip(new, (tuple(e.ids) for e in batch), strict=True))
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = self._ids[text] = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return _checked(text, ids, self.unknown)
+
+    def many(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        self.prime(texts)
+        return [self(t) for t in texts]
 
 
-def _encode_many(tokenizer: Any, texts: Sequence[str]) -> list[tuple[int, ...]]:
-    """Each text encoded on its own; a Hugging Face fast tokenizer takes them in one batch."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if len(texts) > 8 and getattr(tokenizer, "is_fast", False) is True and backend is not None:
-        unknown = getattr(tokenizer, "unk_token_id", None)
-        batch = backend.encode_batch(list(texts), add_special_tokens=False)
-        return [_checked(t, e.ids, unknown) for t, e in zip(texts, batch, strict=True)]
-    return [_encode(tokenizer, t) for t in texts]
-
-
-def _checked(text: str, encoded: Sequence[int], unknown: int | None) -> tuple[int, ...]:
-    ids = tuple(encoded)
+def _checked(text: str, ids: tuple[int, ...], unknown: int | None) -> tuple[int, ...]:
     if not ids:
         raise UnsupportedSchema(f"{text!r} encodes to no ids")
     if unknown is not None and unknown in ids:
@@ -91,9 +110,10 @@ def _checked(text: str, encoded: Sequence[int], unknown: int | None) -> tuple[in
 
 
 def _no_control(what: str, text: str) -> None:
+    if "<|" not in text:  # every K3 marker starts so
+        return
     inside = [t for t in CONTROL_TOKENS if t in text]
-    if inside or "<|" in text:
-        raise UnsupportedSchema(f"{what} {text!r} holds a K3 marker ({', '.join(inside) or '<|'})")
+    raise UnsupportedSchema(f"{what} {text!r} holds a K3 marker ({', '.join(inside) or '<|'})")
 
 
 def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
@@ -151,6 +171,8 @@ def _scalar_choices(where: str, schema: Mapping, json_type: str) -> list | None:
         choices = [True, False]
     if json_type == "null":
         choices = [None]
+    if json_type == "string" and all(isinstance(v, str) for v in choices or ()):
+        return choices
     for value in choices or ():
         if _type_of(value) != json_type and not (
             json_type == "number" and _type_of(value) == "integer"
@@ -159,37 +181,39 @@ def _scalar_choices(where: str, schema: Mapping, json_type: str) -> list | None:
     return choices
 
 
-def _options(where: str, texts: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+def _options(where: str, texts: list[str], enc: _Encoder) -> tuple[tuple[int, ...], ...]:
+    what = f"{where}: enum value"
     for text in texts:
-        _no_control(f"{where}: enum value", text)
-    return tuple(dict.fromkeys(_encode_many(tokenizer, texts)))
+        _no_control(what, text)
+    return tuple(dict.fromkeys(enc.many(texts)))
 
 
-def _value(tool: str, key: str, schema: Any, tokenizer: Any) -> tuple[str, str, tuple, Any]:
+def _value(tool: str, key: str, schema: Any, enc: _Encoder) -> tuple[str, str, tuple, Any]:
     """(K3 type, kind, options, JSON spec or None) of one property."""
     where = f"tool {tool!r} property {key!r}"
     json_type = _json_type(where, schema)
     if json_type in ("object", "array"):
-        return K3_TYPES[json_type], "json", (), _json(where, schema, tokenizer)
+        return K3_TYPES[json_type], "json", (), _json(where, schema, enc)
     choices = _scalar_choices(where, schema, json_type)
     if choices is None:
         return K3_TYPES[json_type], "text" if json_type == "string" else json_type, (), None
     texts = [v if json_type == "string" else json.dumps(v) for v in choices]
-    return K3_TYPES[json_type], "options", _options(where, texts, tokenizer), None
+    return K3_TYPES[json_type], "options", _options(where, texts, enc), None
 
 
-def _json(where: str, schema: Any, tokenizer: Any, depth: int = 0) -> JsonSpec:
+def _json(where: str, schema: Any, enc: _Encoder, depth: int = 0) -> JsonSpec:
     """A value written as JSON (a property of type object or array, and what is inside)."""
     if depth > MAX_JSON_DEPTH:
         raise UnsupportedSchema(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
     json_type = _json_type(where, schema)
-    enc = functools.partial(_encode, tokenizer)
     if json_type == "object":
         props = []
-        for key, prop, required in _properties(where, schema):
-            name = json.dumps(key, ensure_ascii=False)
+        properties = _properties(where, schema)
+        names = [json.dumps(key, ensure_ascii=False) for key, _, _ in properties]
+        enc.prime(["{", "}", *(f"{n}: " for n in names), *(f", {n}: " for n in names)])
+        for (key, prop, required), name in zip(properties, names, strict=True):
             _no_control(f"{where} key", name)
-            value = _json(f"{where} key {key!r}", prop, tokenizer, depth + 1)
+            value = _json(f"{where} key {key!r}", prop, enc, depth + 1)
             props.append(JsonProp(enc(f"{name}: "), enc(f", {name}: "), required, value))
         return JsonSpec("object", open=enc("{"), close=enc("}"), props=tuple(props))
     if json_type == "array":
@@ -201,12 +225,12 @@ def _json(where: str, schema: Any, tokenizer: Any, depth: int = 0) -> JsonSpec:
             open=enc("["),
             close=enc("]"),
             sep=enc(", "),
-            items=_json(f"{where} items", items, tokenizer, depth + 1),
+            items=_json(f"{where} items", items, enc, depth + 1),
         )
     choices = _scalar_choices(where, schema, json_type)
     if choices is not None:
         texts = [json.dumps(v, ensure_ascii=False) for v in choices]
-        return JsonSpec("options", options=_options(where, texts, tokenizer))
+        return JsonSpec("options", options=_options(where, texts, enc))
     if json_type == "string":
         return JsonSpec("string", open=enc('"'), close=enc('"'))
     return JsonSpec(json_type)
@@ -238,7 +262,7 @@ def _type_of(value: Any) -> str | None:
     return "null" if value is None else None
 
 
-def _tool_spec(name: str, parameters: Any, tokenizer: Any) -> ToolSpec:
+def _tool_spec(name: str, parameters: Any, enc: _Encoder) -> ToolSpec:
     _no_control("tool name", name)
     schema = {} if parameters is None else parameters
     if not isinstance(schema, Mapping):
@@ -249,22 +273,21 @@ def _tool_spec(name: str, parameters: Any, tokenizer: Any) -> ToolSpec:
     if schema.get("type", "object") != "object":
         raise UnsupportedSchema(f"tool {name!r}: parameters of type {schema['type']!r}")
     values = [
-        (key, required, *_value(name, key, prop, tokenizer))
+        (key, required, *_value(name, key, prop, enc))
         for key, prop, required in _properties(f"tool {name!r}", schema)
     ]
-    heads = _encode_many(
-        tokenizer,
-        [f'argument key="{escape_attr(key)}" type="{k3_type}"' for key, _, k3_type, *_ in values],
+    heads = enc.many(
+        [f'argument key="{escape_attr(key)}" type="{k3_type}"' for key, _, k3_type, *_ in values]
     )
     args = [
         ArgSpec(head, required, kind, options, json_spec)
         for head, (_, required, _, kind, options, json_spec) in zip(heads, values, strict=True)
     ]
-    return ToolSpec(_encode(tokenizer, escape_attr(name)), tuple(args))
+    return ToolSpec(enc(escape_attr(name)), tuple(args))
 
 
-def _control_id(tokenizer: Any, token: str) -> int:
-    ids = _encode(tokenizer, token)
+def _control_id(enc: _Encoder, token: str) -> int:
+    ids = enc(token)
     if len(ids) != 1:
         raise UnsupportedSchema(f"control token {token!r} encodes to {list(ids)}, not one id")
     return ids[0]
@@ -280,9 +303,12 @@ def call_spec_for(
     if not named:
         raise UnsupportedSchema(f"no function tool to call (named {name!r})")
     pieces = (("open", OPEN), ("close", CLOSE), ("sep", SEP), ("end", END_OF_MSG))
+    enc = _Encoder(tokenizer)
+    # The fixed pieces and every tool's name in one batch (the rest is batched per tool).
+    enc.prime([*CONTROL_TOKENS, *_SEQUENCES.values(), *(escape_attr(n) for n, _ in named)])
     return CallSpec(
-        pieces=tuple((k, _control_id(tokenizer, t)) for k, t in pieces),
-        sequences=tuple((k, _encode(tokenizer, t)) for k, t in _SEQUENCES.items()),
-        tools=tuple(_tool_spec(n, p, tokenizer) for n, p in named),
+        pieces=tuple((k, _control_id(enc, t)) for k, t in pieces),
+        sequences=tuple((k, enc(t)) for k, t in _SEQUENCES.items()),
+        tools=tuple(_tool_spec(n, p, enc) for n, p in named),
         parallel=bool(parallel),
     )
