@@ -48,6 +48,15 @@ SCHEMAS = {
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
+def parse_schemas(parser: argparse.ArgumentParser, names: str) -> list[str]:
+    """The comma list of SCHEMAS names `names`; an unknown one is the parser's error."""
+    schemas = [s for s in names.split(",") if s]
+    unknown = [s for s in schemas if s not in SCHEMAS]
+    if unknown:
+        parser.error(f"unknown schema(s) {unknown}; choose from {', '.join(SCHEMAS)}")
+    return schemas
+
+
 async def admission(url: str, model: str, tools: list, plain_tokens: int) -> dict:
     """One plain stream with one required request of `tools` sent while it runs."""
     import openai
@@ -156,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="small-llama", help="of benchmarks.k3_serving_model")
     parser.add_argument("--out", help="write the table here too")
     args = parser.parse_args(argv)
-    schemas = [s for s in args.schemas.split(",") if s]
-    unknown = [s for s in schemas if s not in SCHEMAS]
-    if unknown:
-        parser.error(f"unknown schema(s) {unknown}; choose from {', '.join(SCHEMAS)}")
+    schemas = parse_schemas(parser, args.schemas)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(build_k3_model(Path(tmp) / "model", args.shape, args.vocab))
         serve_args, env = server_args(args.parser)

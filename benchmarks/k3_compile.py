@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks._report import versions
-from benchmarks.k3_admission import SCHEMAS
+from benchmarks.k3_admission import SCHEMAS, parse_schemas
 
 
 def compile_once(tokenizer, classes, channel, tools) -> tuple[float, object, dict]:
@@ -58,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
-    schemas = [s for s in args.schemas.split(",") if s]
-    unknown = [s for s in schemas if s not in SCHEMAS]
-    if unknown:
-        parser.error(f"unknown schema(s) {unknown}; choose from {', '.join(SCHEMAS)}")
+    schemas = parse_schemas(parser, args.schemas)
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
 
