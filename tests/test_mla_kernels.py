@@ -19,6 +19,7 @@ from mla_cases import (  # noqa: E402
     query_in_parts,
     tolerance,
 )
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
@@ -659,3 +660,45 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     graph.replay()
     want, _ = _run("torch", b, 512)
     torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
+
+
+class _AtenOps(TorchDispatchMode):
+    """Records the torch operators that run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class _Launches:
+    """Stands in for a Triton kernel: records each launch and runs nothing (the
+    interpreter would run the kernel through torch operators of its own)."""
+
+    def __init__(self, name: str, log: list[str]):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.log.append(self.name)
+
+
+@INTERPRETER_ONLY
+def test_a_split_decode_is_two_launches_and_no_fills_or_copies(monkeypatch):
+    """What a layer-step runs on the query vLLM hands over (its parts apart) at several
+    splits: stage 1 and the merge, and beside them only allocations and views: no
+    concatenation of the query, no fill of the output or the lse."""
+    b = make_mla_batch(SINGLE, heads=16, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
+    plan = _plan(b, "triton", num_splits=3, config={"kernel": "packed"})
+    launches: list[str] = []
+    for name in ("_mla_decode_stage1", "_mla_decode_per_token", "_mla_decode_stage2"):
+        monkeypatch.setattr(f"atom_plugin.attention.mla.triton.{name}", _Launches(name, launches))
+    parts = query_in_parts(b.q, 32)
+    out = torch.empty(b.q.shape[0], 16, 32, dtype=b.q.dtype)
+    with _AtenOps() as mode:
+        mla_decode_triton(parts, b.kv_cache, b.meta, plan, scale=0.3, output=out, kv_lora_rank=32)
+    assert launches == ["_mla_decode_stage1", "_mla_decode_stage2"]
+    assert "empty" in mode.ops  # the partials (the recorder sees what runs)
+    assert set(mode.ops) <= {"empty", "slice", "unsqueeze", "select", "view"}, mode.ops
