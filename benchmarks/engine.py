@@ -400,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         backend, _ = parse_case(c)
         if backend == "ATOM_AITER_MLA" and args.shape not in MLA_SHAPES:
             raise SystemExit(f"case {c}: shape {args.shape} has no MLA layers")
+    unknown = sorted(args.profile - set(cases))
+    if unknown:
+        raise SystemExit(f"--profile names {unknown}, not among the cases {cases}")
     deadline = time.monotonic() + args.deadline_s
     args.out_dir.mkdir(parents=True, exist_ok=True)
     shape_dir = write_shape(args.shape, args.out_dir / "shapes", args.layers)

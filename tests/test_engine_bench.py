@@ -75,6 +75,15 @@ def test_again_needs_the_prefix_cache(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_profiled_case_must_be_a_case(tmp_path):
+    from benchmarks.engine import main
+
+    args = ["--shape", "tiny-llama", "--cases", "default", "--profile", "FLASH_ATTN"]
+    with pytest.raises(SystemExit, match=r"--profile names \['FLASH_ATTN'\], not among"):
+        main([*args, "--out-dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_prompts_repeat_only_where_asked():
     """A pass's prompts depend on the workload and the seed alone: the `again` pass
     resubmits the first pass's; other passes and workloads share no prefix by chance;
