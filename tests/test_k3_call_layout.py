@@ -4,7 +4,8 @@ encoded in batches give the ids each text encoded alone gives.
 
 `OldAutomaton` and `old_arrays` are the build and layout as they were (every state a dict,
 each window's copy of a node a full dict copy, the dicts flattened and sorted), kept here
-as the oracle; generated schemas must compile to equal arrays both ways.
+as the oracle: `OldAutomaton` takes the package's build and puts back only the old way of
+keeping edges. Generated schemas must compile to equal arrays both ways.
 """
 
 from __future__ import annotations
@@ -19,17 +20,10 @@ from hypothesis import strategies as st
 from k3_words import Words
 
 from atom_plugin.k3 import call_automaton, call_table, node_versions, schema, table_layout
-from atom_plugin.k3.call_automaton import (
-    _PIECES,
-    ArgSpec,
-    CallSpec,
-    CallSpecError,
-    JsonSpec,
-    _number_shape,
-)
-from atom_plugin.k3.call_table import FINAL, CallsTooLarge, check_limits, too_large
+from atom_plugin.k3.call_automaton import CallSpec, CallSpecError, _number_shape
+from atom_plugin.k3.call_table import CallsTooLarge, check_limits, too_large
 from atom_plugin.k3.schema import UnsupportedSchema, call_spec_for
-from atom_plugin.k3.token_classes import QUOTED, SPECIAL, TokenClasses, classes_for_tokenizer
+from atom_plugin.k3.token_classes import TokenClasses, classes_for_tokenizer
 
 WORDS = Words()
 CLASSES = classes_for_tokenizer(WORDS)
@@ -56,27 +50,28 @@ def old_arrays(edges: Sequence[dict], class_edges: Sequence[dict]) -> dict[str, 
     return arrays
 
 
-class OldAutomaton:
+class OldAutomaton(call_automaton.CallAutomaton):
     """The call automaton's build as it was before copied nodes and runs of states were
-    kept apart: every state a dict, every copy a full dict copy (`old_arrays` flattens it)."""
+    kept apart: every state a dict, every copy a full dict copy (`old_arrays` flattens it).
+
+    It overrides only where states keep their edges (runs of forced ids, copies of trie
+    nodes, a number's states, the layout); which states and edges a spec makes is the
+    package's build.
+    """
 
     def __init__(self, spec: CallSpec, classes: TokenClasses) -> None:
         self.spec = spec
         self.token_classes = classes
         self._max_states = call_table.LIMITS.states
-        # Per state: its explicit edges (id -> state) and class edges (class -> state).
         self._edges: list[dict[int, int]] = []
-        self._classes: list[dict[int, int]] = []
+        self._classes: dict[int, dict[int, int]] = {}
+        self._copies = node_versions.NodeVersions()  # stays empty: `_insert` copies dicts
         self._build()
-        self.arrays = old_arrays(self._edges, self._classes)
+        class_edges = [self._classes.get(s, {}) for s in range(len(self._edges))]
+        self.arrays = old_arrays(self._edges, class_edges)
 
-    # ---- construction ---------------------------------------------------------
-    def _new(self) -> int:
-        if len(self._edges) >= self._max_states:
-            raise too_large("states", len(self._edges) + 1, self._max_states)
-        self._edges.append({})
-        self._classes.append({})
-        return len(self._edges) - 1
+    def _new_states(self, n: int, own: bool = True) -> int:
+        return super()._new_states(n)  # every state a dict of its own
 
     def _chain(self, ids: Sequence[int], target: int) -> int:
         """States forcing `ids` then going to `target`; returns the first."""
@@ -86,30 +81,8 @@ class OldAutomaton:
         if first + n > self._max_states:
             raise too_large("states", first + n, self._max_states)
         self._edges.extend([{token: first + k + 1} for k, token in enumerate(ids)])
-        self._classes.extend([{} for _ in range(n)])
         self._edges[-1][ids[-1]] = target
         return first
-
-    def _trie(self, root: int, branches: Sequence[tuple[Sequence[int], int]]) -> None:
-        """Edges from `root` spelling each sequence, its last id going to its target."""
-        for ids, target in branches:
-            node = root
-            for i, token in enumerate(ids):
-                edges = self._edges[node]
-                last = i == len(ids) - 1
-                if token in edges:
-                    nxt = edges[token]
-                    if last or nxt in self._ends:
-                        raise CallSpecError(
-                            f"id sequence {list(ids)} and another one of the same choice "
-                            "are prefixes of each other: the automaton cannot tell them apart"
-                        )
-                    node = nxt
-                elif last:
-                    edges[token] = target
-                    self._ends.add(target)
-                else:
-                    edges[token] = node = self._new()
 
     def _insert(self, root: int | None, ids: Sequence[int], target: int) -> int:
         """A new trie: `root`'s (None: empty) with `ids` -> `target` added. Only the nodes
@@ -137,134 +110,6 @@ class OldAutomaton:
             edges[token] = node = child
         return new
 
-    def _build(self) -> None:
-        spec, seq = self.spec, self.spec.sequence
-        open_, close, sep, end = (spec.piece(p) for p in _PIECES)
-        self._ends: set[int] = set()
-        self._merges: list[tuple[int, int]] = []
-        name_root = self._new()  # state 0: right after `call tool="`
-        tools_close = self._chain(
-            (*seq("tools_end"), sep, close, *seq("message_end"), sep, end), FINAL
-        )
-        after_call = self._new()
-        if spec.parallel:
-            self._edges[after_call][open_] = self._chain(seq("call"), name_root)
-        self._edges[after_call][close] = tools_close
-        call_close = self._chain((*seq("call_end"), sep), after_call)
-        branches = []
-        for tool in spec.tools:
-            first_arg = self._arguments(tool.args, close, open_, sep, call_close)
-            # The index's first closing id is the edge out of its digits.
-            index_end = self._chain((*seq("index_end")[1:], sep), first_arg)
-            digits = self._number("index", index_end, explicit_end=seq("index_end")[0])
-            branches.append(((*tool.name, *seq("index")), digits))
-        self._trie(name_root, branches)
-        self._merge()
-
-    def _merge(self) -> None:
-        """Give each merge's target state the edges and classes of its source, to a fixpoint
-        (a source may take edges of its own); a clash of targets is a CallSpecError."""
-        changed = True
-        while changed:
-            changed = False
-            for dst, src in self._merges:
-                for mine, theirs in (
-                    (self._edges[dst], self._edges[src]),
-                    (self._classes[dst], self._classes[src]),
-                ):
-                    for key, target in theirs.items():
-                        if key not in mine:
-                            mine[key] = target
-                            changed = True
-                        elif mine[key] != target:
-                            raise CallSpecError(
-                                f"id or class {key} both ends a JSON value and continues it: "
-                                "the automaton cannot tell them apart"
-                            )
-
-    def _arguments(
-        self, args: Sequence[ArgSpec], close: int, open_: int, sep: int, call_close: int
-    ) -> int:
-        """State "before property i" for i = 0..n, wired; returns the one for i = 0."""
-        n = len(args)
-        before = [self._new() for _ in range(n + 1)]
-        # Property j's value goes on to "before j + 1" whichever property came before it,
-        # so each value's states are built once and shared by every key trie reaching it.
-        # Before property i the keys of i up to the first required one from i may come:
-        # that window is property i's key alone when it is required, else its key added
-        # to window i + 1's trie (built from the end, sharing all but the new path).
-        keys: int | None = None
-        no_required_left = True
-        for i in range(n, -1, -1):
-            if i < n:
-                after_value = self._chain((*self.spec.sequence("argument"), sep), before[i + 1])
-                value = self._value(args[i], close, after_value)
-                keys = self._insert(None if args[i].required else keys, (*args[i].head, sep), value)
-                no_required_left = no_required_left and not args[i].required
-                self._edges[before[i]][open_] = keys
-            if no_required_left:
-                self._edges[before[i]][close] = call_close
-        return before[0]
-
-    def _value(self, arg: ArgSpec, close: int, arg_close: int) -> int:
-        if arg.kind == "text":
-            state = self._new()
-            self._edges[state][close] = arg_close
-            loops = self._classes[state]
-            for cls in range(self.token_classes.num_classes):
-                if cls != SPECIAL:
-                    loops[cls] = state
-            return state
-        if arg.kind == "options":
-            root = self._new()
-            self._trie(root, [((*o, close), arg_close) for o in arg.options])
-            return root
-        if arg.kind == "json":
-            end = self._new()
-            self._edges[end][close] = arg_close
-            return self._json(arg.json, end)
-        return self._number(arg.kind, arg_close, explicit_end=close)
-
-    def _json(self, node: JsonSpec, after: int) -> int:
-        """States of a JSON value that goes on to `after`; returns the first."""
-        if node.kind == "string":
-            body = self._new()
-            loops = self._classes[body]
-            for cls in range(self.token_classes.num_classes):
-                if cls not in (SPECIAL, QUOTED):
-                    loops[cls] = body
-            self._edges[body][node.close[0]] = self._chain(node.close[1:], after)
-            return self._chain(node.open, body)
-        if node.kind in ("integer", "number"):
-            return self._number(node.kind, after)
-        if node.kind == "options":
-            root = self._new()
-            for option in node.options:
-                state = root
-                for token in option:
-                    edges = self._edges[state]
-                    state = edges[token] if token in edges else edges.setdefault(token, self._new())
-                self._merges.append((state, after))
-            return root
-        if node.kind == "array":
-            after_item = self._new()
-            item = self._json(node.items, after_item)
-            self._trie(after_item, [(node.sep, item), (node.close, after)])
-            first = self._new()
-            self._trie(first, [(node.close, after)])
-            self._merges.append((first, item))  # `]` or the first item
-            return self._chain(node.open, first)
-        # before[w]: the trie before property i, w = whether a key was written (`, "K": `
-        # then); built from the end as the arguments' windows are (see _arguments).
-        before = [self._insert(None, node.close, after) for _ in (0, 1)]
-        for prop in reversed(node.props):
-            value = self._json(prop.value, before[1])
-            before = [
-                self._insert(None if prop.required else before[w], key, value)
-                for w, key in enumerate((prop.first, prop.more))
-            ]
-        return self._chain(node.open, before[0])
-
     def _number(self, language: str, after: int, explicit_end: int | None = None) -> int:
         """States of a character DFA language. An accepting state leaves on `explicit_end`
         to `after`, or without one takes `after`'s edges (merged once built)."""
@@ -274,7 +119,7 @@ class OldAutomaton:
             self._new()
         for i, (moves, accepting) in enumerate(shape):
             state = first + i
-            self._classes[state].update((c, first + j) for c, j in moves)
+            self._classes[state] = {c: first + j for c, j in moves}
             if accepting:
                 if explicit_end is None:
                     self._merges.append((state, after))
