@@ -147,8 +147,6 @@ def _json_type(where: str, schema: Any) -> str:
         raise UnsupportedSchema(f"{where}: unsupported keywords {', '.join(extra)}")
     if not known:
         raise UnsupportedSchema(f"{where}: type {json_type!r} is not one of {', '.join(K3_TYPES)}")
-    if extra:
-        raise UnsupportedSchema(f"{where}: unsupported keywords {', '.join(extra)}")
     return json_type
 
 
@@ -212,7 +210,6 @@ def _json(where: str, schema: Any, enc: _Encoder, depth: int = 0) -> JsonSpec:
         names = [json.dumps(key, ensure_ascii=False) for key, _, _ in properties]
         enc.prime(["{", "}", *(f"{n}: " for n in names), *(f", {n}: " for n in names)])
         for (key, prop, required), name in zip(properties, names, strict=True):
-            _no_control(f"{where} key", name)
             value = _json(f"{where} key {key!r}", prop, enc, depth + 1)
             props.append(JsonProp(enc(f"{name}: "), enc(f", {name}: "), required, value))
         return JsonSpec("object", open=enc("{"), close=enc("}"), props=tuple(props))
