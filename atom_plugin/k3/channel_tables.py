@@ -21,6 +21,7 @@ in its `class_bits`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,9 +72,10 @@ class ChannelTables:
     class_dst: torch.Tensor
     token_class: torch.Tensor
 
-    @property
+    @functools.cached_property
     def has_masked(self) -> bool:
-        """Whether any state is masked (only call automata make such states)."""
+        """Whether any state is masked (only call automata make such states); read on each
+        step, so found once per tables."""
         return any(c.calls is not None for c in self.channels)
 
     @property
