@@ -12,10 +12,8 @@ the steps by kind (`STAT_KINDS`).
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from atom_plugin.tbo.graphs import BucketGraphs
 from atom_plugin.tbo.mode import PREFILL, BatchShape, ForwardMode, GraphKey, TboConfig
@@ -92,15 +90,14 @@ class StepPlanner:
 
     def plan(
         self,
-        query_lens: Sequence[int],
+        query_lens: list[int],
         decode_query_len: int | None,
         reads_blocks_written_now: Callable[[], bool],
     ) -> PlannedSplit | None:
-        """Plan this rank's real step (requests in batch order, `decode_query_len` as for
-        `step_shape`); the split, or None."""
+        """Plan this rank's real step (its requests' new tokens in batch order, as Python
+        ints; `decode_query_len` as for `step_shape`); the split, or None."""
         self.end_step()
-        lens = np.asarray(query_lens).tolist()
-        shape = step_shape(lens, decode_query_len)
+        shape = step_shape(query_lens, decode_query_len)
         config = self.config
         # Only a step that could split is searched for readers of blocks written now.
         could_split = config.prefill and shape.num_tokens >= config.prefill_min_tokens
@@ -111,7 +108,7 @@ class StepPlanner:
         if not mode.split:
             self.steps["unsplit"] += 1
             return None
-        slices = maybe_create_ubatch_slices(mode, lens)
+        slices = maybe_create_ubatch_slices(mode, query_lens)
         self.split = PlannedSplit(mode, slices, shape.num_reqs)
         return self.split
 

@@ -131,4 +131,5 @@ def pad_rows_one_token_each(
     if bucket > num_reqs:
         rows = slice(num_reqs + 1, bucket + 1)
         qsl_np[rows] = np.arange(num_reqs + 1, bucket + 1, dtype=qsl_np.dtype)
-        qsl[rows].copy_(torch.arange(num_reqs + 1, bucket + 1, dtype=qsl.dtype, device=qsl.device))
+        # Filled in place: one kernel, no temporary tensor to copy from.
+        torch.arange(num_reqs + 1, bucket + 1, dtype=qsl.dtype, out=qsl[rows])

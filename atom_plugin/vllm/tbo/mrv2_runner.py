@@ -114,7 +114,7 @@ class AtomTboMRV2ModelRunner(GPUModelRunner):
             self.tbo_planner.plan_idle()
         else:
             self.tbo_planner.plan(
-                state.num_scheduled_tokens,
+                state.num_scheduled_tokens.tolist(),
                 uniform_token_count,
                 lambda: self._tbo_reads_blocks_written_now(state),
             )
