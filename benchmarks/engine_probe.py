@@ -12,9 +12,9 @@ plugin's builder made (and, for decode steps, the one its CUDA graph was capture
 which a FULL graph replays instead). A step whose host time exceeds its GPU time is host-bound;
 under async scheduling a sync makes the host wait for the GPU's step before.
 
-`profile_pass` runs one pass under torch's profiler, limited to its decode steps or
-to its prefill steps, and reduces the trace to per-step figures: GPU busy time,
-kernels by name, graph launches, host-to-device copies, syncs.
+`PhaseProfiler` runs torch's profiler over one pass's decode steps or its prefill
+steps (`engine_case.profile`), and `reduce_trace` reduces the trace to per-step figures:
+GPU busy time, kernels by name, graph launches, host-to-device copies, syncs.
 """
 
 from __future__ import annotations
@@ -62,6 +62,15 @@ def _counting_syncs(counts: list[int]):
         finally:
             torch.cuda.set_sync_debug_mode(before)
     counts.append(sum("synchronizing" in str(w.message) for w in caught))
+
+
+def _timed(call, *args, **kwargs) -> tuple:
+    """`call`'s result, its host seconds and the synchronizing CUDA calls it made."""
+    syncs: list[int] = []
+    t0 = time.perf_counter()
+    with _counting_syncs(syncs):
+        out = call(*args, **kwargs)
+    return out, time.perf_counter() - t0, syncs[0]
 
 
 def _plan_key(metadata) -> str | None:
@@ -159,12 +168,7 @@ class StepProbe:
                 return original(*args, **kwargs)
             step = {"start": self._event(), "builds": [], "syncs_build": []}
             self._current = step
-            syncs: list[int] = []
-            t0 = time.perf_counter()
-            with _counting_syncs(syncs):
-                out = original(*args, **kwargs)
-            step["host_exec_s"] = time.perf_counter() - t0
-            step["syncs_exec"] = syncs[0]
+            out, step["host_exec_s"], step["syncs_exec"] = _timed(original, *args, **kwargs)
             step["end"] = self._event()
             self.steps.append(step)
             return out
@@ -176,12 +180,7 @@ class StepProbe:
             step = self._current
             if not self.active or step is None:
                 return original(*args, **kwargs)
-            syncs: list[int] = []
-            t0 = time.perf_counter()
-            with _counting_syncs(syncs):
-                out = original(*args, **kwargs)
-            step["host_sample_s"] = time.perf_counter() - t0
-            step["syncs_sample"] = syncs[0]
+            out, step["host_sample_s"], step["syncs_sample"] = _timed(original, *args, **kwargs)
             step["end"] = self._event()
             self._current = None
             return out

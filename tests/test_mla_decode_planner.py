@@ -167,6 +167,6 @@ def test_prefill_rows_go_to_the_decode_only_where_its_kernel_takes_them(monkeypa
     # Triton without the Gluon kernel: its own tiles for long rows do not fit at 16 heads.
     assert vllm_mla.prefill_rows_on_decode("triton", "cpu", LAYOUT) == 1
     monkeypatch.setattr(
-        "atom_plugin.attention.mla.gluon.probe.gluon_mla_problems", lambda device, layout: []
+        "atom_plugin.attention.mla.plan.gluon_mla_problems", lambda device, layout: []
     )
     assert vllm_mla.prefill_rows_on_decode("triton", "cuda", LAYOUT) == rows

@@ -148,7 +148,7 @@ def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
 @pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
 @pytest.mark.parametrize("cfg", [{"kernel": "packed"}, {"kernel": "per_token"}])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_triton_decode_takes_thequery_in_parts(reqs, cfg, splits):
+def test_triton_decode_takes_the_query_in_parts(reqs, cfg, splits):
     """The stage-1 kernels read the latent and rope parts where they lie (the rope part
     strided as vLLM's view is): the same output as the joined query, on every path."""
     b = make_mla_batch(reqs, heads=16, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)

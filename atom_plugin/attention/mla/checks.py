@@ -37,7 +37,6 @@ def check_mla_shapes(q: MLAQuery, kv_cache: torch.Tensor, output: torch.Tensor, 
             f"kv_lora_rank={kv_lora_rank} must lie in (0, {width}) for a {width}-wide cache"
         )
     if isinstance(q, tuple):
-        shapes = tuple(tuple(part.shape) for part in q)
         latent, rope = query_parts(q, kv_lora_rank)
         if (
             latent.dim() != 3
@@ -48,7 +47,7 @@ def check_mla_shapes(q: MLAQuery, kv_cache: torch.Tensor, output: torch.Tensor, 
         ):
             raise ValueError(
                 f"a split q must be ([T, H, {kv_lora_rank}], [T, H, {width - kv_lora_rank}]), "
-                f"got {shapes}"
+                f"got {(tuple(latent.shape), tuple(rope.shape))}"
             )
         if latent.dtype != rope.dtype:
             raise ValueError(f"q's parts differ in dtype: {latent.dtype} and {rope.dtype}")

@@ -15,7 +15,7 @@ import torch
 
 from atom_plugin.attention.dtypes import FP8_DTYPES
 from atom_plugin.attention.mla.aiter import AiterMLAPlan, build_aiter_mla_plan
-from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.select import KERNEL_IMPLS, select_kernel_impl
 
 if TYPE_CHECKING:  # launch_plan imports Triton, which the torch and AITER paths lack
@@ -107,8 +107,6 @@ def takes_prefill_rows(kernel_impl: str, device: torch.device, layout: MLAStepLa
     runs this layout (`launch_plan.choose_kernel` gives Gluon every step with rows of more
     than one token; the Triton kernels' own tiles for such rows at 16 heads need more shared
     memory than a Hopper SM has); AITER's decode was checked on speculative rows only."""
-    from atom_plugin.attention.mla.gluon.probe import gluon_mla_problems
-
     if kernel_impl == "torch":
         return True
     return kernel_impl == "triton" and not gluon_mla_problems(device, layout)
