@@ -361,7 +361,7 @@ def test_start_up_warns_once_outside_the_range(monkeypatch):
     logger.addHandler(handler)
     try:
         for version in ("0.35.0", "0.32.0"):
-            monkeypatch.setattr(plugin, "vllm_version", lambda v=version: v)
+            monkeypatch.setattr(plugin, "running_vllm", lambda v=version: v)
             plugin._announce.__wrapped__(("ATOM_AITER",))
     finally:
         logger.removeHandler(handler)
