@@ -9,11 +9,6 @@ from atom_plugin import __version__
 
 
 def _info(args: argparse.Namespace) -> int:
-    from atom_plugin import manager
-    from atom_plugin.attention.mla.gluon.probe import gluon_mla_problems
-    from atom_plugin.platform import aiter_available, detect_platform, triton_available
-
-    yes_no = {True: "yes", False: "no"}
     from atom_plugin.vllm.compat import SUPPORTED_VLLM
 
     print(f"atom-plugin {__version__}")
@@ -23,6 +18,11 @@ def _info(args: argparse.Namespace) -> int:
 
         print(matrix_markdown())
         return 0
+    from atom_plugin import manager
+    from atom_plugin.attention.mla.gluon.probe import gluon_mla_problems
+    from atom_plugin.platform import aiter_available, detect_platform, triton_available
+
+    yes_no = {True: "yes", False: "no"}
     print(f"platform: {detect_platform()}")
     print(f"aiter available: {yes_no[aiter_available()]}")
     print(f"triton available: {yes_no[triton_available()]}")

@@ -26,9 +26,11 @@ from atom_plugin.vllm.compat.hosts import (
 )
 from atom_plugin.vllm.compat.source import (
     MEANINGFUL_DECORATORS,
+    class_bindings,
     decorator_name,
     decorator_names,
     decorator_target,
+    first_parameter,
     receiver_name,
     self_assignments,
 )
@@ -74,9 +76,9 @@ def _function(node, in_class: bool) -> ast.FunctionDef:
     body: list[ast.stmt] = []
     if in_class:
         if "staticmethod" not in decorator_names(node):
-            me = (node.args.posonlyargs + node.args.args)[:1]
+            me = first_parameter(node)
             for name in sorted(self_assignments(node)):
-                body.append(ast.Assign([ast.Attribute(ast.Name(me[0].arg), name)], ANY))
+                body.append(ast.Assign([ast.Attribute(ast.Name(me), name)], ANY))
         for sub in ast.walk(node):
             if (
                 isinstance(sub, ast.Call)
@@ -96,26 +98,15 @@ def _function(node, in_class: bool) -> ast.FunctionDef:
 
 
 def _class_attributes(body: list[ast.stmt]) -> list[ast.stmt]:
-    """`name: annotation = ...` / `name = ...` for each name a class body binds (fields,
-    class attributes, nested classes; inside `if` and `try` blocks too)."""
+    """`name: annotation = ...` / `name = ...` for each name a class body binds, as the
+    reader finds them (`class_bindings`)."""
     out: list[ast.stmt] = []
-    for item in body:
-        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+    for name, item in class_bindings(body):
+        if isinstance(item, ast.AnnAssign):
             value = None if item.value is None else ast.Constant(...)
-            out.append(ast.AnnAssign(ast.Name(item.target.id), item.annotation, value, 1))
-        elif isinstance(item, ast.Assign | ast.ClassDef):
-            targets = [ast.Name(item.name)] if isinstance(item, ast.ClassDef) else item.targets
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name):
-                        out.append(ast.Assign([ast.Name(sub.id)], ast.Constant(...)))
-        elif isinstance(item, ast.If | ast.Try):
-            for branch in (
-                item.body,
-                item.orelse,
-                *(h.body for h in getattr(item, "handlers", [])),
-            ):
-                out.extend(_class_attributes(branch))
+            out.append(ast.AnnAssign(ast.Name(name), item.annotation, value, 1))
+        else:
+            out.append(ast.Assign([ast.Name(name)], ast.Constant(...)))
     return out
 
 

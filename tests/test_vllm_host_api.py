@@ -23,6 +23,17 @@ FIXTURE_033 = ROOT / "tests" / "fixtures" / "vllm_0_33_api"
 # installed_host, source_host_032: tests/conftest.py
 
 
+def throwaway(
+    tmp_path: Path, package: str, source: str, module: str = "planted"
+) -> tuple[Adapter, str]:
+    """An adapter package of one module holding `source`, and that module's file path as
+    the check's findings name it."""
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / f"{module}.py").write_text(source)
+    return Adapter(tmp_path, package), f"{package}/{module}.py"
+
+
 # The overrides the adapter depends on, and the rest of its host-facing methods.
 EXPECTED_OVERRIDES = {
     "AtomAiterBackend.get_name",
@@ -105,22 +116,14 @@ PLANTED = textwrap.dedent(
 )
 
 
-def planted_adapter(tmp_path: Path) -> Adapter:
-    package = tmp_path / "throwaway_adapter"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "planted.py").write_text(PLANTED)
-    return Adapter(tmp_path, "throwaway_adapter")
-
-
 @pytest.mark.parametrize("which", ["installed", "source"])
 def test_planted_mismatch_and_missing_import_are_named(
     tmp_path, which, installed_host, source_host_032
 ):
     host = installed_host if which == "installed" else source_host_032
-    problems = check(host, planted_adapter(tmp_path))
+    adapter, where = throwaway(tmp_path, "throwaway_adapter", PLANTED)
+    problems = check(host, adapter)
     text = "\n".join(map(str, problems))
-    where = "throwaway_adapter/planted.py"
     imports = [p for p in problems if p.kind == "import"]
     assert len(imports) == 1, text
     assert imports[0].where == f"{where}:3"
@@ -173,11 +176,8 @@ RUNNER = textwrap.dedent(
 
 def test_a_worker_and_model_runner_added_to_the_package_are_checked(tmp_path, installed_host):
     """Nothing lists the classes: a new module's vLLM subclasses are found and checked."""
-    package = tmp_path / "runner_adapter"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "tbo_worker.py").write_text(RUNNER)
-    problems = check(installed_host, Adapter(tmp_path, "runner_adapter"))
+    adapter, _ = throwaway(tmp_path, "runner_adapter", RUNNER, module="tbo_worker")
+    problems = check(installed_host, adapter)
     mixin = "runner_adapter/tbo_worker.py:22 RoutingMixin (in RoutingPlatform)"
     assert [(p.kind, p.where) for p in problems] == [
         ("signature", "runner_adapter/tbo_worker.py:16 SplitWorker.execute_model"),
@@ -214,11 +214,8 @@ def test_a_hook_vllm_calls_without_declaring_it_is_checked_at_its_call_sites(
     tmp_path, installed_host
 ):
     """vLLM 0.32's AttentionImpl declares no do_kv_cache_update; the layers call it."""
-    package = tmp_path / "kv_adapter"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "impl.py").write_text(UNDECLARED)
-    problems = check(installed_host, Adapter(tmp_path, "kv_adapter"))
+    adapter, _ = throwaway(tmp_path, "kv_adapter", UNDECLARED, module="impl")
+    problems = check(installed_host, adapter)
     assert [(p.kind, p.where) for p in problems] == [
         ("call", "kv_adapter/impl.py:15 KvImpl.do_kv_cache_update")
     ], problems
@@ -226,14 +223,12 @@ def test_a_hook_vllm_calls_without_declaring_it_is_checked_at_its_call_sites(
 
 
 def test_an_abstract_member_left_out_is_named(tmp_path, installed_host):
-    package = tmp_path / "half_adapter"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "impl.py").write_text(
+    source = (
         "from vllm.v1.attention.backend import MLAAttentionImpl\n\n"
         "class HalfImpl(MLAAttentionImpl):\n    pass\n"
     )
-    problems = check(installed_host, Adapter(tmp_path, "half_adapter"))
+    adapter, _ = throwaway(tmp_path, "half_adapter", source, module="impl")
+    problems = check(installed_host, adapter)
     assert {p.kind for p in problems} == {"abstract"}, problems
     assert all("half_adapter/impl.py:3 HalfImpl" == p.where for p in problems)
     missing = sorted(p.detail.split()[3] for p in problems)
@@ -361,7 +356,7 @@ def test_start_up_warns_once_outside_the_range(monkeypatch):
     logger.addHandler(handler)
     try:
         for version in ("0.35.0", "0.32.0"):
-            monkeypatch.setattr(plugin, "vllm_version", lambda v=version: v)
+            monkeypatch.setattr(plugin, "running_vllm", lambda v=version: v)
             plugin._announce.__wrapped__(("ATOM_AITER",))
     finally:
         logger.removeHandler(handler)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,7 @@ from atom_plugin.vllm.compat.hosts import (
     SourceHost,
 )
 from tests.conftest import installed_vllm_tree
-from tests.test_vllm_host_api import ROOT
+from tests.test_vllm_host_api import ROOT, throwaway
 
 FIXTURE_034 = ROOT / "tests" / "fixtures" / "vllm_0_34_api"
 # main before the 0.34 work: every vLLM 0.34 start with the plugin installed raised there.
@@ -51,14 +50,6 @@ def adapter_before_034(tmp_path_factory) -> Adapter:
         )
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True, timeout=60)
     return Adapter(root)
-
-
-def throwaway(tmp_path: Path, package: str, source: str) -> tuple[Adapter, str]:
-    """An adapter package of one module, `planted.py`, holding `source`."""
-    (tmp_path / package).mkdir()
-    (tmp_path / package / "__init__.py").write_text("")
-    (tmp_path / package / "planted.py").write_text(source)
-    return Adapter(tmp_path, package), f"{package}/planted.py"
 
 
 def marked(source: str) -> set[tuple[int, str]]:

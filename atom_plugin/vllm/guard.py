@@ -18,8 +18,8 @@ from atom_plugin.vllm.compat import SUPPORTED_VLLM
 
 logger = logging.getLogger("vllm.atom_plugin")
 
-# What stood aside in this process: the step's name -> why.
-_stood_aside: dict[str, str] = {}
+# The steps that stood aside in this process (each warns once).
+_stood_aside: set[str] = set()
 
 
 class PluginRefusal(ValueError):
@@ -34,11 +34,6 @@ def running_vllm() -> str:
     except Exception:  # a vLLM this broken is reported by vLLM itself
         return "unknown"
     return str(__version__)
-
-
-def stood_aside() -> dict[str, str]:
-    """The set-up steps that stood aside in this process, and why."""
-    return dict(_stood_aside)
 
 
 @contextmanager
@@ -72,4 +67,4 @@ def setup_step(what: str, asked_by: str | None = None) -> Iterator[None]:
                 release,
                 why,
             )
-        _stood_aside[what] = why
+        _stood_aside.add(what)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from atom_plugin.vllm.compat import unsupported_message
-from atom_plugin.vllm.guard import setup_step
+from atom_plugin.vllm.guard import running_vllm, setup_step
 from atom_plugin.vllm.registration import (
     plugin_disabled,
     register_attention_backends,
@@ -72,7 +72,7 @@ def _announce(backends: tuple[str, ...]) -> None:
     from vllm.platforms import current_platform
 
     logger = init_logger("vllm.atom_plugin")
-    outside_range = unsupported_message(vllm_version())
+    outside_range = unsupported_message(running_vllm())
     if outside_range:
         logger.warning(outside_range)
     platform = type(current_platform)
@@ -91,10 +91,3 @@ def _announce(backends: tuple[str, ...]) -> None:
             platform.__name__,
             ", ".join(backends),
         )
-
-
-def vllm_version() -> str:
-    """The running vLLM's version (`vllm.__version__`; the CPU build reports its release)."""
-    from vllm import __version__
-
-    return __version__

@@ -262,15 +262,9 @@ class _Checker:
             return
         self.coverage.classes.append(str(cls))
         seen: set[str] = set()
-        for position, node in enumerate(mro):
-            if not isinstance(node, AdapterClass):
-                continue
-            if node != cls and any(isinstance(c, ClassRef) for c in self._bases(node)):
-                continue  # an adapter class with vLLM bases of its own: checked as itself
-            # `cls` itself, or a mixin of it (AtomPlatformMixin): checked on cls's vLLM bases
+        for position, node, label in self._own_parts(cls, mro):
             info = self.adapter.modules[node.module].classes[node.name]
             location = self.adapter.location(node.module)
-            label = node.name if node == cls else f"{node.name} (in {cls.name})"
             for name, method in info.methods.items():
                 if name in _SKIPPED or name in seen:
                     continue
@@ -291,6 +285,17 @@ class _Checker:
         where = f"{self.adapter.location(cls.module)}:{info.line} {cls.name}"
         self._check_abstract(cls, mro, where)
         self._check_self_reads(cls, mro)
+
+    def _own_parts(self, cls: AdapterClass, mro: list):
+        """(position in `mro`, class, label) for `cls` and each mixin of it
+        (AtomPlatformMixin), which are checked against cls's vLLM bases; an adapter class
+        with vLLM bases of its own is left out (checked as itself)."""
+        for position, node in enumerate(mro):
+            if not isinstance(node, AdapterClass):
+                continue
+            if node != cls and any(isinstance(c, ClassRef) for c in self._bases(node)):
+                continue
+            yield position, node, node.name if node == cls else f"{node.name} (in {cls.name})"
 
     def _first_host_definition(self, later: list, name: str):
         for node in later:
@@ -420,14 +425,9 @@ class _Checker:
     def _check_self_reads(self, cls: AdapterClass, mro: list) -> None:
         known = {False: self._known_names(mro, False), True: self._known_names(mro, True)}
         host_base = next(c for c in mro if isinstance(c, ClassRef))
-        for node in mro:
-            if not isinstance(node, AdapterClass):
-                continue
-            if node != cls and any(isinstance(c, ClassRef) for c in self._bases(node)):
-                continue  # checked as itself
+        for _, node, label in self._own_parts(cls, mro):
             methods = self.adapter.modules[node.module].classes[node.name].methods
             location = self.adapter.location(node.module)
-            label = node.name if node == cls else f"{node.name} (in {cls.name})"
             for name, method in self.adapter.method_nodes(node).items():
                 names = None if methods[name].kind == STATIC else known[methods[name].kind == CLASS]
                 if names is None:

@@ -233,7 +233,7 @@ class SourceHost:
                 open_bases.append(name)
         return HostAttributes(
             frozenset(node.defines),
-            frozenset(node.methods) | frozenset(node.fields),
+            frozenset(node.class_defines),
             node.fields,
             tuple(open_bases),
             "__getattr__" in node.methods,

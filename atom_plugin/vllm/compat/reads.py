@@ -35,7 +35,7 @@ import ast
 from dataclasses import dataclass
 
 from atom_plugin.vllm.compat.hosts import ClassRef, annotation_names, is_host_module
-from atom_plugin.vllm.compat.source import ModuleInfo, binding_target
+from atom_plugin.vllm.compat.source import ModuleInfo, binding_target, first_parameter
 
 CONFIG_PACKAGE = "vllm.config"
 VLLM_CONFIG_NAME = "vllm_config"
@@ -272,10 +272,9 @@ def _walk_outside_classes(node: ast.AST):
 
 def self_reads(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[int, str]]:
     """(line, name) of each `self.name` (or `cls.name`) the method reads, probes left out."""
-    params = [*method.args.posonlyargs, *method.args.args]
-    if not params:
+    me = first_parameter(method)
+    if me is None:
         return []
-    me = params[0].arg
     probed, shielded = probes(method)
     out = []
     for node, receiver, attr in _reads(method, _walk_outside_classes):

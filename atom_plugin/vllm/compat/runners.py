@@ -14,9 +14,10 @@ import functools
 import importlib.util
 from typing import Literal
 
+from atom_plugin.vllm.compat import release_tuple
+
 Runner = Literal["v1", "mrv2"]
-MRV2_RELEASE = "0.34"  # the first release where Model Runner V2 is the only runner
-_MRV2_ONLY = (0, 34)
+_MRV2_ONLY = (0, 34)  # the first release where Model Runner V2 is the only runner
 
 
 @functools.cache
@@ -28,8 +29,6 @@ def has_v1_runner() -> bool:
 def release_has_v1_runner(version: str) -> bool:
     """Whether the vLLM release `version` ships the V1 runner (the static checks ask this
     of a source tree they cannot import); an unreadable version counts as the newest."""
-    from atom_plugin.vllm.compat import release_tuple
-
     release = release_tuple(version)
     return release is not None and release < _MRV2_ONLY
 

@@ -10,6 +10,7 @@ import ast
 import functools
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,14 +187,19 @@ def _method(node: ast.FunctionDef | ast.AsyncFunctionDef) -> MethodInfo:
     return MethodInfo(node.name, kind, abstract, node.lineno, node.args)
 
 
+def first_parameter(method: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The name a method's first parameter gives its receiver (`self`, `cls`), or None."""
+    params = [*method.args.posonlyargs, *method.args.args]
+    return params[0].arg if params else None
+
+
 def self_assignments(method: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     """Attribute names `method` sets on its first parameter: `self.x = ...`, `self.x: T =
     ...`, `self.a, self.b = ...`, `for self.x in ...`, `setattr(self, "x", ...)` and
     `object.__setattr__(self, "x", ...)`."""
-    params = [*method.args.posonlyargs, *method.args.args]
-    if not params:
+    me = first_parameter(method)
+    if me is None:
         return set()
-    me = params[0].arg
     names = set()
     for sub in ast.walk(method):
         if (
@@ -219,24 +225,36 @@ def self_assignments(method: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]
     return names
 
 
-def _class_fields(body: list[ast.stmt], fields: dict[str, ast.expr | None]) -> dict:
+def class_bindings(body: list[ast.stmt]) -> Iterator[tuple[str, ast.stmt]]:
+    """(name, statement) for each name a class body binds: fields and class attributes
+    (annotated or assigned) and nested classes, inside `if` and `try` blocks too."""
     for item in body:
         if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-            fields[item.target.id] = item.annotation
+            yield item.target.id, item
         elif isinstance(item, ast.Assign):
             for target in item.targets:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Name):
-                        fields.setdefault(sub.id, None)
+                        yield sub.id, item
         elif isinstance(item, ast.ClassDef):
-            fields.setdefault(item.name, None)
+            yield item.name, item
         elif isinstance(item, ast.If | ast.Try):  # `if TYPE_CHECKING:` and the like
             for branch in (
                 item.body,
                 item.orelse,
                 *(h.body for h in getattr(item, "handlers", [])),
             ):
-                _class_fields(branch, fields)
+                yield from class_bindings(branch)
+
+
+def _class_fields(body: list[ast.stmt]) -> dict[str, ast.expr | None]:
+    """name -> annotation (the last one written) or None, for each name `body` binds."""
+    fields: dict[str, ast.expr | None] = {}
+    for name, statement in class_bindings(body):
+        if isinstance(statement, ast.AnnAssign):
+            fields[name] = statement.annotation
+        else:
+            fields.setdefault(name, None)
     return fields
 
 
@@ -271,7 +289,7 @@ def class_info(node: ast.ClassDef) -> ClassInfo:
         methods,
         self_calls,
         super_calls,
-        _class_fields(node.body, {}),
+        _class_fields(node.body),
         assigned,
     )
 
