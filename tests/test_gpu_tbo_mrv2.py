@@ -17,10 +17,7 @@ the prompts that share a prefix in the first step kept that step whole (`vetoed`
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -203,25 +200,23 @@ def test_tbo_on_mrv2_equals_tbo_off_and_splits(runs, config):
 def test_k3_channel_beside_tbo_under_model_runner_v2(tmp_path):
     """The K3 channel's logits processor forces required and named calls in an engine whose
     decode steps split (eagerly: the scripted model's backend is vLLM's own)."""
-    from atom_plugin.k3.tool_parser import parse_k3
     from tests.models.scripted_gpt2 import build_scripted_dir
-    from tests.test_k3_e2e import CALLED, MESSAGES, NAMED, OFFLINE, SCRIPT, TOOLS, expect_call
+    from tests.test_k3_e2e import (
+        MESSAGES,
+        NAMED,
+        SCRIPT,
+        TOOLS,
+        parse_and_expect_calls,
+        run_offline,
+    )
 
     build_scripted_dir(tmp_path, SCRIPT, MESSAGES, tools=TOOLS)
     tbo = {"atom_plugin": {"tbo": "all", "tbo_decode_min_requests": 3}}
     llm = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
-    spec = json.dumps([str(tmp_path), MESSAGES, TOOLS, NAMED, 128, tbo, llm])
+    spec = [str(tmp_path), MESSAGES, TOOLS, NAMED, 128, tbo, llm]
     env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None)
-    proc = subprocess.run(
-        [sys.executable, "-c", OFFLINE, spec], capture_output=True, text=True, env=env, timeout=600
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
-    result = json.loads(lines[0][len("RESULT ") :])
+    result = run_offline(spec, env)
     assert "atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
     [stats] = result["tbo"]
     assert stats["decode"] > 0, stats  # the three requests' decode steps split
-    required, _auto, named = (parse_k3(text) for text in result["texts"])
-    for parsed, choice in ((required, "required"), (named, "named")):
-        calls = [{"name": c.name, "arguments": c.arguments_json} for c in parsed.tool_calls]
-        expect_call(parsed.content or None, calls, CALLED[choice])
+    parse_and_expect_calls(result["texts"])

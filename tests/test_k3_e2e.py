@@ -149,6 +149,33 @@ def streamed_calls(chunks):
     return content or None, calls
 
 
+def run_offline(spec: list, env: dict) -> dict:
+    """OFFLINE's result for `spec` (its argument list) in a process of its own."""
+    proc = subprocess.run(
+        [sys.executable, "-c", OFFLINE, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+def parse_and_expect_calls(texts: list[str]):
+    """The three requests' texts parsed (required, auto, named); the required and the named
+    one each made the call CALLED names."""
+    required, auto, named = (parse_k3(text) for text in texts)
+    for parsed, choice in ((required, "required"), (named, "named")):
+        expect_call(
+            parsed.content or None,
+            [{"name": c.name, "arguments": c.arguments_json} for c in parsed.tool_calls],
+            CALLED[choice],
+        )
+    return required, auto, named
+
+
 # With TBO every decode step of the three requests splits (1 + 2): the K3 channel sees
 # the joined logits, as in an unsplit step.
 TBO_DECODE = {"atom_plugin": {"tbo": "decode", "tbo_decode_min_requests": 3}}
@@ -157,27 +184,12 @@ TBO_DECODE = {"atom_plugin": {"tbo": "decode", "tbo_decode_min_requests": 3}}
 @pytest.mark.parametrize("tbo", [None, TBO_DECODE], ids=["tbo-off", "tbo-decode"])
 def test_offline_chat_required_and_named_call_tools_auto_does_not(model_dir, tbo):
     path, prompt_len = model_dir
-    spec = json.dumps([path, MESSAGES, TOOLS, NAMED, MAX_MODEL_LEN, tbo or {}])
-    proc = subprocess.run(
-        [sys.executable, "-c", OFFLINE, spec],
-        capture_output=True,
-        text=True,
-        env=engine_env(**IN_PROCESS_ENGINE),  # its exact texts are compared
-        timeout=600,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"engine failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
-    result = json.loads(lines[0][len("RESULT ") :])
+    spec = [path, MESSAGES, TOOLS, NAMED, MAX_MODEL_LEN, tbo or {}]
+    result = run_offline(spec, engine_env(**IN_PROCESS_ENGINE))  # its exact texts are compared
     assert result["engine_core"] == "InprocClient"
     assert result["prompt_lens"] == [prompt_len] * 3
     assert "atom_plugin.vllm.k3.logits_v1:AtomK3LogitsProcessorV1" in result["processors"]
-    required, auto, named = (parse_k3(text) for text in result["texts"])
-    for parsed, choice in ((required, "required"), (named, "named")):
-        expect_call(
-            parsed.content or None,
-            [{"name": c.name, "arguments": c.arguments_json} for c in parsed.tool_calls],
-            CALLED[choice],
-        )
+    _, auto, _ = parse_and_expect_calls(result["texts"])
     assert "".join(OPENING) in result["texts"][0]
     assert "".join(OPENING) + 'get_weather"' in result["texts"][2]
     assert auto.tool_calls == () and auto.content == "Sure"
