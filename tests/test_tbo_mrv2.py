@@ -496,19 +496,20 @@ def test_the_check_names_a_micro_batch_runner_that_vllm_could_not_call(tmp_path)
     """vLLM calls the micro-batch runner through `self.ubatch_runner` (the role's
     attribute): those calls are checked against an override too. The adapter's own
     MRV2 overrides are listed in tests/test_vllm_host_api.py (EXPECTED_OVERRIDES)."""
-    from atom_plugin.vllm.compat.check import Adapter, check
+    from atom_plugin.vllm.compat.check import check
     from atom_plugin.vllm.compat.hosts import InstalledHost
+    from tests.test_vllm_host_api import throwaway
 
-    package = tmp_path / "ubatch_adapter"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "runner.py").write_text(
+    adapter, _ = throwaway(
+        tmp_path,
+        "ubatch_adapter",
         "from vllm.v1.worker.gpu.ubatch_utils import UBatchRunner\n\n\n"
         "class NarrowRunner(UBatchRunner):\n"
         "    def prepare(self, input_batch, block_tables, slot_mappings, cg_mode):\n"
-        "        return None\n"
+        "        return None\n",
+        module="runner",
     )
-    problems = check(InstalledHost(), Adapter(tmp_path, "ubatch_adapter"))
+    problems = check(InstalledHost(), adapter)
     calls = [p for p in problems if p.kind == "call"]
     # vLLM's execute_model passes for_capture= through `self.ubatch_runner`
     assert any("gpu/model_runner.py" in p.detail and "for_capture" in p.detail for p in calls), (
