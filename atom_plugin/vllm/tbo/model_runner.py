@@ -26,7 +26,6 @@ to the last, because `execute_model` hands nothing else from one to the next.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection
 from dataclasses import replace
 
 import torch
@@ -41,7 +40,6 @@ from vllm.platforms import current_platform
 
 from atom_plugin import manager
 from atom_plugin.tbo.hazards import reads_blocks_written_now
-from atom_plugin.tbo.mode import BatchShape, ForwardMode, GraphKey, TboConfig
 from atom_plugin.tbo.planner import PlannedSplit, StepPlanner
 from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo import dbo_bridge
@@ -50,18 +48,8 @@ from atom_plugin.vllm.tbo.decode_graphs import (
     pad_rows_one_token_each,
     split_decode_graphs,
 )
+from atom_plugin.vllm.tbo.dp_agreement import agree_across_dp
 from atom_plugin.vllm.tbo.ubatches import builders_per_ubatch, pad_last_row, vllm_slices
-
-
-def agree_across_dp(
-    shape: BatchShape, config: TboConfig, graph_keys: Collection[GraphKey]
-) -> ForwardMode:
-    """This rank's mode, agreed over vLLM's DP CPU group in one all_gather."""
-    from vllm.distributed.parallel_state import get_dp_group
-
-    from atom_plugin.tbo.dp import decide_across_dp
-
-    return decide_across_dp(shape, config, graph_keys, group=get_dp_group().cpu_group)
 
 
 class TboModelRunnerMixin:

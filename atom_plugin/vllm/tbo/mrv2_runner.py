@@ -23,27 +23,14 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from atom_plugin import manager
 from atom_plugin.tbo.hazards import reads_blocks_written_now
-from atom_plugin.tbo.mode import BatchShape, ForwardMode, TboConfig
 from atom_plugin.vllm.compat.mrv2 import decode_graph_sizes
 from atom_plugin.vllm.settings import PluginSettings
 from atom_plugin.vllm.tbo.decode_graphs import announce_split_decode_graphs, split_decode_graphs
+from atom_plugin.vllm.tbo.dp_agreement import agree_across_dp
 from atom_plugin.vllm.tbo.mrv2_graphs import TboCudaGraphManager
 from atom_plugin.vllm.tbo.mrv2_plan import TboStepPlanner
 from atom_plugin.vllm.tbo.mrv2_ubatch import TboUBatchRunner
 from atom_plugin.vllm.tbo.ubatches import builders_per_ubatch
-
-
-def agree_across_dp(shape: BatchShape, config: TboConfig, graph_keys) -> ForwardMode:
-    """This rank's mode, agreed over vLLM's DP CPU group in one all_gather (none where
-    vLLM skips its own DP coordination)."""
-    from vllm.distributed.parallel_state import get_dp_group
-    from vllm.v1.worker.dp_utils import should_skip_dp_coordination
-
-    from atom_plugin.tbo.dp import decide_across_dp
-
-    if should_skip_dp_coordination():
-        return ForwardMode.decide([shape], 0, config, graph_keys)
-    return decide_across_dp(shape, config, graph_keys, group=get_dp_group().cpu_group)
 
 
 class AtomTboMRV2ModelRunner(GPUModelRunner):
