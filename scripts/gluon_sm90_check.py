@@ -15,7 +15,9 @@ project's CPU venv has a newer one whose Gluon API differs), e.g.
 instructions come out the same (`diff -r` of two such folders) changes nothing the GPU runs.
 It also compiles the Triton MLA kernels (the cache write, stage 1 packed and per-token,
 the merge) through their launcher (`mla.triton.mla_decode_triton`) for the configurations
-in TRITON_CASES and writes theirs.
+in TRITON_CASES and writes theirs. `--triton` compiles those alone and checks their
+shared memory, with any Triton that has a CUDA backend (the project's venv's: a CPU
+test runs it).
 
 The stand-in driver below answers the compiler's questions (device 0, target sm_90) and
 launches nothing: every launch after a compile is a no-op, so a launcher runs to its end.
@@ -35,6 +37,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
+from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -128,6 +131,9 @@ TRITON_CASES = (
     (16, 1, False, 2, {"kernel": "packed", "tma": False}),
     (16, 2, False, 2, {"kernel": "packed", "tma": True}),
     (16, 2, True, 2, {"kernel": "packed", "tma": True}),
+    (16, 4, False, 2, {"kernel": "packed", "tma": True}),
+    (16, 4, False, 2, {"kernel": "packed", "tma": False}),
+    (16, 4, True, 2, {"kernel": "packed", "tma": True}),
     (128, 1, False, 2, {"kernel": "packed", "tma": True}),
     (128, 1, True, 2, {"kernel": "packed", "tma": False}),
     (16, 1, False, 2, {"kernel": "per_token", "tma": True}),
@@ -208,10 +214,26 @@ def main(argv=None) -> int:
         "--ptx",
         help="write each variant's instructions here (`instructions`), to diff a refactor's",
     )
+    p.add_argument(
+        "--triton",
+        action="store_true",
+        help="the Triton MLA kernels only (TRITON_CASES), with any Triton that has a CUDA "
+        "backend; exits 1 if a variant needs more shared memory than an SM grants",
+    )
     args = p.parse_args(argv)
+    driver.set_active(CompileOnlyDriver())
+    failed = False
+    if not args.triton:
+        failed = check_gluon(args.ptx)
+    if args.ptx or args.triton:
+        failed |= check_triton(args.ptx)
+    return 1 if failed else 0
+
+
+def check_gluon(ptx: str | None) -> bool:
+    """Compiles every Gluon stage-1 variant; True if one is over the shared memory limit."""
     if triton.__version__.split(".")[:2] != ["3", "6"]:
         print(f"warning: Triton {triton.__version__}; the GPU machine runs 3.6", file=sys.stderr)
-    driver.set_active(CompileOnlyDriver())
     for schedule, dtype in CASES:
         for block_h, tokens in PACKINGS:
             compile_case(schedule, dtype, block_h, tokens)
@@ -230,17 +252,31 @@ def main(argv=None) -> int:
             print(
                 f"{name} {cache} {rows}: shared {smem} B{over}; {ptxas_report(compiled.asm['ptx'])}"
             )
-            if args.ptx:
-                write_ptx(args.ptx, f"{name}_{cache}_{rows}", compiled)
-    if args.ptx:
-        for case in TRITON_CASES:
+            if ptx:
+                write_ptx(ptx, f"{name}_{cache}_{rows}", compiled)
+    return failed
+
+
+def check_triton(ptx: str | None) -> bool:
+    """Compiles the Triton MLA kernels for TRITON_CASES; True if a variant is over the
+    shared memory limit."""
+    for case in TRITON_CASES:
+        try:
             compile_triton_case(*case)
-        for fn in TRITON_KERNELS:
-            for compiled in fn.device_caches[0][0].values():
-                spec = variant_spec(compiled)
-                name = f"{fn.__name__.lstrip('_')}_{hashlib.sha1(spec.encode()).hexdigest()[:10]}"
-                write_ptx(args.ptx, name, compiled, spec)
-    return 1 if failed else 0
+        except OutOfResources:
+            pass  # compiled, then refused at launch: reported below from its metadata
+    failed = False
+    for fn in TRITON_KERNELS:
+        for compiled in fn.device_caches[0][0].values():
+            spec = variant_spec(compiled)
+            name = f"{fn.__name__.lstrip('_')}_{hashlib.sha1(spec.encode()).hexdigest()[:10]}"
+            smem = compiled.metadata.shared
+            failed |= smem > SMEM_LIMIT
+            over = " OVER THE LIMIT" if smem > SMEM_LIMIT else ""
+            print(f"{name}: shared {smem} B{over}; {spec}")
+            if ptx:
+                write_ptx(ptx, name, compiled, spec)
+    return failed
 
 
 def write_ptx(folder: str, name: str, compiled, spec: str | None = None) -> None:

@@ -101,3 +101,28 @@ def test_plan_names_the_kernel_it_chose():
         mla_launch_plan.plan_launch(
             1, 1, 1, 64, 4096, cpu, config={"kernel": "per_token", "BLOCK_M": 8}
         )
+
+
+def test_every_planned_triton_variant_fits_a_hopper_sm():
+    """The Triton MLA kernels, compiled for sm_90 without a GPU (Triton's compiler and
+    ptxas only) on the plan's default configurations: 16 and 128 heads, one, two and
+    four query tokens a request, 16-bit and fp8 caches. None may need more shared memory
+    than an SM grants (a 16-bit cache at four tokens asked 296 KB once)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "scripts" / "gluon_sm90_check.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, str(script), "--triton"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "OVER THE LIMIT" not in proc.stdout
+    # the four-token 16-bit variant ran through the compiler
+    assert "BLOCK_H=16 TOKENS=4 BLOCK_N=64 IS_FP8=False" in proc.stdout
