@@ -114,6 +114,7 @@ def run_wave(args, cases: list[str], shape_dir: Path, out_dir: Path, deadline: f
             "ready_dir": str(wave_dir),
             "wave_size": len(cases),
             "wave_timeout_s": args.start_timeout,
+            "measure_timeout_s": max(1.0, deadline - time.monotonic()),
             "lock": str(out_dir / "measure.lock"),
             "out_json": str(out_dir / f"{slug}.json"),
         }
@@ -230,6 +231,10 @@ def report(results: list[dict]) -> str:
         )
     cells = [f"{r['startup_s']:.0f}" if "startup_s" in r else "failed" for r in results]
     lines.append("| engine start s | " + " | ".join(cells) + " | |")
+    turns = sorted((r["measured_at"], i) for i, r in enumerate(results) if "measured_at" in r)
+    turn = {i: n + 1 for n, (_, i) in enumerate(turns)}
+    cells = [str(turn.get(i, "-")) for i in range(len(results))]
+    lines.append("| measured in turn | " + " | ".join(cells) + " | |")
     cells = [
         f"{'/'.join(r['engine']['attention_backends'])}, {r['engine']['cudagraph_mode']}, "
         f"block {r['engine']['block_size']}, vLLM {r['engine'].get('versions', {}).get('vllm')}"
@@ -307,6 +312,12 @@ def profile_report(case: str, prof: dict) -> str:
         f"{prof['h2d_copies_per_step']:.1f} host-to-device copies a step "
         f"({prof.get('h2d_copies_in_build_per_step', 0):.1f} from the metadata builders, "
         f"which made {prof.get('syncs_in_build_per_step', 0):.1f} sync calls a step)"
+        + (
+            f"; inside CUDA graphs {prof['graph_gap_us_median']:.2f} us between kernels "
+            f"(median), {prof['graph_gaps_us_per_step']:.0f} us idle a step"
+            if prof.get("graph_gap_us_median") is not None
+            else ""
+        )
         + (f"; trace {prof['trace']}" if prof.get("trace") else ""),
         "",
         "| kernel | calls a step | us a step | mean us |",

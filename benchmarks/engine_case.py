@@ -5,7 +5,10 @@ process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the steps can be timed one by o
 the torch profiler and the step probe (benchmarks/engine_probe.py) see the worker. Cases
 of one wave start together and then measure one at a time: each marks itself ready,
 waits for the wave, and takes the lock, so no measurement overlaps another case's
-start-up or measurement.
+start-up or measurement. A case that has measured stays up (idle) until every case of
+its wave has, so each case measures beside the same started engines whatever its turn
+(what idle engines beside a measurement cost it is not known; it must not favour one
+case).
 
 Prompts are random token ids drawn from the workload's name and the pass's seed, so no
 two workloads or passes share a prefix by chance; an `again` pass submits the prompts of
@@ -175,6 +178,18 @@ def _wait_for_wave(ready_dir: Path, size: int, timeout: float) -> None:
     print(f"# wave incomplete after {timeout:.0f} s; measuring anyway", flush=True)
 
 
+def _wait_for_wave_to_measure(ready_dir: Path, name: str, size: int, timeout: float) -> None:
+    """Marks this case measured, then waits until every case of the wave has measured or
+    failed to start."""
+    (ready_dir / f"{name}.measured").touch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len([p for p in ready_dir.iterdir() if p.suffix in (".measured", ".failed")]) >= size:
+            return
+        time.sleep(0.5)
+    print(f"# the wave did not finish measuring within {timeout:.0f} s; leaving", flush=True)
+
+
 def start_in_wave(spec: dict, name: str, result: dict):
     """The case's engine (`spec["llm"]`), started beside the others of its wave: its start
     time and worker facts go into `result`, and it returns once the whole wave has started
@@ -236,6 +251,12 @@ def main(spec: dict) -> dict:
                 save(spec, result)
         result["profiles"] = [profile(llm, spec, entry) for entry in spec["profile"]]
         result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        result["measured_until"] = time.time()
+    save(spec, result)
+    _wait_for_wave_to_measure(
+        Path(spec["ready_dir"]), name, spec["wave_size"], spec["measure_timeout_s"]
+    )
+    result["left_at"] = time.time()
     return result
 
 

@@ -26,6 +26,7 @@ import statistics
 import time
 import warnings
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 SYNC_CALLS = (
@@ -373,6 +374,8 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
     launched_at: dict[int, float] = {}  # correlation id -> when the host called CUDA
     copies: list[int] = []  # host-to-device copies, by correlation id
     syncs: list[float] = []  # when each sync call began
+    graph_launches: set[int] = set()  # correlation ids of cudaGraphLaunch calls
+    by_launch: dict[int, list[tuple[float, float]]] = {}  # the GPU work of each host call
     for name, on_gpu, start, end, correlation in _trace_events(prof):
         dur = end - start
         if on_gpu:
@@ -380,9 +383,12 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
                 copies.append(correlation)
             kernels.setdefault(name, []).append(dur)
             intervals.append((start, end))
+            by_launch.setdefault(correlation, []).append((start, end))
             continue
         if correlation:
             launched_at[correlation] = start
+        if name == "cudaGraphLaunch":
+            graph_launches.add(correlation)
         if name == BUILD_LABEL:
             builds.append((start, end))
         if name in SYNC_CALLS:
@@ -394,6 +400,7 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
         return t is not None and any(a <= t <= b for a, b in builds)
 
     busy = _union_us(intervals)
+    gaps = _graph_gaps_us([by_launch[c] for c in graph_launches if c in by_launch])
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     result = {
         "workload": label,
@@ -406,6 +413,9 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
         # of those, and of the syncs, the ones the metadata builders' host code called
         "h2d_copies_in_build_per_step": sum(in_build(launched_at.get(c)) for c in copies) / steps,
         "syncs_in_build_per_step": sum(in_build(t) for t in syncs) / steps,
+        # idle time between one CUDA graph node's end and the next one's start
+        "graph_gap_us_median": statistics.median(gaps) if gaps else None,
+        "graph_gaps_us_per_step": sum(g for g in gaps if g > 0) / steps,
         "kernels": [
             {
                 "name": k[:100],
@@ -446,6 +456,16 @@ def _trace_events(prof):
         start = ev.start_ns() / 1e3
         on_gpu = ev.device_type() == DeviceType.CUDA
         yield ev.name(), on_gpu, start, start + ev.duration_ns() / 1e3, ev.correlation_id()
+
+
+def _graph_gaps_us(graphs: list[list[tuple[float, float]]]) -> list[float]:
+    """Start of each graph node's GPU work less the end of the node before it, over the
+    nodes of each graph launch (negative where programmatic dependent launch overlaps
+    the two)."""
+    gaps = []
+    for nodes in graphs:
+        gaps += [b[0] - a[1] for a, b in pairwise(sorted(nodes))]
+    return gaps
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:

@@ -255,6 +255,12 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
     assert (out / "default-lat-1-decode.json.gz").exists()
     assert "| lat-1 again output tok/s |" in proc.stdout
     assert "| lat-1 decode host_ms |" in proc.stdout
+    # each case measured alone and stayed up until the other had measured
+    spans = [json.loads(p.read_text()) for p in results.values()]
+    first, second = sorted(spans, key=lambda r: r["measured_at"])
+    assert first["measured_until"] <= second["measured_at"]
+    assert first["left_at"] >= second["measured_until"]
+    assert "| measured in turn |" in proc.stdout
     # The plugin's platform logs what it installed in the plugin's case only.
     assert "atom-plugin logits processors" in (out / "default.log").read_text()
     assert "atom-plugin" not in (out / "default-disabled.log").read_text()
@@ -384,3 +390,28 @@ def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
     assert reduced["h2d_copies_in_build_per_step"] == 0.5
     assert reduced["syncs_in_build_per_step"] == 0.5
     assert reduced["gpu_busy_ms_per_step"] == 0.0045  # (1 + 1 + 7) us over 2 steps
+    assert reduced["graph_gap_us_median"] is None  # no graph was launched
+
+
+def test_gaps_between_graph_nodes_are_measured_per_launch(monkeypatch):
+    """The idle time between the kernels of one CUDA graph launch: the gap before a
+    graph's first node and the kernels of other host calls do not count."""
+    from benchmarks import engine_probe
+
+    events = [  # name, on the GPU, start, end, correlation id
+        ("cudaGraphLaunch", False, 0.0, 5.0, 1),
+        ("cudaLaunchKernel", False, 6.0, 7.0, 2),
+        ("cudaGraphLaunch", False, 8.0, 9.0, 3),
+        ("a", True, 10.0, 12.0, 1),
+        ("b", True, 12.5, 14.0, 1),
+        ("c", True, 13.8, 15.0, 1),  # overlaps its predecessor (a dependent launch)
+        ("eager", True, 20.0, 21.0, 2),
+        ("a", True, 30.0, 32.0, 3),
+        ("b", True, 33.0, 34.0, 3),
+    ]
+    monkeypatch.setattr(engine_probe, "_trace_events", lambda prof: iter(events))
+    profiler = engine_probe.PhaseProfiler("decode")
+    profiler.steps = 2
+    reduced = engine_probe.reduce_trace(profiler, "lat-1", None)
+    assert reduced["graph_gap_us_median"] == pytest.approx(0.5)  # of 0.5, -0.2 and 1.0
+    assert reduced["graph_gaps_us_per_step"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2
