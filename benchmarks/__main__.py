@@ -44,6 +44,8 @@ BENCHMARKS = {
     "tbo_prefill": "From how many new tokens does a split prefill step pay?",
     "tbo_dp": "Two ranks over NCCL (or gloo): how long is a decode step with TBO on and off?",
     "tbo_trace": "In one TBO decode step, which kernels wait behind which (a kernel timeline)?",
+    "graph_gaps": "In profiler traces of the engine, how long does the GPU idle between the "
+    "kernels of each CUDA graph launch?",
     "tbo_engine": "In vLLM's engine on one GPU, what does two-batch overlap cost or gain against "
     "off, for decode batches and long prefills (Model Runner V2)?",
 }

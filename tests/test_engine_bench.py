@@ -415,3 +415,44 @@ def test_gaps_between_graph_nodes_are_measured_per_launch(monkeypatch):
     reduced = engine_probe.reduce_trace(profiler, "lat-1", None)
     assert reduced["graph_gap_us_median"] == pytest.approx(0.5)  # of 0.5, -0.2 and 1.0
     assert reduced["graph_gaps_us_per_step"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2
+
+
+def test_graph_gaps_reads_a_chrome_trace(tmp_path):
+    """`benchmarks.graph_gaps` over a trace file: only kernels of graph launches count."""
+    import gzip
+
+    from benchmarks.graph_gaps import trace_gaps
+
+    def kernel(ts, dur, correlation):
+        return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur,
+                "args": {"correlation": correlation}}  # fmt: skip
+
+    events = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaGraphLaunch",
+            "ts": 0,
+            "dur": 5,
+            "args": {"correlation": 1},
+        },  # fmt: skip
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 6,
+            "dur": 1,
+            "args": {"correlation": 2},
+        },  # fmt: skip
+        kernel(10, 2, 1),
+        kernel(12.25, 1, 1),
+        kernel(14.25, 1, 1),
+        kernel(40, 1, 2),  # an eager kernel: not a graph's
+    ]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = trace_gaps(str(path))
+    assert (got["launches"], got["nodes"]) == (1, 3)
+    assert got["median_gap_us"] == pytest.approx(0.625)  # of 0.25 and 1.0
+    assert got["idle_us_per_launch"] == pytest.approx(1.25)
