@@ -169,25 +169,15 @@ def physical_limits() -> dict | None:
     return limits
 
 
-def _wait_for_wave(ready_dir: Path, size: int, timeout: float) -> None:
+def _wait_for_wave(ready_dir: Path, suffixes: tuple[str, ...], size: int, timeout: float) -> bool:
+    """Waits until `size` cases of the wave have left a mark with one of `suffixes` in
+    `ready_dir`; False after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len([p for p in ready_dir.iterdir() if p.suffix in (".ready", ".failed")]) >= size:
-            return
+        if len([p for p in ready_dir.iterdir() if p.suffix in suffixes]) >= size:
+            return True
         time.sleep(0.5)
-    print(f"# wave incomplete after {timeout:.0f} s; measuring anyway", flush=True)
-
-
-def _wait_for_wave_to_measure(ready_dir: Path, name: str, size: int, timeout: float) -> None:
-    """Marks this case measured, then waits until every case of the wave has measured or
-    failed to start."""
-    (ready_dir / f"{name}.measured").touch()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len([p for p in ready_dir.iterdir() if p.suffix in (".measured", ".failed")]) >= size:
-            return
-        time.sleep(0.5)
-    print(f"# the wave did not finish measuring within {timeout:.0f} s; leaving", flush=True)
+    return False
 
 
 def start_in_wave(spec: dict, name: str, result: dict):
@@ -208,7 +198,9 @@ def start_in_wave(spec: dict, name: str, result: dict):
     result["startup_s"] = time.perf_counter() - t0
     result["engine"] = llm.collective_rpc(worker_facts)[0]
     (ready_dir / f"{name}.ready").touch()
-    _wait_for_wave(ready_dir, spec["wave_size"], spec["wave_timeout_s"])
+    timeout = spec["wave_timeout_s"]
+    if not _wait_for_wave(ready_dir, (".ready", ".failed"), spec["wave_size"], timeout):
+        print(f"# wave incomplete after {timeout:.0f} s; measuring anyway", flush=True)
     return llm
 
 
@@ -253,9 +245,11 @@ def main(spec: dict) -> dict:
         result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         result["measured_until"] = time.time()
     save(spec, result)
-    _wait_for_wave_to_measure(
-        Path(spec["ready_dir"]), name, spec["wave_size"], spec["measure_timeout_s"]
-    )
+    # Up until every case of the wave has measured (or failed to start).
+    ready_dir, timeout = Path(spec["ready_dir"]), spec["measure_timeout_s"]
+    (ready_dir / f"{name}.measured").touch()
+    if not _wait_for_wave(ready_dir, (".measured", ".failed"), spec["wave_size"], timeout):
+        print(f"# the wave did not finish measuring within {timeout:.0f} s; leaving", flush=True)
     result["left_at"] = time.time()
     return result
 

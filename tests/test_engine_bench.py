@@ -367,11 +367,20 @@ def test_the_probe_names_the_plan_a_decode_graph_replays():
     assert _graph_plan(Namespace(), metadata, Namespace(max_query_len=1)) is None
 
 
+def _reduce_over_two_steps(monkeypatch, events):
+    """`engine_probe.reduce_trace` of a decode profile of two steps that traced `events`
+    (name, on the GPU, start us, end us, correlation id)."""
+    from benchmarks import engine_probe
+
+    monkeypatch.setattr(engine_probe, "_trace_events", lambda prof: iter(events))
+    profiler = engine_probe.PhaseProfiler("decode")
+    profiler.steps = 2
+    return engine_probe.reduce_trace(profiler, "lat-1", None)
+
+
 def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
     """A host-to-device copy counts as the builders' when the host's CUDA call that
     launched it fell inside a builder's `probe::build` range; a sync call likewise."""
-    from benchmarks import engine_probe
-
     events = [  # name, on the GPU, start, end, correlation id
         ("probe::build", False, 10.0, 20.0, 0),
         ("cudaMemcpyAsync", False, 12.0, 13.0, 5),  # inside the build
@@ -382,10 +391,7 @@ def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
         ("Memcpy HtoD (Pinned -> Device)", True, 52.0, 53.0, 6),
         ("kernel", True, 53.0, 60.0, 7),
     ]
-    monkeypatch.setattr(engine_probe, "_trace_events", lambda prof: iter(events))
-    profiler = engine_probe.PhaseProfiler("decode")
-    profiler.steps = 2
-    reduced = engine_probe.reduce_trace(profiler, "lat-1", None)
+    reduced = _reduce_over_two_steps(monkeypatch, events)
     assert reduced["h2d_copies_per_step"] == 1.0
     assert reduced["h2d_copies_in_build_per_step"] == 0.5
     assert reduced["syncs_in_build_per_step"] == 0.5
@@ -396,8 +402,6 @@ def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
 def test_gaps_between_graph_nodes_are_measured_per_launch(monkeypatch):
     """The idle time between the kernels of one CUDA graph launch: the gap before a
     graph's first node and the kernels of other host calls do not count."""
-    from benchmarks import engine_probe
-
     events = [  # name, on the GPU, start, end, correlation id
         ("cudaGraphLaunch", False, 0.0, 5.0, 1),
         ("cudaLaunchKernel", False, 6.0, 7.0, 2),
@@ -409,10 +413,7 @@ def test_gaps_between_graph_nodes_are_measured_per_launch(monkeypatch):
         ("a", True, 30.0, 32.0, 3),
         ("b", True, 33.0, 34.0, 3),
     ]
-    monkeypatch.setattr(engine_probe, "_trace_events", lambda prof: iter(events))
-    profiler = engine_probe.PhaseProfiler("decode")
-    profiler.steps = 2
-    reduced = engine_probe.reduce_trace(profiler, "lat-1", None)
+    reduced = _reduce_over_two_steps(monkeypatch, events)
     assert reduced["graph_gap_us_median"] == pytest.approx(0.5)  # of 0.5, -0.2 and 1.0
     assert reduced["graph_gaps_us_per_step"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2
 
