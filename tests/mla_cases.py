@@ -9,6 +9,7 @@ from attention_cases import paged_layout
 
 from atom_plugin.attention.dtypes import FP8_DTYPES as FP8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
+from atom_plugin.attention.mla.plan import plan_mla_decode
 
 
 @dataclass
@@ -114,3 +115,12 @@ def query_in_parts(q: torch.Tensor, lora: int) -> tuple[torch.Tensor, torch.Tens
     wide = torch.zeros(*q.shape[:2], 8 + q.shape[-1] - lora, dtype=q.dtype, device=q.device)
     wide[..., 8:] = q[..., lora:]
     return latent, wide[..., 8:]
+
+
+def plan_for(batch: MLABatch, kernel_impl: str, **kw):
+    """`plan_mla_decode` on `kernel_impl` for every query row and head of `batch`, over
+    its cache's dtype."""
+    T, H, _ = batch.q.shape
+    return plan_mla_decode(
+        batch.meta, T, H, kernel_impl=kernel_impl, kv_dtype=batch.kv_cache.dtype, **kw
+    )

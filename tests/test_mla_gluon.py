@@ -4,7 +4,15 @@ so the kernel itself is tested on a Hopper GPU only (`gpu`); the choice is teste
 
 import pytest
 import torch
-from mla_cases import EDGE_REQS, FP8, gpu_edge_batch, make_mla_batch, query_in_parts, tolerance
+from mla_cases import (
+    EDGE_REQS,
+    FP8,
+    gpu_edge_batch,
+    make_mla_batch,
+    plan_for,
+    query_in_parts,
+    tolerance,
+)
 
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
@@ -114,16 +122,7 @@ def test_gpu_gluon_decode_edges(heads, cache, q_len, schedule):
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     config = {"kernel": "gluon", "schedule": schedule}
     for splits in (None, 1, 200):
-        plan = plan_mla_decode(
-            b.meta,
-            b.q.shape[0],
-            heads,
-            kernel_impl="triton",
-            kv_dtype=b.kv_cache.dtype,
-            config=config,
-            num_splits=splits,
-            layout=BF16_64,
-        )
+        plan = plan_for(b, "triton", config=config, num_splits=splits, layout=BF16_64)
         assert (plan.launch.kernel, plan.launch.schedule) == ("gluon", schedule)
         out, lse = _run(mla_decode_triton, b, plan=plan)
         T = b.meta.num_actual_tokens
@@ -163,14 +162,7 @@ def test_gpu_gluon_not_chosen_for_16_key_pages():
     problems = gluon_mla_problems(torch.device("cuda"), layout)
     assert any("block size 16" in p for p in problems), problems
     b = gpu_edge_batch(EDGE_REQS, 128, "bf16", block_size=16)
-    plan = plan_mla_decode(
-        b.meta,
-        b.q.shape[0],
-        128,
-        kernel_impl="triton",
-        kv_dtype=b.kv_cache.dtype,
-        layout=layout,
-    )
+    plan = plan_for(b, "triton", layout=layout)
     assert plan.launch.kernel == "per_token"
     with pytest.raises(ValueError, match="block size 16"):
         plan_mla_decode(
@@ -225,15 +217,7 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
     if cache == "fp8" and config.get("schedule") == "alternate":
         pytest.skip("the alternate schedule takes 16-bit caches only")
     b = gpu_edge_batch([(2, 777), (1, 65), (1, 2051)], heads, cache)
-    plan = plan_mla_decode(
-        b.meta,
-        b.q.shape[0],
-        heads,
-        kernel_impl="triton",
-        kv_dtype=b.kv_cache.dtype,
-        config=config,
-        layout=BF16_64,
-    )
+    plan = plan_for(b, "triton", config=config, layout=BF16_64)
     assert plan.launch.kernel == config["kernel"]
     whole, whole_lse = _run(mla_decode_triton, b, plan=plan)
     out = torch.full_like(whole, 7.0)

@@ -16,6 +16,7 @@ from mla_cases import (  # noqa: E402
     FP8,
     gpu_edge_batch,
     make_mla_batch,
+    plan_for,
     query_in_parts,
     tolerance,
 )
@@ -35,20 +36,13 @@ from atom_plugin.attention.mla.triton import mla_decode_triton, write_mla_kv_tri
 SENTINEL = 7.0
 
 
-def _plan(batch, kernel_impl, **kw):
-    T, H, _ = batch.q.shape
-    return plan_mla_decode(
-        batch.meta, T, H, kernel_impl=kernel_impl, kv_dtype=batch.kv_cache.dtype, **kw
-    )
-
-
 def _run(path, batch, lora, plan=None, **plan_kw):
     """The decode on `path` ('torch', 'triton', or 'ops': `mla.ops.mla_decode`, which
     plans the step itself when handed no plan), planned from `plan_kw` unless handed
     `plan`."""
     fn = {"torch": mla_decode_reference, "triton": mla_decode_triton, "ops": mla_ops.mla_decode}
     if plan is None and path != "ops":
-        plan = _plan(batch, path, **plan_kw)
+        plan = plan_for(batch, path, **plan_kw)
     T, H, _ = batch.q.shape
     out = torch.full((T, H, lora), SENTINEL, dtype=batch.q.dtype, device=batch.q.device)
     lse = fn[path](
@@ -152,14 +146,14 @@ def test_triton_decode_takes_the_query_in_parts(reqs, cfg, splits):
     """The stage-1 kernels read the latent and rope parts where they lie (the rope part
     strided as vLLM's view is): the same output as the joined query, on every path."""
     b = make_mla_batch(reqs, heads=16, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    plan = _plan(b, "triton", num_splits=splits, config=cfg)
+    plan = plan_for(b, "triton", num_splits=splits, config=cfg)
     parts = query_in_parts(b.q, 32)
     assert parts[1].stride(1) != 16, "the rope part must be a strided view"
     whole, whole_lse = _run("triton", b, 32, plan=plan)
-    for path, plan_for in (("triton", plan), ("torch", _plan(b, "torch"))):
+    for path, path_plan in (("triton", plan), ("torch", plan_for(b, "torch"))):
         out = torch.full_like(whole, SENTINEL)
         lse = {"triton": mla_decode_triton, "torch": mla_decode_reference}[path](
-            parts, b.kv_cache, b.meta, plan_for, scale=0.3, output=out, kv_lora_rank=32
+            parts, b.kv_cache, b.meta, path_plan, scale=0.3, output=out, kv_lora_rank=32
         )
         torch.testing.assert_close(out, whole, **tolerance(torch.float32))
         torch.testing.assert_close(lse, whole_lse, **tolerance(torch.float32))
@@ -510,14 +504,7 @@ def test_gpu_decode_edges(heads, cache, block_size):
     want_out, want_lse = _run("torch", b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):
-        plan = plan_mla_decode(
-            b.meta,
-            b.q.shape[0],
-            heads,
-            kernel_impl="triton",
-            kv_dtype=b.kv_cache.dtype,
-            num_splits=splits,
-        )
+        plan = plan_for(b, "triton", num_splits=splits)
         # 16 heads pack both tokens; above, the per-token kernel runs at these sizes
         # unless the packed plan needs more splits than one merge pass (the 200 here)
         packed = heads == 16 or (splits or 0) > mla_launch_plan.MERGE_BLOCK_S
@@ -563,15 +550,7 @@ def test_gpu_packed_variants(cfg, q_len, cache):
     want_out, want_lse = _run("torch", b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     for splits in (None, 1, 200):
-        plan = plan_mla_decode(
-            b.meta,
-            b.q.shape[0],
-            16,
-            kernel_impl="triton",
-            kv_dtype=b.kv_cache.dtype,
-            config=cfg,
-            num_splits=splits,
-        )
+        plan = plan_for(b, "triton", config=cfg, num_splits=splits)
         assert plan.launch.kernel == "packed"
         if cfg is None:
             want = WIDE if q_len > 1 else NARROW
@@ -691,7 +670,7 @@ def test_a_split_decode_is_two_launches_and_no_fills_or_copies(monkeypatch):
     splits: stage 1 and the merge, and beside them only allocations and views: no
     concatenation of the query, no fill of the output or the lse."""
     b = make_mla_batch(SINGLE, heads=16, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    plan = _plan(b, "triton", num_splits=3, config={"kernel": "packed"})
+    plan = plan_for(b, "triton", num_splits=3, config={"kernel": "packed"})
     launches: list[str] = []
     for name in ("_mla_decode_stage1", "_mla_decode_per_token", "_mla_decode_stage2"):
         monkeypatch.setattr(f"atom_plugin.attention.mla.triton.{name}", _Launches(name, launches))
