@@ -398,20 +398,6 @@ def test_engine_that_asks_nothing_of_the_plugin_serves_with_it_installed(runs, m
 
 def test_k3_required_and_named_are_forced_under_model_runner_v2(tmp_path):
     """The channel's logits processor runs under Model Runner V2 on the GPU."""
-    from tests.models.scripted_gpt2 import build_scripted_dir
-    from tests.test_k3_e2e import (
-        MESSAGES,
-        NAMED,
-        SCRIPT,
-        TOOLS,
-        parse_and_expect_calls,
-        run_offline,
-    )
+    from tests.test_k3_e2e import run_k3_under_mrv2_on_gpu
 
-    build_scripted_dir(tmp_path, SCRIPT, MESSAGES, tools=TOOLS)
-    llm = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
-    spec = [str(tmp_path), MESSAGES, TOOLS, NAMED, 128, {}, llm]
-    env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None)
-    result = run_offline(spec, env)
-    assert "atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
-    parse_and_expect_calls(result["texts"])
+    run_k3_under_mrv2_on_gpu(tmp_path, {})

@@ -200,23 +200,9 @@ def test_tbo_on_mrv2_equals_tbo_off_and_splits(runs, config):
 def test_k3_channel_beside_tbo_under_model_runner_v2(tmp_path):
     """The K3 channel's logits processor forces required and named calls in an engine whose
     decode steps split (eagerly: the scripted model's backend is vLLM's own)."""
-    from tests.models.scripted_gpt2 import build_scripted_dir
-    from tests.test_k3_e2e import (
-        MESSAGES,
-        NAMED,
-        SCRIPT,
-        TOOLS,
-        parse_and_expect_calls,
-        run_offline,
-    )
+    from tests.test_k3_e2e import run_k3_under_mrv2_on_gpu
 
-    build_scripted_dir(tmp_path, SCRIPT, MESSAGES, tools=TOOLS)
     tbo = {"atom_plugin": {"tbo": "all", "tbo_decode_min_requests": 3}}
-    llm = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
-    spec = [str(tmp_path), MESSAGES, TOOLS, NAMED, 128, tbo, llm]
-    env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None)
-    result = run_offline(spec, env)
-    assert "atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
+    result = run_k3_under_mrv2_on_gpu(tmp_path, tbo)
     [stats] = result["tbo"]
     assert stats["decode"] > 0, stats  # the three requests' decode steps split
-    parse_and_expect_calls(result["texts"])

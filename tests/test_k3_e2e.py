@@ -176,6 +176,22 @@ def parse_and_expect_calls(texts: list[str]):
     return required, auto, named
 
 
+def run_k3_under_mrv2_on_gpu(tmp_path, tbo: dict) -> dict:
+    """The scripted model's three requests (required, auto, named) in a GPU engine under
+    Model Runner V2, `tbo` the plugin's settings: the channel's MRV2 processor ran and the
+    required and named requests made their calls. Returns the run's result."""
+    build_scripted_dir(tmp_path, SCRIPT, MESSAGES, tools=TOOLS)
+    llm = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
+    spec = [str(tmp_path), MESSAGES, TOOLS, NAMED, 128, tbo, llm]
+    env = shared_engine_env(
+        **IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None, ATOM_K3_STRUCTURAL_TAG=None
+    )
+    result = run_offline(spec, env)
+    assert "atom_plugin.vllm.k3.logits_mrv2:AtomK3LogitsProcessorMRV2" in result["processors"]
+    parse_and_expect_calls(result["texts"])
+    return result
+
+
 # With TBO every decode step of the three requests splits (1 + 2): the K3 channel sees
 # the joined logits, as in an unsplit step.
 TBO_DECODE = {"atom_plugin": {"tbo": "decode", "tbo_decode_min_requests": 3}}
