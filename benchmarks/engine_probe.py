@@ -400,7 +400,7 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
         return t is not None and any(a <= t <= b for a, b in builds)
 
     busy = _union_us(intervals)
-    gaps = _graph_gaps_us([by_launch[c] for c in graph_launches if c in by_launch])
+    gaps = graph_gaps_us([by_launch[c] for c in graph_launches if c in by_launch])
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     result = {
         "workload": label,
@@ -458,7 +458,7 @@ def _trace_events(prof):
         yield ev.name(), on_gpu, start, start + ev.duration_ns() / 1e3, ev.correlation_id()
 
 
-def _graph_gaps_us(graphs: list[list[tuple[float, float]]]) -> list[float]:
+def graph_gaps_us(graphs: list[list[tuple[float, float]]]) -> list[float]:
     """Start of each graph node's GPU work less the end of the node before it, over the
     nodes of each graph launch (negative where programmatic dependent launch overlaps
     the two)."""

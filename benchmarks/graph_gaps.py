@@ -16,7 +16,7 @@ import json
 import statistics
 from collections import defaultdict
 
-from benchmarks.engine_probe import _graph_gaps_us
+from benchmarks.engine_probe import graph_gaps_us
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -36,7 +36,7 @@ def trace_gaps(path: str) -> dict:
             correlation = e.get("args", {}).get("correlation")
             if correlation in launches:
                 nodes[correlation].append((e["ts"], e["ts"] + e["dur"]))
-    gaps = _graph_gaps_us(list(nodes.values()))
+    gaps = graph_gaps_us(list(nodes.values()))
     count = max(1, len(nodes))
     return {
         "launches": len(nodes),

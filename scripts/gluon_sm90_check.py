@@ -243,15 +243,12 @@ def check_gluon(ptx: str | None) -> bool:
         ("alternate", gluon_mla_alternate.stage1),
     ):
         for compiled in fn.device_caches[0][0].values():
-            smem = compiled.metadata.shared
-            failed |= smem > SMEM_LIMIT
-            over = " OVER THE LIMIT" if smem > SMEM_LIMIT else ""
+            over, shared = shared_report(compiled)
+            failed |= over
             cache = compiled.src.signature["KC_DESC"].split("[")[0].split("<")[-1]
             rows = f"{compiled.src.constants[(compiled.src.fn.arg_names.index('BLOCK_H'),)]}h"
             rows += f"x{compiled.src.constants[(compiled.src.fn.arg_names.index('TOKENS'),)]}t"
-            print(
-                f"{name} {cache} {rows}: shared {smem} B{over}; {ptxas_report(compiled.asm['ptx'])}"
-            )
+            print(f"{name} {cache} {rows}: {shared}; {ptxas_report(compiled.asm['ptx'])}")
             if ptx:
                 write_ptx(ptx, f"{name}_{cache}_{rows}", compiled)
     return failed
@@ -270,13 +267,20 @@ def check_triton(ptx: str | None) -> bool:
         for compiled in fn.device_caches[0][0].values():
             spec = variant_spec(compiled)
             name = f"{fn.__name__.lstrip('_')}_{hashlib.sha1(spec.encode()).hexdigest()[:10]}"
-            smem = compiled.metadata.shared
-            failed |= smem > SMEM_LIMIT
-            over = " OVER THE LIMIT" if smem > SMEM_LIMIT else ""
-            print(f"{name}: shared {smem} B{over}; {spec}")
+            over, shared = shared_report(compiled)
+            failed |= over
+            print(f"{name}: {shared}; {spec}")
             if ptx:
                 write_ptx(ptx, name, compiled, spec)
     return failed
+
+
+def shared_report(compiled) -> tuple[bool, str]:
+    """Whether a compiled variant takes more shared memory than an SM grants, and its
+    shared memory as printed."""
+    smem = compiled.metadata.shared
+    over = smem > SMEM_LIMIT
+    return over, f"shared {smem} B" + (" OVER THE LIMIT" if over else "")
 
 
 def write_ptx(folder: str, name: str, compiled, spec: str | None = None) -> None:

@@ -105,8 +105,9 @@ def takes_prefill_rows(kernel_impl: str, device: torch.device, layout: MLAStepLa
     """Whether the decode path `kernel_impl` runs rows of many new tokens (a prefix-cache
     hit's remainder) on `device`: the torch reference does; Triton where the Gluon kernel
     runs this layout (`launch_plan.choose_kernel` gives Gluon every step with rows of more
-    than one token; the Triton kernels' own tiles for such rows at 16 heads need more shared
-    memory than a Hopper SM has); AITER's decode was checked on speculative rows only."""
+    than one token; the packed Triton kernel's run of such rows at 16 heads on a 16-bit
+    cache has not passed on a GPU yet, docs/mla.md); AITER's decode was checked on
+    speculative rows only."""
     if kernel_impl == "torch":
         return True
     return kernel_impl == "triton" and not gluon_mla_problems(device, layout)
