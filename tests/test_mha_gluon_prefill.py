@@ -10,6 +10,7 @@ from attention_cases import make_batch, tolerance
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from atom_plugin.attention.kept import KeptPerCache
 from atom_plugin.attention.mha import reference
 from atom_plugin.attention.mha.gluon_prefill_launch import (
     cache_rows,
@@ -254,8 +255,7 @@ def test_a_layers_cache_descriptors_are_made_once_and_the_oldest_let_go(monkeypa
     made = []
     real = gluon_common.tma_descriptor
     monkeypatch.setattr(gluon_common, "tma_descriptor", lambda *a: made.append(a) or real(*a))
-    monkeypatch.setattr(gpl, "_KEPT", {})
-    monkeypatch.setattr(gpl, "KEPT_CACHES", 2)
+    monkeypatch.setattr(gpl, "_KEPT", KeptPerCache(limit=2))
     raws = [torch.zeros(4, 2, 16, 2 * 64, dtype=torch.bfloat16) for _ in range(3)]
 
     def views(raw):  # the plugin's layout, split afresh as at every call

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from atom_plugin.attention.kept import KeptPerCache, cache_key
 from atom_plugin.attention.triton_common import LOG2E, cdiv
 
 BLOCK_N = 128  # keys a tile holds
@@ -221,34 +222,14 @@ class CacheDescriptors:
     value: object
 
 
-# Caches whose descriptors are kept: a layer's pair each, for models of up to this many
-# attention layers; a model with more rebuilds some at each call.
-KEPT_CACHES = 512
-_KEPT: dict[tuple, CacheDescriptors] = {}
+_KEPT = KeptPerCache()  # each layer's pair of caches, by box
 
 
 def cache_descriptors(key_cache, value_cache, box: int) -> CacheDescriptors:
     """The caches' descriptors for boxes of `box` rows, made at the first launch over them
-    and kept: building two descriptors costs more host time than the launch itself, while
-    a layer's caches stay put for the engine's life (each step hands new views of the
-    same memory, so they are known by address, shape and strides). A kept entry holds
-    its caches' memory, so an address in the table is never another tensor's."""
-    key = (
-        key_cache.data_ptr(),
-        value_cache.data_ptr(),
-        key_cache.shape,
-        key_cache.stride(),
-        value_cache.stride(),
-        key_cache.dtype,
-        box,
-    )
-    kept = _KEPT.get(key)
-    if kept is None:
-        kept = _make_descriptors(key_cache, value_cache, box)
-        if len(_KEPT) >= KEPT_CACHES:
-            _KEPT.pop(next(iter(_KEPT)), None)  # the oldest (None: another thread took it)
-        _KEPT[key] = kept
-    return kept
+    and kept (`attention.kept`)."""
+    key = (cache_key(key_cache), cache_key(value_cache), box)
+    return _KEPT.get(key, lambda: _make_descriptors(key_cache, value_cache, box))
 
 
 def _make_descriptors(key_cache, value_cache, box: int) -> CacheDescriptors:

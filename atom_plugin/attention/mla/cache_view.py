@@ -10,9 +10,13 @@ from __future__ import annotations
 import torch
 
 from atom_plugin.attention.dtypes import FP8_DTYPES
+from atom_plugin.attention.kept import KeptPerCache, cache_key
 from atom_plugin.attention.triton_common import device_has_tma
 
 TMA_DTYPES = (torch.bfloat16, torch.float16, torch.float32) + FP8_DTYPES
+
+# Each layer cache's descriptors (Triton's and Gluon's, by box) and kernel checks
+KEPT_PER_CACHE = KeptPerCache()
 
 
 def tma_problems(kv_cache: torch.Tensor, lora: int, rope: int, block_n: int) -> list[str]:
@@ -62,10 +66,14 @@ def cache_row_parts(kv_cache: torch.Tensor, lora: int) -> list[tuple]:
 
 def tma_descriptors(kv_cache: torch.Tensor, lora: int, block_n: int):
     """Triton tensor descriptors of the latent and rope columns of the cache viewed as
-    rows, in boxes of `block_n` rows (`mla.gluon.common.cache_descriptors` makes Gluon's)."""
+    rows, in boxes of `block_n` rows (`mla.gluon.common.cache_descriptors` makes Gluon's),
+    made at the first launch over the cache and kept (`attention.kept`)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return [
-        TensorDescriptor(part, shape, strides, [block_n, shape[1]])
-        for part, shape, strides in cache_row_parts(kv_cache, lora)
-    ]
+    def make() -> list:
+        return [
+            TensorDescriptor(part, shape, strides, [block_n, shape[1]])
+            for part, shape, strides in cache_row_parts(kv_cache, lora)
+        ]
+
+    return KEPT_PER_CACHE.get(("triton", cache_key(kv_cache), lora, block_n), make)

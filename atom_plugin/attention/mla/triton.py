@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 
 from atom_plugin.attention.dtypes import is_fp8
-from atom_plugin.attention.mla.cache_view import tma_descriptors, tma_problems, use_tma
+from atom_plugin.attention.kept import cache_key
+from atom_plugin.attention.mla.cache_view import (
+    KEPT_PER_CACHE,
+    tma_descriptors,
+    tma_problems,
+    use_tma,
+)
 from atom_plugin.attention.mla.checks import MLAQuery, check_mla_shapes, query_parts
 from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
@@ -59,16 +65,22 @@ def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
     )
 
 
-def _gluon_input_problems(q: torch.Tensor, kv_cache, lora: int, fp8: bool) -> list[str]:
+def _gluon_input_problems(q: torch.Tensor, kv_cache, lora: int, fp8: bool) -> tuple[str, ...]:
     """Why this layer's query and cache do not fit the Gluon kernel its plan chose: the
-    probe's answer for the layout they have, the cache's TMA view, the cache's dtype."""
-    rope = kv_cache.shape[2] - lora
-    layout = MLAStepLayout(q.dtype, kv_cache.shape[1], lora, rope)
-    problems = gluon_mla_problems(q.device, layout)
-    problems += tma_problems(kv_cache, lora, rope, gluon_shapes.BLOCK_N)
-    if not fp8 and kv_cache.dtype != q.dtype:
-        problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
-    return problems
+    probe's answer for the layout they have, the cache's TMA view, the cache's dtype;
+    found at the first launch over the cache and kept (`attention.kept`)."""
+
+    def find() -> tuple[str, ...]:
+        rope = kv_cache.shape[2] - lora
+        layout = MLAStepLayout(q.dtype, kv_cache.shape[1], lora, rope)
+        problems = gluon_mla_problems(q.device, layout)
+        problems += tma_problems(kv_cache, lora, rope, gluon_shapes.BLOCK_N)
+        if not fp8 and kv_cache.dtype != q.dtype:
+            problems.append(f"the cache's dtype {kv_cache.dtype} is not the query's {q.dtype}")
+        return tuple(problems)
+
+    key = ("gluon input", cache_key(kv_cache), q.dtype, q.device, lora, fp8)
+    return KEPT_PER_CACHE.get(key, find)
 
 
 def _run_triton_stage1(

@@ -13,7 +13,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from atom_plugin.attention.gluon_common import tma_descriptor
-from atom_plugin.attention.mla.cache_view import cache_row_parts
+from atom_plugin.attention.kept import cache_key
+from atom_plugin.attention.mla.cache_view import KEPT_PER_CACHE, cache_row_parts
 from atom_plugin.attention.mla.gluon.shapes import BLOCK_N
 
 
@@ -66,8 +67,12 @@ def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
 def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
     """Gluon TMA descriptors of the cache's latent and rope columns
     (`mla.cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
-    the part's width)."""
-    return [
-        tma_descriptor(part, shape, strides, [BLOCK_N, box_cols or shape[1]])
-        for part, shape, strides in cache_row_parts(kv_cache, lora)
-    ]
+    the part's width), made at the first launch over the cache and kept (`attention.kept`)."""
+
+    def make() -> list:
+        return [
+            tma_descriptor(part, shape, strides, [BLOCK_N, box_cols or shape[1]])
+            for part, shape, strides in cache_row_parts(kv_cache, lora)
+        ]
+
+    return KEPT_PER_CACHE.get(("gluon", cache_key(kv_cache), lora, box_cols), make)
