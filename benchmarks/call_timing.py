@@ -61,6 +61,34 @@ def launches(fn: Callable[[], object], device) -> str:
     return str(sum(1 for e in prof.events() if e.device_type == device_type))
 
 
+def host_us(call: Callable[[], object]) -> float:
+    """Host microseconds of one call made with the GPU idle."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1e6
+
+
+def host_profile(call: Callable[[], object], top: int, calls: int = 300) -> str:
+    """The `top` functions of most host time (own, then with callees) in a cProfile of
+    `calls` calls, each made with the GPU idle."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        profile.enable()
+        call()
+        profile.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
+
+
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

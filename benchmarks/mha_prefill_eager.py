@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from functools import partial
 
 import torch
 
 from benchmarks._timing import L2Flusher, time_us
+from benchmarks.call_timing import host_profile, host_us
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 LAYERS = 32
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         line, call = _line(pool, n)
         print(args.tag, line, flush=True)
         if args.profile:
-            print(_profile(call, args.profile), flush=True)
+            print(host_profile(call, args.profile), flush=True)
     return 0
 
 
@@ -82,7 +82,7 @@ def _line(pool, n: int) -> tuple[str, object]:
     torch.cuda.synchronize()
     graph_us = time_us(call, flush=L2Flusher(), iters=50)
     eager_us = time_us(call, flush=L2Flusher(), iters=50, graph=False)
-    host = sorted(_host_us(call) for _ in range(200))
+    host = sorted(host_us(call) for _ in range(200))
     x = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 28672, device="cuda", dtype=torch.bfloat16)
     bare = _layers_us(partial(torch.matmul, x, w))
@@ -94,31 +94,6 @@ def _line(pool, n: int) -> tuple[str, object]:
         f"{(with_attention - bare) / LAYERS:6.1f} us a layer"
     )
     return line, call
-
-
-def _profile(call, top: int) -> str:
-    import cProfile
-    import io
-    import pstats
-
-    profile = cProfile.Profile()
-    for _ in range(300):
-        torch.cuda.synchronize()
-        profile.enable()
-        call()
-        profile.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profile, stream=text)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    return text.getvalue()
-
-
-def _host_us(call) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    call()
-    return (time.perf_counter() - start) * 1e6
 
 
 def _layers_us(layer) -> float:

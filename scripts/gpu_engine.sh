@@ -31,6 +31,8 @@
 #               MLA16_ARGS adds arguments; MLA16_PROFILE (cases; empty: none) and
 #               MLA16_PROFILE_WORKLOADS (NAME[@again][:decode|:prefill]) choose the profiles.
 #               About 5 minutes.
+#   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
+#               cProfile of the decode (benchmarks/mla_eager_host.py). Under a minute.
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l) and 64 heads
 #               (deepseek-v3-tp2), 4 layers each, MLA16_CASES on HEADS_WORKLOADS (lat-8, decode-2k),
 #               prefix cache on. About 5 minutes.
@@ -135,6 +137,10 @@ for what in "$@"; do
       # the profiles' Chrome traces apart (the largest files)
       traces=$(cd "$out" && ls -- *.json.gz 2>/dev/null)
       [ -z "$traces" ] || tar -cf "$OUT/engine_mla16_${VLLM}_traces.tar" -C "$out" $traces ;;
+    mla-host)
+      stage "eager MLA call's host time at 16 heads (vLLM $VLLM)"
+      timeout 300 python3 -m benchmarks mla_eager_host --profile 25 \
+        2>&1 | tee "$OUT/mla_eager_host_$VLLM.log" || status=1 ;;
     mla-heads)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA,TRITON_MLA}
       for shape in deepseek-v3-attn-4l deepseek-v3-tp2; do
@@ -192,7 +198,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

@@ -1,0 +1,138 @@
+"""What one eager MLA layer call costs the host at 16 query heads (DeepSeek-V3/Kimi at
+TP8): a prefix-cache hit's prefill rows (1 x N new tokens over a cached context) on the
+decode kernel, as vLLM's engine runs them between its piecewise graphs, on one CUDA GPU.
+
+Each line, for the decode (`mla.ops.mla_decode` with the step's plan, bf16 query and
+cache, block 64) and for the cache write (`mla.ops.write_mla_kv`): host microseconds a call
+(median and 90th percentile of 200 calls, each made with the GPU idle) and GPU
+microseconds a call replayed from a CUDA graph; beside them, the host time of one plain
+torch op launch (an `empty_like` and a `copy_`), the floor any launch pays. With vLLM
+importable, its own cache write (`concat_and_cache_mla`) is timed alike.
+`--profile N` adds where the decode's host time goes (cProfile, by own and cumulative time).
+
+    python -m benchmarks mla_eager_host [--rows 64,128] [--context 1024] [--profile 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from functools import partial
+
+import torch
+
+from benchmarks._timing import time_us
+from benchmarks.call_timing import host_profile, host_us
+
+HEADS, LORA, ROPE, PAGE = 16, 512, 64, 64
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="64,128", help="new tokens of the one request, comma list")
+    p.add_argument("--context", type=int, default=1024, help="cached tokens before them")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the N functions of most host time in a cProfile of 300 decode calls",
+    )
+    args = p.parse_args(argv)
+    try:
+        rows = [int(n) for n in args.rows.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or min(rows) < 1 or args.context < 0:
+        p.error(f"--rows {args.rows!r} --context {args.context}: rows >= 1, context >= 0")
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    print(f"torch launch floor: {_floor_us():.1f} us host a plain op", flush=True)
+    for n in rows:
+        lines, decode = _lines(n, args.context)
+        for line in lines:
+            print(line, flush=True)
+        if args.profile:
+            print(host_profile(decode, args.profile), flush=True)
+    return 0
+
+
+def _lines(n: int, context: int) -> tuple[list[str], object]:
+    from atom_plugin.attention.metadata import PagedAttentionMetadata
+    from atom_plugin.attention.mla import ops
+    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+    from atom_plugin.attention.mla.plan import plan_mla_decode
+
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    seq = context + n
+    blocks = -(-seq // PAGE)
+    cache = torch.randn(blocks + 8, PAGE, LORA + ROPE, device=dev).to(dtype)
+    table = torch.randperm(blocks + 8, device=dev, dtype=torch.int32)[:blocks][None]
+    positions = torch.arange(context, seq, device=dev)
+    slots = (table[0, positions // PAGE] * PAGE + positions % PAGE).to(torch.int64)
+    meta = PagedAttentionMetadata(
+        num_reqs=1,
+        num_actual_tokens=n,
+        max_query_len=n,
+        max_seq_len=seq,
+        num_decodes=1 if n == 1 else 0,
+        num_decode_tokens=n if n == 1 else 0,
+        query_start_loc=torch.tensor([0, n], device=dev, dtype=torch.int32),
+        seq_lens=torch.tensor([seq], device=dev, dtype=torch.int32),
+        block_table=table,
+        slot_mapping=slots,
+    )
+    layout = MLAStepLayout(dtype, PAGE, LORA, ROPE)
+    plan = plan_mla_decode(meta, n, HEADS, kernel_impl="triton", kv_dtype=dtype, layout=layout)
+    q = torch.randn(n, HEADS, LORA + ROPE, device=dev).to(dtype)
+    parts = (q[..., :LORA], q[..., LORA:])  # apart, as vLLM's MLA layer hands them
+    out = torch.empty(n, HEADS, LORA, device=dev, dtype=dtype)
+    decode = partial(ops.mla_decode, parts, cache, meta, plan, scale=0.1, output=out)
+    kv_c = torch.randn(n, LORA, device=dev).to(dtype)
+    k_pe = torch.randn(n, 1, ROPE, device=dev).to(dtype)
+    write = partial(ops.write_mla_kv, kv_c, k_pe, cache, slots, kernel_impl="triton")
+    launch = plan.launch
+    head = f"1x{n} over {context}: {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
+    lines = [f"{head} decode {_host_and_gpu(decode)}", f"{head} write  {_host_and_gpu(write)}"]
+    vllm_write = _vllm_write(kv_c, k_pe, cache, slots)
+    if vllm_write is not None:
+        lines.append(f"{head} vLLM concat_and_cache_mla {_host_and_gpu(vllm_write)}")
+    return lines, decode
+
+
+def _vllm_write(kv_c, k_pe, cache, slots):
+    """vLLM's own cache write over the same rows, where vLLM's ops load; else None."""
+    try:
+        from vllm import _custom_ops
+
+        torch.ops._C_cache_ops.concat_and_cache_mla  # noqa: B018 (vLLM's CUDA build only)
+    except (ImportError, AttributeError):
+        return None
+    scale = torch.ones(1, device=cache.device)
+    return partial(
+        _custom_ops.concat_and_cache_mla, kv_c, k_pe.squeeze(1), cache, slots, "auto", scale
+    )
+
+
+def _host_and_gpu(call) -> str:
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    host = sorted(host_us(call) for _ in range(200))
+    gpu = time_us(call, iters=50)
+    return f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f}), GPU {gpu:6.1f} us"
+
+
+def _floor_us() -> float:
+    x = torch.empty(1024, device="cuda")
+
+    def op():
+        torch.empty_like(x).copy_(x)
+
+    for _ in range(5):
+        op()
+    return statistics.median(host_us(op) for _ in range(200))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
