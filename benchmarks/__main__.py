@@ -29,8 +29,8 @@ BENCHMARKS = {
     "attention_mla, row by row)?",
     "mha_prefill_eager": "What does one eager MHA prefill call cost on the host and on the GPU, "
     "as vLLM runs a prefill's attention between its piecewise graphs?",
-    "mla_eager_host": "What does one eager MLA layer call (a prefix hit's prefill rows at 16 heads) "
-    "cost the host, decode and cache write, beside a plain torch op and vLLM's cache write?",
+    "mla_eager_host": "What does one eager MLA layer call (a prefix hit's prefill rows at 16 "
+    "heads) cost the host, decode and cache write, beside a plain op and vLLM's cache write?",
     "k3_logits": "What does the Kimi-K3 tool-call channel cost a step on the logits, beside "
     "xgrammar's bitmask?",
     "k3_serving": "Served end to end, how fast and how valid are Kimi-K3 tool calls held by the "
