@@ -34,6 +34,13 @@ def test_views_of_one_cache_share_a_key_and_other_memory_does_not():
     assert cache_key(view) != cache_key(view.view(torch.int32))  # another dtype
 
 
+def record_calls(monkeypatch, module, name: str) -> list:
+    """Patches `module.name` to note each call's arguments (and still run it)."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
 @pytest.fixture
 def fresh_table(monkeypatch):
     table = KeptPerCache()
@@ -43,9 +50,7 @@ def fresh_table(monkeypatch):
 
 def test_triton_descriptors_made_once_per_cache(fresh_table, monkeypatch):
     pytest.importorskip("triton.tools.tensor_descriptor")
-    made = []
-    real = cache_view.cache_row_parts
-    monkeypatch.setattr(cache_view, "cache_row_parts", lambda *a: made.append(a) or real(*a))
+    made = record_calls(monkeypatch, cache_view, "cache_row_parts")
     b = make_mla_batch([(1, 40)], heads=16, block_size=16, dtype=torch.bfloat16)
     again = make_mla_batch([(1, 40)], heads=16, block_size=16, dtype=torch.bfloat16, seed=1)
     first = cache_view.tma_descriptors(b.kv_cache, 512, 16)
@@ -61,9 +66,7 @@ def test_gluon_descriptors_made_once_per_cache(fresh_table, monkeypatch):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from atom_plugin.attention.mla.gluon import common
 
-    made = []
-    real = common.tma_descriptor
-    monkeypatch.setattr(common, "tma_descriptor", lambda *a: made.append(a) or real(*a))
+    made = record_calls(monkeypatch, common, "tma_descriptor")
     b = make_mla_batch([(1, 128)], heads=16, block_size=64, dtype=torch.bfloat16)
     first = common.cache_descriptors(b.kv_cache, 512)
     assert common.cache_descriptors(b.kv_cache[:], 512) is first
@@ -77,9 +80,7 @@ def test_gluon_input_check_runs_once_per_cache(fresh_table, monkeypatch):
     launch over that cache; later layer calls over the same cache reuse the answer."""
     from atom_plugin.attention.mla import triton as mla_triton
 
-    checked = []
-    real = mla_triton.tma_problems
-    monkeypatch.setattr(mla_triton, "tma_problems", lambda *a: checked.append(a) or real(*a))
+    checked = record_calls(monkeypatch, mla_triton, "tma_problems")
     monkeypatch.setattr(mla_triton, "gluon_mla_problems", lambda device, layout: [])
     b = make_mla_batch([(1, 128)], heads=16, block_size=64, dtype=torch.bfloat16)
     q = b.q[..., :512]
