@@ -22,9 +22,10 @@ from functools import partial
 import torch
 
 from benchmarks._timing import time_us
+from benchmarks.attention_mla import LORA, PAGE, ROPE, make_decode_batch
 from benchmarks.call_timing import host_profile, host_us
 
-HEADS, LORA, ROPE, PAGE = 16, 512, 64, 64
+HEADS = 16
 
 
 def main(argv=None) -> int:
@@ -58,33 +59,17 @@ def main(argv=None) -> int:
 
 
 def _lines(n: int, context: int) -> tuple[list[str], object]:
-    from atom_plugin.attention.metadata import PagedAttentionMetadata
     from atom_plugin.attention.mla import ops
     from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
     from atom_plugin.attention.mla.plan import plan_mla_decode
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    seq = context + n
-    blocks = -(-seq // PAGE)
-    cache = torch.randn(blocks + 8, PAGE, LORA + ROPE, device=dev).to(dtype)
-    table = torch.randperm(blocks + 8, device=dev, dtype=torch.int32)[:blocks][None]
+    seq = context + n  # the request's keys, its n new tokens last
+    meta, q, cache, _ = make_decode_batch(1, seq, HEADS, q_len=n, block_size=PAGE, device=dev)
     positions = torch.arange(context, seq, device=dev)
-    slots = (table[0, positions // PAGE] * PAGE + positions % PAGE).to(torch.int64)
-    meta = PagedAttentionMetadata(
-        num_reqs=1,
-        num_actual_tokens=n,
-        max_query_len=n,
-        max_seq_len=seq,
-        num_decodes=1 if n == 1 else 0,
-        num_decode_tokens=n if n == 1 else 0,
-        query_start_loc=torch.tensor([0, n], device=dev, dtype=torch.int32),
-        seq_lens=torch.tensor([seq], device=dev, dtype=torch.int32),
-        block_table=table,
-        slot_mapping=slots,
-    )
+    slots = (meta.block_table[0, positions // PAGE] * PAGE + positions % PAGE).to(torch.int64)
     layout = MLAStepLayout(dtype, PAGE, LORA, ROPE)
     plan = plan_mla_decode(meta, n, HEADS, kernel_impl="triton", kv_dtype=dtype, layout=layout)
-    q = torch.randn(n, HEADS, LORA + ROPE, device=dev).to(dtype)
     parts = (q[..., :LORA], q[..., LORA:])  # apart, as vLLM's MLA layer hands them
     out = torch.empty(n, HEADS, LORA, device=dev, dtype=dtype)
     decode = partial(ops.mla_decode, parts, cache, meta, plan, scale=0.1, output=out)

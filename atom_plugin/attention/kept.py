@@ -2,8 +2,10 @@
 cache that needs its TMA descriptors (or another fact of its layout) looks them up here
 instead of building them at every layer call, where building costs more host time than
 the launch itself. vLLM hands each step new views of the same memory, so a cache is known
-by its address, shape, strides and dtype; a kept entry holds views of its cache's memory,
-so an address in the table is never another tensor's."""
+by its address, shape, strides and dtype. An entry made of views of its cache (the
+descriptors) holds that memory, so its address is never another tensor's; an entry that
+only answers a question about the layout (a kernel's input check) holds nothing and is
+right for any tensor the key matches."""
 
 from __future__ import annotations
 
