@@ -48,6 +48,8 @@ BENCHMARKS = {
     "tbo_trace": "In one TBO decode step, which kernels wait behind which (a kernel timeline)?",
     "graph_gaps": "In profiler traces of the engine, how long does the GPU idle between the "
     "kernels of each CUDA graph launch?",
+    "graph_node_cost": "Does running one of the plugin's kernels make every later CUDA-graph "
+    "node of its process slower (per-node time and idle gap, before and after)?",
     "tbo_engine": "In vLLM's engine on one GPU, what does two-batch overlap cost or gain against "
     "off, for decode batches and long prefills (Model Runner V2)?",
 }

@@ -1,0 +1,252 @@
+"""Does running one of the plugin's kernels make every later CUDA-graph node of its process
+slower?
+
+In vLLM's engine on an H100 (runs of 2026-12-05 and 2026-12-06), the GPU idled a median
+0.448 us between consecutive kernels of every CUDA graph in the process that served
+ATOM_AITER_MLA, against 0.06-0.10 us in the one that served FLASH_ATTN_MLA, also in
+piecewise graphs that hold none of the plugin's kernels: something process-wide. This
+benchmark looks for the trigger without vLLM. Each trigger runs in a process of its own:
+it captures a chain of small kernels (a bf16 GEMM by cuBLAS and an in-place add,
+`--pairs` times) in a CUDA graph, times its replays (CUDA events) and the median idle gap
+between its nodes (torch profiler), runs the trigger, and measures again, the graph
+captured before the trigger and one captured after it. A trigger that slows graph nodes
+process-wide shows as a rise in both.
+
+Triggers: `none`; `triton` (a plain Triton kernel of this file: any Triton launch);
+`mla-write` (the plugin's MLA cache write); `mla-packed` and `mla-gluon` (the MLA decode
+on the plans vLLM's decode-2k steps and a prefix hit's 64 prefill rows got, 16 heads);
+`mla-all` (the three); `idle-contexts` (three other processes hold an idle CUDA context,
+as the other engines of a benchmark wave do).
+
+    python -m benchmarks graph_node_cost [--triggers none,mla-packed] [--pairs 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HEADS = 16  # DeepSeek-V3 / Kimi at TP8
+RESULT = "RESULT "
+
+TRIGGERS = {
+    "none": "nothing",
+    "triton": "a plain Triton kernel",
+    "mla-write": "the plugin's MLA cache write",
+    "mla-packed": "the MLA decode, 64 x 2048 keys, 1 token each",
+    "mla-gluon": "the MLA decode, 1 x 64 new tokens over 1024 cached",
+    "mla-all": "the MLA cache write and both decodes",
+    "idle-contexts": "three other processes holding an idle CUDA context",
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--triggers", default=",".join(TRIGGERS), help="comma list of triggers")
+    p.add_argument("--pairs", type=int, default=128, help="GEMM + add pairs in the chain")
+    p.add_argument("--replays", type=int, default=200, help="timed replays a measurement")
+    p.add_argument("--one", metavar="TRIGGER", help=argparse.SUPPRESS)  # a child process
+    args = p.parse_args(argv)
+    triggers = [t for t in args.triggers.split(",") if t]
+    unknown = [t for t in triggers if t not in TRIGGERS]
+    if unknown or not triggers:
+        p.error(f"--triggers {args.triggers!r}: unknown {unknown}; valid: {', '.join(TRIGGERS)}")
+    if args.pairs < 1 or args.replays < 1:
+        p.error(f"--pairs {args.pairs} --replays {args.replays}: both >= 1")
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    if args.one:
+        print(RESULT + json.dumps(measure(args.one, args.pairs, args.replays)), flush=True)
+        return 0
+    print(f"# chain: {args.pairs} x (bf16 GEMM 64x1024x1024 + add), {args.replays} replays")
+    print(
+        "| trigger | what ran | us a node before | after, same graph | after, new graph "
+        "| median gap us before | after |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for trigger in triggers:
+        print(_row(trigger, run_child(trigger, args.pairs, args.replays)), flush=True)
+    return 0
+
+
+def run_child(trigger: str, pairs: int, replays: int) -> dict:
+    """One trigger in a fresh process (a trigger's effect must not reach the next)."""
+    cmd = [sys.executable, "-m", "benchmarks.graph_node_cost", "--one", trigger]
+    cmd += ["--pairs", str(pairs), "--replays", str(replays)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT) :])
+    return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}"}
+
+
+def _row(trigger: str, r: dict) -> str:
+    if "error" in r:
+        return f"| {trigger} | failed: {r['error']!r} | | | | | |"
+    b, a = r["before"], r["after"]
+    return (
+        f"| {trigger} | {r['ran']} | {b['us_per_node']:.3f} | {a['us_per_node_same']:.3f} "
+        f"| {a['us_per_node']:.3f} | {b['median_gap_us']:.3f} | {a['median_gap_us']:.3f} |"
+    )
+
+
+def measure(trigger: str, pairs: int, replays: int) -> dict:
+    """The chain's cost a node and median gap, before and after `trigger` runs."""
+    first = Chain(pairs)
+    before = {"us_per_node": first.us_per_node(replays), "median_gap_us": first.median_gap()}
+    ran, cleanup = run_trigger(trigger)
+    try:
+        second = Chain(pairs)
+        after = {
+            "us_per_node_same": first.us_per_node(replays),
+            "us_per_node": second.us_per_node(replays),
+            "median_gap_us": second.median_gap(),
+        }
+    finally:
+        cleanup()
+    return {"trigger": trigger, "ran": ran, "before": before, "after": after}
+
+
+class Chain:
+    """`pairs` small GEMMs, each followed by an in-place add, captured in one CUDA graph."""
+
+    def __init__(self, pairs: int):
+        self.nodes = 2 * pairs
+        self.x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+        self.w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
+        self.out = torch.empty_like(self.x)
+
+        def chain():
+            for _ in range(pairs):
+                torch.mm(self.x, self.w, out=self.out)
+                self.out.add_(1.0)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain()  # cuBLAS picks its kernels and workspace outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            chain()
+
+    def us_per_node(self, replays: int) -> float:
+        for _ in range(5):
+            self.graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            self.graph.replay()
+        end.record()
+        end.synchronize()
+        return 1e3 * start.elapsed_time(end) / (replays * self.nodes)
+
+    def median_gap(self) -> float:
+        """Median idle microseconds between consecutive nodes, from a profiler trace."""
+        from benchmarks.graph_gaps import trace_gaps
+
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                self.graph.replay()
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as d:
+            path = str(Path(d) / "trace.json")
+            prof.export_chrome_trace(path)
+            return trace_gaps(path)["median_gap_us"]
+
+
+def run_trigger(trigger: str) -> tuple[str, object]:
+    """Runs `trigger`; returns what ran (the plan a decode got) and a cleanup call."""
+    if trigger == "idle-contexts":
+        return _idle_contexts(3)
+    ran = {
+        "none": lambda: "nothing",
+        "triton": _triton_add,
+        "mla-write": _mla_write,
+        "mla-packed": lambda: _mla_decode("packed"),
+        "mla-gluon": lambda: _mla_decode("gluon"),
+        "mla-all": lambda: "; ".join((_mla_write(), _mla_decode("packed"), _mla_decode("gluon"))),
+    }[trigger]()
+    torch.cuda.synchronize()
+    return ran, lambda: None
+
+
+def _triton_add() -> str:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+    x = torch.zeros(4096, device="cuda")
+    add_one[(4,)](x, x.numel(), BLOCK=1024)
+    return "add_one (Triton)"
+
+
+def _mla_write() -> str:
+    from atom_plugin.attention.mla import ops
+    from benchmarks.attention_mla import LORA, PAGE, ROPE
+
+    tokens, dtype = 64, torch.bfloat16
+    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
+    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
+    k_pe = torch.randn(tokens, 1, ROPE, device="cuda").to(dtype)
+    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
+    ops.write_mla_kv(kv_c, k_pe, cache, slots, kernel_impl="triton")
+    return "write_mla_kv (Triton)"
+
+
+def _mla_decode(kernel: str) -> str:
+    from atom_plugin.attention.mla import ops
+    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
+    from atom_plugin.attention.mla.plan import plan_mla_decode
+    from benchmarks.attention_mla import LORA, PAGE, ROPE, make_decode_batch
+
+    batch, context, q_len = (64, 2048, 1) if kernel == "packed" else (1, 1088, 64)
+    dtype = torch.bfloat16
+    meta, q, cache, _ = make_decode_batch(batch, context, HEADS, q_len=q_len, device="cuda")
+    layout = MLAStepLayout(dtype, PAGE, LORA, ROPE)
+    tokens = batch * q_len
+    plan = plan_mla_decode(meta, tokens, HEADS, kernel_impl="triton", kv_dtype=dtype, layout=layout)
+    launch = plan.launch
+    if launch.kernel != kernel:
+        raise SystemExit(f"the planner chose {launch.kernel!r} where {kernel!r} was asked")
+    out = torch.empty(tokens, HEADS, LORA, device="cuda", dtype=dtype)
+    ops.mla_decode((q[..., :LORA], q[..., LORA:]), cache, meta, plan, scale=0.1, output=out)
+    return f"mla_decode {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
+
+
+def _idle_contexts(count: int) -> tuple[str, object]:
+    code = (
+        "import sys, torch; torch.ones(1, device='cuda'); torch.cuda.synchronize(); "
+        "print('up', flush=True); sys.stdin.read()"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    for proc in procs:
+        if proc.stdout.readline().strip() != "up":
+            raise SystemExit("an idle-context process did not start")
+
+    def stop():
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+
+    return f"{count} idle processes with a CUDA context", stop
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
