@@ -15,8 +15,10 @@ process-wide shows as a rise in both.
 Triggers: `none`; `triton` (a plain Triton kernel of this file: any Triton launch);
 `mla-write` (the plugin's MLA cache write); `mla-packed` and `mla-gluon` (the MLA decode
 on the plans vLLM's decode-2k steps and a prefix hit's 64 prefill rows got, 16 heads);
-`mla-all` (the three); `idle-contexts` (three other processes hold an idle CUDA context,
-as the other engines of a benchmark wave do).
+`mla-all` (the three); `vllm-import` (vLLM and its compiled ops loaded) and `vllm-fa3`
+(one call of vLLM's FA3 kernel), where vLLM's CUDA build is installed, in case the
+FLASH_ATTN_MLA process is the one that differs; `idle-contexts` (three other processes
+hold an idle CUDA context, as the other engines of a benchmark wave do).
 
     python -m benchmarks graph_node_cost [--triggers none,mla-packed] [--pairs 128]
 """
@@ -42,6 +44,8 @@ TRIGGERS = {
     "mla-packed": "the MLA decode, 64 x 2048 keys, 1 token each",
     "mla-gluon": "the MLA decode, 1 x 64 new tokens over 1024 cached",
     "mla-all": "the MLA cache write and both decodes",
+    "vllm-import": "vLLM imported, its compiled ops loaded",
+    "vllm-fa3": "one call of vLLM's FA3 kernel",
     "idle-contexts": "three other processes holding an idle CUDA context",
 }
 
@@ -172,6 +176,8 @@ def run_trigger(trigger: str) -> tuple[str, object]:
         "mla-packed": lambda: _mla_decode("packed"),
         "mla-gluon": lambda: _mla_decode("gluon"),
         "mla-all": lambda: "; ".join((_mla_write(), _mla_decode("packed"), _mla_decode("gluon"))),
+        "vllm-import": _vllm_import,
+        "vllm-fa3": _vllm_fa3,
     }[trigger]()
     torch.cuda.synchronize()
     return ran, lambda: None
@@ -223,6 +229,22 @@ def _mla_decode(kernel: str) -> str:
     out = torch.empty(tokens, HEADS, LORA, device="cuda", dtype=dtype)
     ops.mla_decode((q[..., :LORA], q[..., LORA:]), cache, meta, plan, scale=0.1, output=out)
     return f"mla_decode {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
+
+
+def _vllm_import() -> str:
+    import vllm
+    from vllm import _custom_ops  # noqa: F401 (loads vLLM's compiled ops)
+
+    return f"vLLM {vllm.__version__} imported"
+
+
+def _vllm_fa3() -> str:
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    q, k, v = (torch.randn(64, HEADS, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
+    flash_attn_varlen_func(q, k, v, 64, cu, 64, cu_seqlens_k=cu, causal=True, fa_version=3)
+    return "flash_attn_varlen_func (FA3), 1 x 64 tokens"
 
 
 def _idle_contexts(count: int) -> tuple[str, object]:

@@ -33,9 +33,12 @@
 #               About 5 minutes.
 #   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
 #               cProfile of the decode (benchmarks/mla_eager_host.py). Under a minute.
-#   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l) and 64 heads
-#               (deepseek-v3-tp2), 4 layers each, MLA16_CASES on HEADS_WORKLOADS (lat-8, decode-2k),
-#               prefix cache on. About 5 minutes.
+#   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
+#               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
+#               HEADS_WORKLOADS (lat-8, decode-2k), prefix cache on. About 10 minutes.
+#   graph-cost  whether one of the plugin's kernels (or vLLM's FA3, or idle CUDA contexts beside)
+#               makes every later CUDA-graph node of a process slower
+#               (benchmarks/graph_node_cost.py). About a minute.
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
@@ -141,15 +144,26 @@ for what in "$@"; do
       stage "eager MLA call's host time at 16 heads (vLLM $VLLM)"
       timeout 300 python3 -m benchmarks mla_eager_host --profile 25 \
         2>&1 | tee "$OUT/mla_eager_host_$VLLM.log" || status=1 ;;
+    graph-cost)
+      stage "CUDA-graph node cost after each trigger (vLLM $VLLM)"
+      timeout 300 python3 -m benchmarks graph_node_cost \
+        2>&1 | tee "$OUT/graph_node_cost_$VLLM.md" || status=1 ;;
     mla-heads)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA,TRITON_MLA}
       for shape in deepseek-v3-attn-4l deepseek-v3-tp2; do
         stage "MLA at ${shape}'s heads, vLLM $VLLM"
         out=/tmp/engine-$shape-$VLLM
         rm -rf "$out"
-        timeout 285 python3 -m benchmarks.engine --shape "$shape" --layers 4 --cases "$cases" \
+        # 128 heads: four engines of V3's unsliced widths (each 14-27 GiB at start-up) ran out
+        # of the H100's memory on 2026-12-06; two at a time fit.
+        case $shape in
+          deepseek-v3-attn-4l) wave=2 limit=540 ;;
+          *) wave=4 limit=285 ;;
+        esac
+        timeout "$limit" python3 -m benchmarks.engine --shape "$shape" --layers 4 --cases "$cases" \
           --workloads "${HEADS_WORKLOADS:-lat-8,decode-2k}" --repeats 1 --prefix-caching \
-          --wave 4 --kv-gib 3 --gpu-util 0.15 --max-model-len 16384 --deadline-s 270 \
+          --wave "$wave" --kv-gib 3 --gpu-util 0.15 --max-model-len 4096 \
+          --deadline-s $((limit - 15)) \
           --out-dir "$out" 2>&1 | tee "$OUT/engine_${shape}_$VLLM.log" || status=1
         tar -czf "$OUT/engine_${shape}_$VLLM.tgz" -C "$out" --exclude shapes . || status=1
       done ;;
@@ -198,7 +212,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host graph-cost mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
