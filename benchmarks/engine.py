@@ -5,7 +5,8 @@ A case is `BACKEND[@VARIANT]`: `default` is vLLM's own choice; `@disabled` runs 
 ATOM_PLUGIN_DISABLE=1 (vLLM as if the plugin were absent); `@old` runs the plugin sources
 found under --old-plugin instead of this checkout's; `@fp8` runs with an fp8 KV cache
 (its ratios are against the best vLLM backend's `@fp8` case). Cases start in waves of
---wave processes; within a wave they measure one at a time. Weights are random
+--wave processes; within a wave they measure one pass at a time, in rounds whose order
+rotates (benchmarks/engine_turns.py; the table's "turn in each round"). Weights are random
 (`load_format="dummy"`), prompts are random token ids, outputs run to a fixed length.
 
 --prefix-caching turns vLLM's prefix cache on; --again then times each workload a second
@@ -33,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import gpu_clocks
 from benchmarks.engine_probe import parse_profile_entry
 from benchmarks.engine_shapes import MLA_SHAPES, WORKLOADS, parse_workloads, write_shape
 
@@ -113,9 +115,9 @@ def run_wave(args, cases: list[str], shape_dir: Path, out_dir: Path, deadline: f
             "trace_dir": str(out_dir),
             "ready_dir": str(wave_dir),
             "wave_size": len(cases),
+            "wave_cases": cases,
             "wave_timeout_s": args.start_timeout,
             "measure_timeout_s": max(1.0, deadline - time.monotonic()),
-            "lock": str(out_dir / "measure.lock"),
             "out_json": str(out_dir / f"{slug}.json"),
         }
         log = open(out_dir / f"{slug}.log", "w")
@@ -217,6 +219,9 @@ def report(results: list[dict]) -> str:
         lines.append(f"| {name} decode step ms (median) | " + " | ".join(cells) + " | |")
         cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
         lines.append(f"| {name} prefill-phase s | " + " | ".join(cells) + " | |")
+        if any(v and v.get("clocks") for v in vals):
+            cells = [gpu_clocks.cell(v.get("clocks")) if v else "-" for v in vals]
+            lines.append(f"| {name} SM clock MHz (median / lowest) | " + " | ".join(cells) + " | |")
     cold = [r.get("cold") for r in results]
     if any(cold):
         cells = [f"{c['output_tok_s']:,.0f}" if c else "-" for c in cold]
@@ -231,10 +236,8 @@ def report(results: list[dict]) -> str:
         )
     cells = [f"{r['startup_s']:.0f}" if "startup_s" in r else "failed" for r in results]
     lines.append("| engine start s | " + " | ".join(cells) + " | |")
-    turns = sorted((r["measured_at"], i) for i, r in enumerate(results) if "measured_at" in r)
-    turn = {i: n + 1 for n, (_, i) in enumerate(turns)}
-    cells = [str(turn.get(i, "-")) for i in range(len(results))]
-    lines.append("| measured in turn | " + " | ".join(cells) + " | |")
+    cells = [",".join(map(str, r["turns"])) if r.get("turns") else "-" for r in results]
+    lines.append("| turn in each round | " + " | ".join(cells) + " | |")
     cells = [
         f"{'/'.join(r['engine']['attention_backends'])}, {r['engine']['cudagraph_mode']}, "
         f"block {r['engine']['block_size']}, vLLM {r['engine'].get('versions', {}).get('vllm')}"

@@ -3,12 +3,11 @@
 Started by benchmarks/engine.py, one process per case. The engine core runs in this
 process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the steps can be timed one by one and
 the torch profiler and the step probe (benchmarks/engine_probe.py) see the worker. Cases
-of one wave start together and then measure one at a time: each marks itself ready,
-waits for the wave, and takes the lock, so no measurement overlaps another case's
-start-up or measurement. A case that has measured stays up (idle) until every case of
-its wave has, so each case measures beside the same started engines whatever its turn
-(what idle engines beside a measurement cost it is not known; it must not favour one
-case).
+of one wave start together; each marks itself ready and waits for the wave, so no
+measurement overlaps another case's start-up. Then they measure one at a time, pass by
+pass, in rounds whose order rotates (benchmarks/engine_turns.py), and each stays up
+(idle) until every case of its wave has measured, so each measures beside the same
+started engines whatever its turn.
 
 Prompts are random token ids drawn from the workload's name and the pass's seed, so no
 two workloads or passes share a prefix by chance; an `again` pass submits the prompts of
@@ -19,7 +18,6 @@ the workload's first pass once more (with prefix caching on, their cached blocks
 
 from __future__ import annotations
 
-import fcntl
 import json
 import random
 import statistics
@@ -204,52 +202,74 @@ def start_in_wave(spec: dict, name: str, result: dict):
     return llm
 
 
+def measured_passes(spec: dict) -> list[tuple[str, int, str]]:
+    """(workload, seed, kind) of every measured pass, the same list in every case of a
+    wave: `repeats` new passes of the first workload, one of each other, and with
+    `again` each workload's first prompts once more right after its new passes."""
+    passes = []
+    for i, name in enumerate(spec["workloads"]):
+        passes += [(name, rep, "new") for rep in range(spec["repeats"] if i == 0 else 1)]
+        if spec.get("again"):
+            passes.append((name, 0, "again"))  # the first pass's prompts once more
+    return passes
+
+
 def main(spec: dict) -> dict:
     import torch
 
     from benchmarks.engine_shapes import WORKLOADS
+    from benchmarks.engine_turns import Turns
+    from benchmarks.gpu_clocks import ClockSampler
 
     name = spec["case"]
     result: dict = {"case": name, "spec": {k: v for k, v in spec.items() if k != "ready_dir"}}
     llm = start_in_wave(spec, name, result)
     if llm is None:
         return result
-    with open(spec["lock"], "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    passes = measured_passes(spec)
+    turns = Turns(
+        Path(spec["ready_dir"]),
+        spec["wave_cases"],
+        rounds=len(passes) + 2,  # set-up, the passes, the profiles
+        case=name,
+        timeout=spec["measure_timeout_s"],
+    )
+    probe = bool(spec.get("probe"))
+    with turns.turn(0):
         result["measured_at"] = time.time()
         result["physical"] = physical_limits()
         workloads = [WORKLOADS[w] for w in spec["workloads"]]
-        runs = []
         # The first pass of the first workload runs cold: JIT compiles that vLLM's own
         # warm-up did not reach land here (a user's first requests pay them too).
-        cold = run_workload(llm, workloads[0], "cold", seed="cold")
-        result["cold"] = cold
+        result["cold"] = run_workload(llm, workloads[0], "cold", seed="cold")
         result["warm"] = [
             run for w in workloads for run in warm_up(llm, w, again=bool(spec.get("again")))
         ]
-        probe = bool(spec.get("probe"))
         if probe:
             llm.collective_rpc(engine_probe.install)
-        for w in workloads:
-            passes = [(rep, "new") for rep in range(spec["repeats"] if w is workloads[0] else 1)]
-            if spec.get("again"):
-                passes.append((0, "again"))  # the first pass's prompts once more
-            for seed, kind in passes:
-                run = run_workload(llm, w, f"{w.name}-{kind}-{seed}", seed=seed, probe=probe)
-                runs.append({**run, "pass": kind})
-                print("RUN " + json.dumps(runs[-1]), flush=True)
-                # Saved after every pass: a case killed at the run's deadline keeps its rows.
-                result["runs"] = runs
-                save(spec, result)
+    runs = []
+    for k, (workload, seed, kind) in enumerate(passes, start=1):
+        with turns.turn(k), ClockSampler() as clocks:
+            at = time.time()
+            run = run_workload(
+                llm, WORKLOADS[workload], f"{workload}-{kind}-{seed}", seed=seed, probe=probe
+            )
+            at = [at, time.time()]
+        runs.append({**run, "pass": kind, "at": at, "clocks": clocks.summary})
+        print("RUN " + json.dumps(runs[-1]), flush=True)
+        # Saved after every pass: a case killed at the run's deadline keeps its rows.
+        result["runs"] = runs
+        save(spec, result)
+    with turns.turn(len(passes) + 1):
         result["profiles"] = [profile(llm, spec, entry) for entry in spec["profile"]]
-        result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         result["measured_until"] = time.time()
+    result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    result["turns"] = turns.positions
     save(spec, result)
-    # Up until every case of the wave has measured (or failed to start).
-    ready_dir, timeout = Path(spec["ready_dir"]), spec["measure_timeout_s"]
-    (ready_dir / f"{name}.measured").touch()
-    if not _wait_for_wave(ready_dir, (".measured", ".failed"), spec["wave_size"], timeout):
-        print(f"# the wave did not finish measuring within {timeout:.0f} s; leaving", flush=True)
+    # Up until every case of the wave has measured (or stopped): each case measures
+    # beside the same started engines.
+    if not turns.wait_for_all():
+        print("# the wave did not finish measuring in time; leaving", flush=True)
     result["left_at"] = time.time()
     return result
 

@@ -28,8 +28,9 @@
 #               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
 #               decode-2k, shared-8k), each pass twice (prefix cache on), with the step probe and
 #               profiles; OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old;
-#               MLA16_ARGS adds arguments; MLA16_PROFILE (cases; empty: none) and
-#               MLA16_PROFILE_WORKLOADS (NAME[@again][:decode|:prefill]) choose the profiles.
+#               MLA16_ARGS adds arguments; MLA16_PROFILE (cases; default every case, empty:
+#               none) and MLA16_PROFILE_WORKLOADS (NAME[@again][:decode|:prefill]) choose the
+#               profiles. The cases measure pass by pass in rotating order, SM clocks sampled.
 #               About 5 minutes.
 #   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
 #               cProfile of the decode (benchmarks/mla_eager_host.py). Under a minute.
@@ -130,7 +131,7 @@ for what in "$@"; do
       timeout 590 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
         --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats 1 \
         --prefix-caching --again --probe --wave 4 --kv-gib 6 --gpu-util 0.15 \
-        --max-model-len 16384 --profile "${MLA16_PROFILE-ATOM_AITER_MLA,FLASH_ATTN_MLA}" \
+        --max-model-len 16384 --profile "${MLA16_PROFILE-$cases}" \
         --profile-workloads "${MLA16_PROFILE_WORKLOADS:-lat-1@again:prefill,decode-2k:decode,decode-2k@again:decode}" \
         --deadline-s "${MLA16_DEADLINE_S:-570}" \
         ${OLD_PLUGIN:+--old-plugin "$OLD_PLUGIN"} --out-dir "$out" ${MLA16_ARGS:-} \

@@ -255,12 +255,20 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
     assert (out / "default-lat-1-decode.json.gz").exists()
     assert "| lat-1 again output tok/s |" in proc.stdout
     assert "| lat-1 decode host_ms |" in proc.stdout
-    # each case measured alone and stayed up until the other had measured
-    spans = [json.loads(p.read_text()) for p in results.values()]
-    first, second = sorted(spans, key=lambda r: r["measured_at"])
-    assert first["measured_until"] <= second["measured_at"]
-    assert first["left_at"] >= second["measured_until"]
-    assert "| measured in turn |" in proc.stdout
+    # the cases measured pass by pass in turn, the order rotating each round, never two
+    # passes at once, and each stayed up until the other had measured
+    by_case = {r["case"]: r for r in (json.loads(p.read_text()) for p in results.values())}
+    one, other = by_case["default"], by_case["default@disabled"]
+    assert one["turns"] == [1, 2, 1, 2, 1, 2]  # set-up, four passes, the profiles
+    assert other["turns"] == [2, 1, 2, 1, 2, 1]
+    timed = sorted((run["at"], r["case"]) for r in (one, other) for run in r["runs"])
+    assert all(a[0][1] <= b[0][0] for a, b in zip(timed, timed[1:], strict=False))
+    rounds = [["default@disabled", "default"], ["default", "default@disabled"]] * 2
+    assert [case for _, case in timed] == [c for pair in rounds for c in pair]
+    for a, b in ((one, other), (other, one)):
+        assert a["left_at"] >= b["measured_until"]
+    row = next(line for line in proc.stdout.splitlines() if "| turn in each round |" in line)
+    assert " 1,2,1,2,1,2 |" in row and " 2,1,2,1,2,1 |" in row
     # The plugin's platform logs what it installed in the plugin's case only.
     assert "atom-plugin logits processors" in (out / "default.log").read_text()
     assert "atom-plugin" not in (out / "default-disabled.log").read_text()
