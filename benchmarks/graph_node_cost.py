@@ -13,6 +13,9 @@ captured before the trigger and one captured after it. A trigger that slows grap
 process-wide shows as a rise in both.
 
 Triggers: `none`; `triton` (a plain Triton kernel of this file: any Triton launch);
+`triton-tma` (one reading through a host-built TMA descriptor, as the plugin's decode
+does); `triton-spill` (one whose registers spill to local memory: 4 KB a thread spilled when
+compiled for sm_90 with Triton 3.8);
 `mla-write` (the plugin's MLA cache write); `mla-packed` and `mla-gluon` (the MLA decode
 on the plans vLLM's decode-2k steps and a prefix hit's 64 prefill rows got, 16 heads);
 `mla-all` (the three); `vllm-import` (vLLM and its compiled ops loaded) and `vllm-fa3`
@@ -40,6 +43,8 @@ RESULT = "RESULT "
 TRIGGERS = {
     "none": "nothing",
     "triton": "a plain Triton kernel",
+    "triton-tma": "a Triton kernel reading through a host-built TMA descriptor",
+    "triton-spill": "a Triton kernel whose registers spill to local memory",
     "mla-write": "the plugin's MLA cache write",
     "mla-packed": "the MLA decode, 64 x 2048 keys, 1 token each",
     "mla-gluon": "the MLA decode, 1 x 64 new tokens over 1024 cached",
@@ -172,6 +177,8 @@ def run_trigger(trigger: str) -> tuple[str, object]:
     ran = {
         "none": lambda: "nothing",
         "triton": _triton_add,
+        "triton-tma": _triton_tma,
+        "triton-spill": _triton_spill,
         "mla-write": _mla_write,
         "mla-packed": lambda: _mla_decode("packed"),
         "mla-gluon": lambda: _mla_decode("gluon"),
@@ -196,6 +203,40 @@ def _triton_add() -> str:
     x = torch.zeros(4096, device="cuda")
     add_one[(4,)](x, x.numel(), BLOCK=1024)
     return "add_one (Triton)"
+
+
+def _triton_tma() -> str:
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    @triton.jit
+    def copy_tile(src_desc, dst_ptr, BLOCK: tl.constexpr):
+        tile = src_desc.load([0, 0])
+        rows, cols = tl.arange(0, BLOCK)[:, None], tl.arange(0, BLOCK)[None, :]
+        tl.store(dst_ptr + rows * BLOCK + cols, tile)
+
+    src = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_tile[(1,)](TensorDescriptor(src, [64, 64], [64, 1], [64, 64]), dst, BLOCK=64)
+    return "copy_tile (Triton, TMA descriptor)"
+
+
+def _triton_spill() -> str:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def wide_sum(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+        # a [ROWS, COLS] fp32 tile held by one warp: far more values a thread than registers
+        offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+        x = tl.load(x_ptr + offs)  # every value stays live until the row sums are known
+        tl.store(out_ptr + offs, x * tl.sum(x * x, axis=1)[:, None])
+
+    x = torch.randn(128, 256, device="cuda")
+    out = torch.empty_like(x)
+    compiled = wide_sum[(1,)](x, out, ROWS=128, COLS=256, num_warps=1)
+    return f"wide_sum (Triton, {getattr(compiled, 'n_spills', '?')} registers spilled)"
 
 
 def _mla_write() -> str:
