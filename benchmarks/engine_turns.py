@@ -11,11 +11,13 @@ measuring all its passes in one turn, one H100 gave ATOM_AITER_MLA's decode-2k s
 FLASH_ATTN_MLA's 5.0 ms where the day before it had taken 3.6 ms.
 
 Cases coordinate through marks in the wave's folder: `turn-N.done` once the schedule's
-N-th slot has run, `CASE.failed` once a case has stopped (its later slots then pass).
+N-th slot has run, `CASE.failed` once a case has stopped, `CASE.pid` its process; the
+slots of a stopped case, or of one whose process is gone (killed, crashed), pass.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,15 +42,16 @@ class Turns:
         self.slots = schedule(cases, rounds)
         self.rounds = rounds
         self.positions: list[int] = []  # this case's place in each round taken, from 1
+        (self.folder / f"{case}.pid").write_text(str(os.getpid()))
 
     def _index(self, round_: int) -> int:
         return self.slots.index((round_, self.case))
 
     def _passed(self, index: int) -> bool:
         _, case = self.slots[index]
-        return (self.folder / f"turn-{index}.done").exists() or (
-            self.folder / f"{case}.failed"
-        ).exists()
+        if (self.folder / f"turn-{index}.done").exists():
+            return True
+        return (self.folder / f"{case}.failed").exists() or _gone(self.folder / f"{case}.pid")
 
     def _wait(self, before: int) -> bool:
         """Until every slot before `before` has run or belongs to a stopped case; False
@@ -87,3 +90,19 @@ class Turns:
     def wait_for_all(self) -> bool:
         """Until every slot of the wave has run (or its case stopped)."""
         return self._wait(len(self.slots))
+
+
+def _gone(pid_file: Path) -> bool:
+    """Whether the process named in `pid_file` has ended (False while there is no file:
+    that case has not reached its turns yet)."""
+    try:
+        pid = int(pid_file.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False

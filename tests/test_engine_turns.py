@@ -76,3 +76,23 @@ def test_a_case_that_fails_in_its_turn_lets_the_rest_of_the_wave_go_on(tmp_path)
 def test_a_case_not_in_the_wave_is_refused(tmp_path):
     with pytest.raises(ValueError, match="case 'd' is not in the wave"):
         Turns(tmp_path, ["a", "b"], 2, "d", timeout=1)
+
+
+def test_the_slots_of_a_case_whose_process_is_gone_pass(tmp_path):
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True)  # fmt: skip
+    (tmp_path / "a.pid").write_text(ended.stdout.strip())  # "a" was killed mid-run
+    turns = Turns(tmp_path, ["a", "b"], 2, "b", timeout=5, poll=0.001)
+    with turns.turn(0) as place:  # a's slot of round 0 comes first: it passes
+        assert place == 2
+    with turns.turn(1) as place:
+        assert place == 1
+    assert turns.wait_for_all()  # a's slot of round 1 passes too
+
+
+def test_a_case_still_starting_holds_the_turns_after_its_own(tmp_path):
+    turns = Turns(tmp_path, ["a", "b"], 1, "b", timeout=0.05, poll=0.001)
+    assert not turns._wait(1)  # "a" has no pid file yet: still starting, not gone
