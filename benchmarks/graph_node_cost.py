@@ -160,7 +160,8 @@ class Chain:
         """Median idle microseconds between consecutive nodes, from a profiler trace."""
         from benchmarks.graph_gaps import trace_gaps
 
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:  # as the engine's profiles
             for _ in range(5):
                 self.graph.replay()
             torch.cuda.synchronize()
