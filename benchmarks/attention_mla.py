@@ -13,9 +13,11 @@ every request at the full context. "KV bytes" counts each request's rows once, a
 cache's element size (fp8: 1 byte, one per-tensor scale). Each measurement is the median
 of 20 CUDA-graph replays timed with events, L2 flushed before every replay; the per-step
 plan is built outside the timed region, as the metadata builder builds it once per step.
+`--configs` times launch configurations of one's choosing (`launch_plan.default_config`'s
+keys, and `kernel`) beside the plan's own on every row, their outputs checked against it.
 
     python -m benchmarks attention_mla [--heads 16,64,128] [--caches bf16,fp8] \\
-        [--json out.json] [--markdown out.md]
+        [--configs '[{"BLOCK_N": 64}, {"kernel": "gluon"}]'] [--json out.json] [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ def kernel_name(launch) -> str:
     return launch.kernel
 
 
-def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True) -> dict:
+def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True, configs=()) -> dict:
     us, out, plan = shape.time_new(flush)
     limit_us = max(shape.kv_bytes / (copy_gbps * 1e3), shape.flops / (matmul_rate * 1e6))
     row = {
@@ -215,6 +217,7 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True) -> dict:
     row["frac_copy"] = row["kv_gbps"] / copy_gbps
     row["frac_matmul"] = row["tflops"] / matmul_rate
     row["met"] = target_met(row)
+    row["configs"] = [_time_config(shape, flush, config, out) for config in configs]
     if with_sdpa and shape.cache == "bf16":
         row["sdpa_us"], sdpa_out, err = shape.time_sdpa(flush)
         if err:
@@ -222,6 +225,47 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True) -> dict:
         else:
             row["maxdiff_vs_sdpa"] = _maxdiff(out, sdpa_out)
     return row
+
+
+def _time_config(shape, flush, config: dict, reference) -> dict:
+    """One chosen launch configuration on `shape`: its time, what ran and how far its
+    output is from the plan's own; an error where the configuration cannot run here."""
+    try:
+        us, out, plan = shape.time_new(flush, config)
+    except (ValueError, RuntimeError) as exc:  # e.g. Gluon where it cannot run, no shared memory
+        return {"config": config, "error": f"{type(exc).__name__}: {exc}"[:200]}
+    launch = plan.launch
+    return {
+        "config": config,
+        "us": us,
+        "kernel": kernel_name(launch),
+        "num_splits": launch.num_splits,
+        "maxdiff": _maxdiff(reference, out),
+    }
+
+
+def parse_configs(text: str, caches) -> list[dict]:
+    """`--configs`: a JSON list of launch configurations, each checked as the plan would
+    check it for every cache asked; a ValueError names what is wrong."""
+    from atom_plugin.attention.mla.launch_plan import check_config
+
+    try:
+        configs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--configs {text!r} is not JSON ({exc})") from None
+    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
+        raise ValueError(
+            f'--configs {text!r}: give a JSON list of objects, e.g. [{{"BLOCK_N": 64}}]'
+        )
+    for config in configs:
+        for cache in caches:
+            try:
+                check_config(config, fp8_cache=cache == "fp8")
+            except ValueError as exc:
+                raise ValueError(
+                    f"--configs: {json.dumps(config)} ({cache} cache): {exc}"
+                ) from None
+    return configs
 
 
 def run_mla_benchmarks(
@@ -236,6 +280,7 @@ def run_mla_benchmarks(
     flush: L2Flusher | None = None,
     with_sdpa: bool = True,
     device="cuda",
+    configs=(),
 ) -> list[dict]:
     """One row per (heads, cache, batch, context, query tokens); both limits measured
     here unless the caller measured them already."""
@@ -248,7 +293,7 @@ def run_mla_benchmarks(
         for cache in caches:
             for b, c, ql in shapes:
                 shape = Shape(b, c, h, ql, cache, device)
-                rows.append(bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa))
+                rows.append(bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa, configs))
                 print(_row_line(rows[-1]), flush=True)
                 del shape
                 torch.cuda.empty_cache()
@@ -276,22 +321,37 @@ def _row_line(r: dict) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
+    n = max((len(r.get("configs", ())) for r in rows), default=0)
+    extra = "".join(f" config {k + 1} us |" for k in range(n))
     lines = [
         "| heads | cache | batch | context | q | kernel | us | KV GB/s "
-        "| of copy BW | TFLOP/s | of matmul | of limit | SDPA us | target | met |",
-        "|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|:---|",
+        "| of copy BW | TFLOP/s | of matmul | of limit | SDPA us | target | met |" + extra,
+        "|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|:---|"
+        + "---:|" * n,
     ]
     for r in rows:
         sdpa = f"{r['sdpa_us']:.1f}" if r.get("sdpa_us") else "n/a"
         met = {None: "", True: "met", False: "missed"}[r["met"]]
+        cells = "".join(f" {_config_cell(c, r['us'])} |" for c in r.get("configs", ()))
         lines.append(
             f"| {r['heads']} | {r['cache']} | {r['batch']} | {r['context']} | {r['q_len']} | "
             f"{r['kernel']} | {r['us']:.1f} | {r['kv_gbps']:.0f} | "
             f"{100 * r['frac_copy']:.1f}% | {r['tflops']:.0f} | {100 * r['frac_matmul']:.1f}% | "
             f"{100 * r['frac_limit']:.1f}% | "
-            f"{sdpa} | {r['target'] or ''} | {met} |"
+            f"{sdpa} | {r['target'] or ''} | {met} |" + cells
         )
+    configs = next((r["configs"] for r in rows if r.get("configs")), [])
+    if configs:
+        lines.append("")
+        lines += [f"config {k + 1}: `{json.dumps(c['config'])}`" for k, c in enumerate(configs)]
     return "\n".join(lines)
+
+
+def _config_cell(c: dict, plan_us: float) -> str:
+    """A chosen configuration's time and its ratio to the plan's (below 1: faster)."""
+    if "error" in c:
+        return "cannot run"
+    return f"{c['us']:.1f} ({c['us'] / plan_us:.2f}x, {c['kernel']} x {c['num_splits']})"
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -307,10 +367,19 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated")
     p.add_argument("--caches", default=",".join(CACHES), help="comma-separated: bf16, fp8")
     p.add_argument("--no-spec", action="store_true", help="leave out the SPEC_SHAPES rows")
+    p.add_argument(
+        "--configs",
+        default="[]",
+        help="JSON list of launch configurations timed beside the plan's own on every row",
+    )
     args = p.parse_args(argv)
     bad = sorted(set(args.caches.split(",")) - set(CACHES))
     if bad:
         p.error(f"unknown caches {bad}; choose from {', '.join(CACHES)}")
+    try:
+        configs = parse_configs(args.configs, args.caches.split(","))
+    except ValueError as exc:
+        p.error(str(exc))
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -331,6 +400,7 @@ def main(argv=None) -> int:
         copy_gbps=copy_gbps,
         matmul_rate=matmul_rate,
         flush=flush,
+        configs=configs,
     )
     result["rows"] = rows
     table = format_table(rows)

@@ -150,6 +150,16 @@ def _config(
     return cfg
 
 
+def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
+    """Raises the ValueError `plan_launch` would for `config` (an unknown key, a bad
+    value; the key list named), without a device or a step."""
+    rest = dict(config)
+    kernel = rest.pop("kernel", "packed")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    _config(num_heads, fp8_cache, kernel, rest)
+
+
 GLUON_SCHEDULES = ("lockstep", "alternate")
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
 
