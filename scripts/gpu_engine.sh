@@ -37,6 +37,10 @@
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
 #               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
 #               HEADS_WORKLOADS (lat-8, decode-2k), prefix cache on. About 10 minutes.
+#   mla-configs the MLA decode kernel at 16 heads with launch configurations beside the plan's own
+#               (benchmarks/attention_mla.py --configs): MLA_CONFIGS (JSON list; default block,
+#               warp, stage, TMA, Gluon and fp8-math variants), MLA_CONFIG_CACHES (default fp8).
+#               About two minutes.
 #   graph-cost  whether one of the plugin's kernels (or vLLM's FA3, or idle CUDA contexts beside)
 #               makes every later CUDA-graph node of a process slower
 #               (benchmarks/graph_node_cost.py). About a minute.
@@ -145,6 +149,13 @@ for what in "$@"; do
       stage "eager MLA call's host time at 16 heads (vLLM $VLLM)"
       timeout 300 python3 -m benchmarks mla_eager_host --profile 25 \
         2>&1 | tee "$OUT/mla_eager_host_$VLLM.log" || status=1 ;;
+    mla-configs)
+      stage "MLA decode at 16 heads, launch configurations beside the plan's (vLLM $VLLM)"
+      configs=${MLA_CONFIGS:-'[{"BLOCK_N": 64}, {"num_warps": 8}, {"num_stages": 3}, {"tma": false}, {"kernel": "gluon"}, {"fp8_math": "bf16"}]'}
+      timeout 400 python3 -m benchmarks attention_mla --heads 16 \
+        --caches "${MLA_CONFIG_CACHES:-fp8}" --batches 8,64 --contexts 2048,8192 --no-spec \
+        --configs "$configs" --markdown "$OUT/mla_configs_$VLLM.md" \
+        2>&1 | tee "$OUT/mla_configs_$VLLM.log" || status=1 ;;
     graph-cost)
       stage "CUDA-graph node cost after each trigger (vLLM $VLLM)"
       timeout 300 python3 -m benchmarks graph_node_cost \
@@ -213,7 +224,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host graph-cost mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-configs graph-cost mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
