@@ -261,6 +261,7 @@ PROBE_ROWS = (
     ("steps", "{:d}"),
     ("host_ms", "{:.3f}"),
     ("gpu_ms", "{:.3f}"),
+    ("gpu_between_ms", "{:.3f}"),
     ("build_us", "{:.0f}"),
     ("host_bound_steps", "{:d}"),
     ("syncs_exec", "{:d}"),
@@ -271,7 +272,8 @@ PROBE_ROWS = (
 
 def probe_report(results: list[dict], labels: list[str]) -> str:
     """The step probe's figures (benchmarks/engine_probe.py) per row and step kind:
-    medians of host time (execute_model + sample_tokens) and GPU time a step, the
+    medians of host time (execute_model + sample_tokens) and GPU time a step, the GPU
+    time from the step before's end to the step's start (`gpu_between_ms`), the
     metadata builders' host time a step, host-bound steps, syncs, tokens on the decode
     path, and the plugin's decode plans (the step's, and its CUDA graph's capture)."""
     lines = []

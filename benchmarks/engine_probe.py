@@ -229,6 +229,12 @@ class StepProbe:
         if torch is not None:
             torch.cuda.synchronize()
         records = [step_record(s) for s in self.steps]
+        # GPU time from a step's end (its sampling) to the next one's start (vLLM's
+        # execute_model): idle while the host prepares the step, or work issued between
+        # steps outside the probed span
+        for prev, step, record in zip(self.steps, self.steps[1:], records[1:], strict=False):
+            if prev.get("end") is not None and step.get("start") is not None:
+                record["gpu_between_ms"] = prev["end"].elapsed_time(step["start"])
         return summarize(records)
 
 
@@ -258,14 +264,16 @@ def step_record(step: dict) -> dict:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Per step kind: step count, medians of host and GPU time, sync counts, tokens on
-    the decode and prefill paths, the plans seen."""
+    """Per step kind: step count, medians of host and GPU time and of the GPU time since
+    the step before ended, sync counts, tokens on the decode and prefill paths, the plans
+    seen."""
     out = {}
     for kind in ("decode", "prefill"):
         rs = [r for r in records if r["kind"] == kind]
         if not rs:
             continue
         gpu = [r["gpu_ms"] for r in rs if r["gpu_ms"] is not None]
+        between = [r["gpu_between_ms"] for r in rs if r.get("gpu_between_ms") is not None]
         host = [r["host_exec_ms"] + r["host_sample_ms"] for r in rs]
         out[kind] = {
             "steps": len(rs),
@@ -274,6 +282,7 @@ def summarize(records: list[dict]) -> dict:
             "host_sample_ms": statistics.median(r["host_sample_ms"] for r in rs),
             "build_us": statistics.median(r["build_us"] for r in rs),
             "gpu_ms": statistics.median(gpu) if gpu else None,
+            "gpu_between_ms": statistics.median(between) if between else None,
             "host_bound_steps": sum(
                 1
                 for r, h in zip(rs, host, strict=True)

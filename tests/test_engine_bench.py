@@ -322,6 +322,52 @@ def test_the_probe_records_each_model_step():
     assert len(probe.steps) == 4
 
 
+def _fake_cuda(times):
+    """torch.cuda as the probe uses it, its events reading `times` one record() each."""
+    from types import SimpleNamespace
+
+    clock = iter(times)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = next(clock)
+
+        def elapsed_time(self, other):
+            return other.at - self.at
+
+    mode = ["default"]
+    return SimpleNamespace(
+        Event=Event,
+        synchronize=lambda: None,
+        get_sync_debug_mode=lambda: mode[0],
+        set_sync_debug_mode=lambda m: mode.__setitem__(0, m),
+    )
+
+
+def test_the_probe_measures_the_gpu_time_between_steps(monkeypatch):
+    """From a step's end event (after sampling) to the next step's start event."""
+    from types import SimpleNamespace
+
+    from benchmarks import engine_probe
+
+    # each step: start, end of execute_model, end of sampling
+    times = [0.0, 1.0, 2.0, 2.5, 3.0, 4.0, 5.5, 6.0, 7.0]
+    fake = SimpleNamespace(cuda=_fake_cuda(times))
+    monkeypatch.setattr(engine_probe, "_cuda", lambda: fake)
+    runner = _Runner()
+    probe = engine_probe.StepProbe(runner)
+    probe.begin()
+    for _ in range(3):
+        runner.execute_model(1, 4)
+        runner.sample_tokens()
+    decode = probe.end()["decode"]
+    assert decode["gpu_ms"] == 1.5  # the median of 2.0, 1.5 and 1.5
+    assert decode["gpu_between_ms"] == 1.0  # the median of 0.5 and 1.5 (none before the first)
+
+
 def test_the_phase_profiler_covers_the_phase_it_names():
     from benchmarks.engine_probe import PhaseProfiler, reduce_trace
 
