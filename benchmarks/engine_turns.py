@@ -40,7 +40,7 @@ class Turns:
             raise ValueError(f"case {case!r} is not in the wave {cases}")
         self.folder, self.case, self.timeout, self.poll = Path(folder), case, timeout, poll
         self.slots = schedule(cases, rounds)
-        self.rounds = rounds
+        self.width = len(cases)  # slots a round
         self.positions: list[int] = []  # this case's place in each round taken, from 1
         (self.folder / f"{case}.pid").write_text(str(os.getpid()))
 
@@ -75,7 +75,7 @@ class Turns:
         if not self._wait(index):
             print(f"# {self.case}: earlier turns unfinished after {self.timeout:.0f} s; "
                   "measuring anyway", flush=True)  # fmt: skip
-        position = index - round_ * (len(self.slots) // self.rounds) + 1
+        position = index - round_ * self.width + 1
         self.positions.append(position)
         try:
             yield position

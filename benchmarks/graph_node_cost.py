@@ -237,7 +237,8 @@ def _triton_spill() -> str:
     x = torch.randn(128, 256, device="cuda")
     out = torch.empty_like(x)
     compiled = wide_sum[(1,)](x, out, ROWS=128, COLS=256, num_warps=1)
-    return f"wide_sum (Triton, {getattr(compiled, 'n_spills', '?')} registers spilled)"
+    local = getattr(compiled, "n_spills", "?")  # Triton's name for the local bytes a thread
+    return f"wide_sum (Triton, {local} bytes of local memory a thread)"
 
 
 def _mla_write() -> str:
@@ -254,22 +255,15 @@ def _mla_write() -> str:
 
 
 def _mla_decode(kernel: str) -> str:
-    from atom_plugin.attention.mla import ops
-    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
-    from atom_plugin.attention.mla.plan import plan_mla_decode
-    from benchmarks.attention_mla import LORA, PAGE, ROPE, make_decode_batch
+    from benchmarks.attention_mla import Shape
 
     batch, context, q_len = (64, 2048, 1) if kernel == "packed" else (1, 1088, 64)
-    dtype = torch.bfloat16
-    meta, q, cache, _ = make_decode_batch(batch, context, HEADS, q_len=q_len, device="cuda")
-    layout = MLAStepLayout(dtype, PAGE, LORA, ROPE)
-    tokens = batch * q_len
-    plan = plan_mla_decode(meta, tokens, HEADS, kernel_impl="triton", kv_dtype=dtype, layout=layout)
+    shape = Shape(batch, context, HEADS, q_len, "bf16")
+    plan = shape.plan()
     launch = plan.launch
     if launch.kernel != kernel:
         raise SystemExit(f"the planner chose {launch.kernel!r} where {kernel!r} was asked")
-    out = torch.empty(tokens, HEADS, LORA, device="cuda", dtype=dtype)
-    ops.mla_decode((q[..., :LORA], q[..., LORA:]), cache, meta, plan, scale=0.1, output=out)
+    shape.run_new(shape.new_out(), plan)
     return f"mla_decode {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
 
 

@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from benchmarks._timing import time_us
-from benchmarks.attention_mla import LORA, PAGE, ROPE, make_decode_batch
+from benchmarks.attention_mla import LORA, PAGE, ROPE, Shape
 from benchmarks.call_timing import host_profile, host_us
 
 HEADS = 16
@@ -60,19 +60,15 @@ def main(argv=None) -> int:
 
 def _lines(n: int, context: int) -> tuple[list[str], object]:
     from atom_plugin.attention.mla import ops
-    from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
-    from atom_plugin.attention.mla.plan import plan_mla_decode
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     seq = context + n  # the request's keys, its n new tokens last
-    meta, q, cache, _ = make_decode_batch(1, seq, HEADS, q_len=n, block_size=PAGE, device=dev)
+    shape = Shape(1, seq, HEADS, n, "bf16", dev)
+    meta, q, cache, plan = shape.meta, shape.q, shape.kv, shape.plan()
     positions = torch.arange(context, seq, device=dev)
     slots = (meta.block_table[0, positions // PAGE] * PAGE + positions % PAGE).to(torch.int64)
-    layout = MLAStepLayout(dtype, PAGE, LORA, ROPE)
-    plan = plan_mla_decode(meta, n, HEADS, kernel_impl="triton", kv_dtype=dtype, layout=layout)
     parts = (q[..., :LORA], q[..., LORA:])  # apart, as vLLM's MLA layer hands them
-    out = torch.empty(n, HEADS, LORA, device=dev, dtype=dtype)
-    decode = partial(ops.mla_decode, parts, cache, meta, plan, scale=0.1, output=out)
+    decode = partial(ops.mla_decode, parts, cache, meta, plan, scale=0.1, output=shape.new_out())
     kv_c = torch.randn(n, LORA, device=dev).to(dtype)
     k_pe = torch.randn(n, 1, ROPE, device=dev).to(dtype)
     write = partial(ops.write_mla_kv, kv_c, k_pe, cache, slots, kernel_impl="triton")
