@@ -6,8 +6,10 @@ ATOM_PLUGIN_DISABLE=1 (vLLM as if the plugin were absent); `@old` runs the plugi
 found under --old-plugin instead of this checkout's; `@fp8` runs with an fp8 KV cache
 (its ratios are against the best vLLM backend's `@fp8` case). Cases start in waves of
 --wave processes; within a wave they measure one pass at a time, in rounds whose order
-rotates (benchmarks/engine_turns.py; the table's "turn in each round"). Weights are random
-(`load_format="dummy"`), prompts are random token ids, outputs run to a fixed length.
+rotates (benchmarks/engine_turns.py; the table's "turn in each round"). --repeats N runs
+N rounds over every workload; the table shows each row's median pass, and the slowest and
+fastest pass beside it. Weights are random (`load_format="dummy"`), prompts are random
+token ids, outputs run to a fixed length.
 
 --prefix-caching turns vLLM's prefix cache on; --again then times each workload a second
 time on the same prompts (cache hits), reported in a row of its own ("again"). --probe
@@ -34,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import gpu_clocks
+from benchmarks import gpu_clocks, host_load
 from benchmarks.engine_probe import parse_profile_entry
 from benchmarks.engine_shapes import MLA_SHAPES, WORKLOADS, parse_workloads, write_shape
 
@@ -168,12 +170,29 @@ def _label(run: dict) -> str:
     return run["workload"] + (" again" if run.get("pass") == "again" else "")
 
 
-def _run(result: dict, label: str) -> dict | None:
+def _passes(result: dict, label: str) -> list[dict]:
+    """A case's passes of one row, slowest first."""
     runs = [r for r in result.get("runs", []) if _label(r) == label]
-    if not runs:
+    return sorted(runs, key=lambda r: r["output_tok_s"])
+
+
+def _run(result: dict, label: str) -> dict | None:
+    """The row's median pass (the lower of the two middle ones of an even count): with
+    several rounds, one slow or fast spell of the host moves no figure of the table."""
+    runs = _passes(result, label)
+    return runs[(len(runs) - 1) // 2] if runs else None
+
+
+def _spread(results: list[dict], name: str) -> str | None:
+    """A row of each case's slowest and fastest pass, where some case has several."""
+    passes = [_passes(r, name) for r in results]
+    if max(map(len, passes)) < 2:
         return None
-    best = max(runs, key=lambda r: r["output_tok_s"])  # repeats: the best pass
-    return best
+    cells = [
+        f"{p[0]['output_tok_s']:,.0f}-{p[-1]['output_tok_s']:,.0f} ({len(p)})" if p else "-"
+        for p in passes
+    ]
+    return f"| {name} output tok/s, slowest-fastest pass (passes) | " + " | ".join(cells) + " | |"
 
 
 def _labels(results: list[dict]) -> list[str]:
@@ -207,6 +226,9 @@ def report(results: list[dict]) -> str:
             cells.append(f"{run['output_tok_s']:,.0f}{ratio}")
         best_cell = ", ".join(b[0] for b in bests.values() if b) or "-"
         lines.append(f"| {name} output tok/s | " + " | ".join(cells) + f" | {best_cell} |")
+        spread = _spread(results, name)
+        if spread:
+            lines.append(spread)
     for metric, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms")):
         for name in labels:
             vals = [_run(r, name) for r in results]
@@ -222,6 +244,11 @@ def report(results: list[dict]) -> str:
         if any(v and v.get("clocks") for v in vals):
             cells = [gpu_clocks.cell(v.get("clocks")) if v else "-" for v in vals]
             lines.append(f"| {name} SM clock MHz (median / lowest) | " + " | ".join(cells) + " | |")
+        if any(v and v.get("host") for v in vals):
+            cells = [host_load.cell(v.get("host")) if v else "-" for v in vals]
+            lines.append(
+                f"| {name} host busy cores (this engine's) of all | " + " | ".join(cells) + " | |"
+            )
     cold = [r.get("cold") for r in results]
     if any(cold):
         cells = [f"{c['output_tok_s']:,.0f}" if c else "-" for c in cold]
@@ -234,6 +261,9 @@ def report(results: list[dict]) -> str:
         lines.append(
             "| copy GB/s / bf16 matmul TFLOP/s (same process) | " + " | ".join(cells) + " | |"
         )
+    if any(r.get("host_cpu") for r in results):
+        cells = [r.get("host_cpu") or "-" for r in results]
+        lines.append("| host CPU | " + " | ".join(cells) + " | |")
     cells = [f"{r['startup_s']:.0f}" if "startup_s" in r else "failed" for r in results]
     lines.append("| engine start s | " + " | ".join(cells) + " | |")
     cells = [",".join(map(str, r["turns"])) if r.get("turns") else "-" for r in results]
@@ -377,7 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="FLASH_ATTN,ATOM_AITER")
     p.add_argument("--workloads", default="thr-512,thr-1k,lat-1,lat-8,long-16k,mixed-4k")
     p.add_argument("--wave", type=int, default=3, help="cases started together")
-    p.add_argument("--repeats", type=int, default=2, help="passes of the first workload")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of passes over every workload (the table: each row's median pass)",
+    )
     p.add_argument("--profile", default="", help="cases profiled once more (torch profiler)")
     p.add_argument(
         "--profile-workloads",
@@ -409,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_workloads(parse_profile_entry(entry)[0])  # names the bad workload
     args.profile_workloads = entries or [args.workloads[0].name]
     args.profile = {c for c in args.profile.split(",") if c}
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: at least 1 round of passes")
     if args.again and not args.prefix_caching:
         raise SystemExit("--again times cache hits: it needs --prefix-caching")
     cases = [c for c in args.cases.split(",") if c]

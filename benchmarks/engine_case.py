@@ -11,7 +11,9 @@ started engines whatever its turn.
 
 Prompts are random token ids drawn from the workload's name and the pass's seed, so no
 two workloads or passes share a prefix by chance; an `again` pass submits the prompts of
-the workload's first pass once more (with prefix caching on, their cached blocks hit).
+its round's new pass once more (with prefix caching on, their cached blocks hit). Each
+pass records the SM clock (benchmarks/gpu_clocks.py) and the host's CPU load
+(benchmarks/host_load.py) while it ran.
 
     python -m benchmarks.engine_case SPEC_JSON
 """
@@ -204,13 +206,16 @@ def start_in_wave(spec: dict, name: str, result: dict):
 
 def measured_passes(spec: dict) -> list[tuple[str, int, str]]:
     """(workload, seed, kind) of every measured pass, the same list in every case of a
-    wave: `repeats` new passes of the first workload, one of each other, and with
-    `again` each workload's first prompts once more right after its new passes."""
+    wave: `repeats` rounds over the workloads, each workload's new pass on prompts of
+    the round's own (the seed) and, with `again`, the same prompts once more right after
+    it. Rounds rather than back-to-back repeats: a slow spell of the host or the GPU
+    then lands on one pass of several workloads, not on every pass of one."""
     passes = []
-    for i, name in enumerate(spec["workloads"]):
-        passes += [(name, rep, "new") for rep in range(spec["repeats"] if i == 0 else 1)]
-        if spec.get("again"):
-            passes.append((name, 0, "again"))  # the first pass's prompts once more
+    for rep in range(spec["repeats"]):
+        for name in spec["workloads"]:
+            passes.append((name, rep, "new"))
+            if spec.get("again"):
+                passes.append((name, rep, "again"))
     return passes
 
 
@@ -220,6 +225,7 @@ def main(spec: dict) -> dict:
     from benchmarks.engine_shapes import WORKLOADS
     from benchmarks.engine_turns import Turns
     from benchmarks.gpu_clocks import ClockSampler
+    from benchmarks.host_load import HostLoad, cpu_model
 
     name = spec["case"]
     result: dict = {"case": name, "spec": {k: v for k, v in spec.items() if k != "ready_dir"}}
@@ -238,6 +244,7 @@ def main(spec: dict) -> dict:
     with turns.turn(0):
         result["measured_at"] = time.time()
         result["physical"] = physical_limits()
+        result["host_cpu"] = cpu_model()
         workloads = [WORKLOADS[w] for w in spec["workloads"]]
         # The first pass of the first workload runs cold: JIT compiles that vLLM's own
         # warm-up did not reach land here (a user's first requests pay them too).
@@ -249,13 +256,16 @@ def main(spec: dict) -> dict:
             llm.collective_rpc(engine_probe.install)
     runs = []
     for k, (workload, seed, kind) in enumerate(passes, start=1):
-        with turns.turn(k), ClockSampler() as clocks:
+        with turns.turn(k), ClockSampler() as clocks, HostLoad() as host:
             at = time.time()
             run = run_workload(
                 llm, WORKLOADS[workload], f"{workload}-{kind}-{seed}", seed=seed, probe=probe
             )
             at = [at, time.time()]
-        runs.append({**run, "pass": kind, "at": at, "clocks": clocks.summary})
+        runs.append(
+            {**run, "pass": kind, "round": seed, "at": at}
+            | {"clocks": clocks.summary, "host": host.summary}
+        )
         print("RUN " + json.dumps(runs[-1]), flush=True)
         # Saved after every pass: a case killed at the run's deadline keeps its rows.
         result["runs"] = runs

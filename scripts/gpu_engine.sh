@@ -26,17 +26,19 @@
 #               decode kernel (a subset of kernels)
 #   mla16       MLA at 16 query heads (DeepSeek-V3's TP8 slice): one wave of MLA16_CASES (default
 #               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
-#               decode-2k, shared-8k), each pass twice (prefix cache on), with the step probe and
-#               profiles; OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old;
+#               decode-2k, shared-8k), MLA16_REPEATS rounds (default 3) of each workload's new
+#               pass and its again pass (prefix cache on; the table: each row's median pass),
+#               with the step probe, host load and profiles; OLD_PLUGIN (a folder holding atom_plugin/) adds ATOM_AITER_MLA@old;
 #               MLA16_ARGS adds arguments; MLA16_PROFILE (cases; default every case, empty:
 #               none) and MLA16_PROFILE_WORKLOADS (NAME[@again][:decode|:prefill]) choose the
 #               profiles. The cases measure pass by pass in rotating order, SM clocks sampled.
-#               About 5 minutes.
+#               About 6 minutes.
 #   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
 #               cProfile of the decode (benchmarks/mla_eager_host.py). Under a minute.
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
 #               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
-#               HEADS_WORKLOADS (lat-8, decode-2k), prefix cache on. About 10 minutes.
+#               HEADS_WORKLOADS (lat-8, decode-2k), HEADS_REPEATS rounds (default 3), prefix
+#               cache on. About 11 minutes.
 #   mla-configs the MLA decode kernel at 16 heads with launch configurations beside the plan's own
 #               (benchmarks/attention_mla.py --configs): MLA_CONFIGS (JSON list; default block,
 #               warp, stage, TMA, Gluon and fp8-math variants), MLA_CONFIG_CACHES (default fp8).
@@ -133,7 +135,7 @@ for what in "$@"; do
       out=/tmp/engine-mla16-$VLLM
       rm -rf "$out"
       timeout 590 python3 -m benchmarks.engine --shape deepseek-v3-tp8 --cases "$cases" \
-        --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats 1 \
+        --workloads "${MLA16_WORKLOADS:-lat-1,lat-8,decode-2k,shared-8k}" --repeats "${MLA16_REPEATS:-3}" \
         --prefix-caching --again --probe --wave 4 --kv-gib 6 --gpu-util 0.15 \
         --max-model-len 16384 --profile "${MLA16_PROFILE-$cases}" \
         --profile-workloads "${MLA16_PROFILE_WORKLOADS:-lat-1@again:prefill,decode-2k:decode,decode-2k@again:decode}" \
@@ -173,7 +175,7 @@ for what in "$@"; do
           *) wave=4 limit=285 ;;
         esac
         timeout "$limit" python3 -m benchmarks.engine --shape "$shape" --layers 4 --cases "$cases" \
-          --workloads "${HEADS_WORKLOADS:-lat-8,decode-2k}" --repeats 1 --prefix-caching \
+          --workloads "${HEADS_WORKLOADS:-lat-8,decode-2k}" --repeats "${HEADS_REPEATS:-3}" --prefix-caching \
           --wave "$wave" --kv-gib 3 --gpu-util 0.15 --max-model-len 4096 \
           --deadline-s $((limit - 15)) \
           --out-dir "$out" 2>&1 | tee "$OUT/engine_${shape}_$VLLM.log" || status=1

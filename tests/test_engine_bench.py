@@ -148,6 +148,53 @@ def test_both_passes_and_fp8_ratios_against_their_own_kind():
     assert "| decode-2k again TTFT ms" in rows
 
 
+def test_rounds_pass_over_every_workload_and_the_table_takes_each_rows_median_pass():
+    from benchmarks.engine_case import measured_passes
+
+    spec = {"workloads": ["lat-1", "decode-2k"], "repeats": 3, "again": True}
+    assert measured_passes(spec) == [
+        (w, rep, kind) for rep in range(3) for w in spec["workloads"] for kind in ("new", "again")
+    ]
+    assert measured_passes({**spec, "repeats": 1, "again": False}) == [
+        ("lat-1", 0, "new"),
+        ("decode-2k", 0, "new"),
+    ]
+
+    def rounds(case, tok_s, clocks):
+        result = _runs(case, {})
+        for t, mhz in zip(tok_s, clocks, strict=True):
+            run = _runs(case, {"decode-2k": t})["runs"][0]
+            result["runs"].append({**run, "decode_step_ms": 1e5 / t, "clocks": mhz})
+        return result
+
+    clock = {"sm_mhz_median": 1980, "sm_mhz_min": 1590, "samples": 9, "slowdowns": []}
+    table = report(
+        [
+            # one slow spell in the plugin's rounds, one fast one in vLLM's: the medians rank
+            rounds("ATOM_AITER_MLA", [11000.0, 7000.0, 10800.0], [None, clock, None]),
+            rounds("FLASH_ATTN_MLA", [10000.0, 15000.0, 9800.0, 10200.0], [None] * 4),
+        ]
+    )
+    rows = {line.split(" |")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert "10,800 (1.08x)" in rows["| decode-2k output tok/s"]  # against 10,000, not 15,000
+    spread = rows["| decode-2k output tok/s, slowest-fastest pass (passes)"]
+    assert "7,000-11,000 (3)" in spread and "9,800-15,000 (4)" in spread
+    # the other rows are the median pass's own: its step time, no clock samples
+    assert "| decode-2k decode step ms (median) | 9.26 | 10.00 |" in table
+    assert "SM clock" not in table
+    single = report([_runs("ATOM_AITER_MLA", {"decode-2k": 9000.0})])
+    assert "slowest-fastest" not in single
+
+
+def test_the_host_load_row_shows_busy_cores_and_the_engines_share():
+    result = _runs("ATOM_AITER_MLA", {"lat-1": 500.0})
+    result["runs"][0]["host"] = {"busy_cores": 5.04, "own_cores": 1.46, "cpus": 16}
+    result["host_cpu"] = "AMD EPYC 9454 48-Core Processor, 16 cores"
+    table = report([result, _runs("FLASH_ATTN_MLA", {"lat-1": 480.0})])
+    assert "| lat-1 host busy cores (this engine's) of all | 5.0 (1.5) of 16 | - | |" in table
+    assert "| host CPU | AMD EPYC 9454 48-Core Processor, 16 cores | - | |" in table
+
+
 def test_the_probe_rows_say_what_bounds_a_step():
     decode = {
         "steps": 500,
