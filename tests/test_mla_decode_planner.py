@@ -127,6 +127,30 @@ def test_decode_metadata_reads_nothing_back(kernel_impl, name):
         assert got.plan.launch == want.plan.launch
 
 
+@pytest.mark.parametrize("kernel_impl", ["torch", "triton"])
+@pytest.mark.parametrize("name", list(STEPS))
+def test_the_hosts_offsets_plan_every_step_but_a_uniform_decode(kernel_impl, name, monkeypatch):
+    """vLLM hands the builder the offsets on the host as well: a step with prefill or
+    speculative rows takes its token plan from them (the rows counted), to the same plan,
+    still reading no device tensor back."""
+    from atom_plugin.attention.mla import plan as mla_plan
+
+    rows, kw = STEPS[name]
+    step = _step(rows, **kw)
+    want = _planner(kernel_impl).decode_metadata(**step)
+    calls = []
+    real = mla_plan.host_token_rows
+    monkeypatch.setattr(mla_plan, "host_token_rows", lambda *a: calls.append(a) or real(*a))
+    planner = _planner(kernel_impl)
+    got = planner.decode_metadata(
+        **_guarded(step), query_start_loc_cpu=step["query_start_loc"].clone()
+    )
+    assert len(calls) == (0 if name == "uniform decode" else 1)
+    assert plain(got.plan.token_req).data_ptr() == planner.buffers[0].data_ptr()
+    assert torch.equal(plain(got.plan.token_req), plain(want.plan.token_req))
+    assert torch.equal(plain(got.plan.token_kv_len), plain(want.plan.token_kv_len))
+
+
 def test_capture_and_dcp_read_nothing_back():
     """A capture plans its splits for the longest context; under decode context
     parallelism multi-token rows count their visible local rows on the device."""
@@ -170,3 +194,26 @@ def test_prefill_rows_go_to_the_decode_only_where_its_kernel_takes_them(monkeypa
         "atom_plugin.attention.mla.plan.gluon_mla_problems", lambda device, layout: []
     )
     assert vllm_mla.prefill_rows_on_decode("triton", "cuda", LAYOUT) == rows
+
+
+def test_the_builder_hands_the_planner_vllms_host_offsets():
+    """vLLM's `build` passes `_build_decode` the host copy of the decode rows' offsets;
+    the builder passes it on, so steps with prefill or speculative rows plan from it."""
+    from argparse import Namespace
+
+    builder = object.__new__(vllm_mla.AtomAiterMLAMetadataBuilder)
+    seen = {}
+    builder.planner = Namespace(decode_metadata=lambda **kw: seen.update(kw))
+    builder._slot_mapping, builder._capture_context = torch.arange(3), None
+    qsl_cpu = torch.tensor([0, 1, 3], dtype=torch.int32)
+    builder._build_decode(
+        block_table_tensor=torch.zeros(2, 4, dtype=torch.int32),
+        seq_lens_device=torch.tensor([9, 12], dtype=torch.int32),
+        max_seq_len=12,
+        query_start_loc_cpu=qsl_cpu,
+        query_start_loc_device=qsl_cpu.clone(),
+        num_decode_tokens=3,
+        max_query_len=2,
+        dcp_tot_seq_lens_device=None,
+    )
+    assert seen["query_start_loc_cpu"] is qsl_cpu and seen["num_tokens"] == 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -21,6 +22,7 @@ from atom_plugin.attention.mla import ops as mla_ops
 from atom_plugin.attention.mla.plan import (
     TorchMLAPlan,
     TritonMLAPlan,
+    host_token_rows,
     mla_token_plan,
     plan_mla_decode,
 )
@@ -70,6 +72,83 @@ def test_token_plan_matches_the_definition(rows, pad_tokens):
     req, kv_len = mla_token_plan(_meta(rows), num_tokens)
     assert (req.dtype, kv_len.dtype) == (torch.int32, torch.int32)
     assert (req.tolist(), kv_len.tolist()) == _definition(rows, num_tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(_row, min_size=1, max_size=9), pad_tokens=st.integers(0, 3), into=st.booleans()
+)
+def test_token_plan_from_the_hosts_offsets_matches_the_definition(rows, pad_tokens, into):
+    num_tokens = sum(q for q, _ in rows) + pad_tokens
+    meta = _meta(rows)
+    bufs = tuple(torch.full((num_tokens + 2,), 99, dtype=torch.int32) for _ in range(2))
+    req, kv_len = mla_token_plan(
+        meta, num_tokens, out=bufs if into else None, query_start_loc_cpu=meta.query_start_loc
+    )
+    assert (req.dtype, kv_len.dtype) == (torch.int32, torch.int32)
+    assert (req.tolist(), kv_len.tolist()) == _definition(rows, num_tokens)
+    if into:
+        assert req.data_ptr() == bufs[0].data_ptr() and kv_len.data_ptr() == bufs[1].data_ptr()
+        assert bufs[0][num_tokens:].tolist() == [99, 99]
+
+
+def test_host_token_rows_cover_only_the_requests_tokens():
+    """Offsets that start past 0 and tokens past the last request: those tokens belong
+    to no request and see no keys whatever row they read."""
+    rows = host_token_rows(np.array([2, 3, 5, 5, 9]), 11)
+    assert rows[0].tolist() == [-1, -1, 0, 1, 1, 3, 3, 3, 3, -1, -1]
+    assert rows[1].tolist() == [0, 0, 0, 1, 1, 3, 3, 3, 3, 0, 0]
+    assert rows[2].tolist()[2:9] == [0, 1, 0, 3, 2, 1, 0]
+    assert min(rows[2][[0, 1, 9, 10]]) > 1 << 29
+
+
+def test_a_step_with_prefill_rows_plans_from_the_host_in_a_few_device_ops():
+    """Prefill and speculative rows: the request rows and unseen-key counts come from
+    the host's offsets, so the device runs a copy, a gather, a subtraction and a clamp
+    instead of the search and its thirty-odd small ops (each a kernel launch on a GPU)."""
+    mixed = _meta([(1, 40), (16, 80), (2, 9)])
+    bufs = tuple(torch.zeros(32, dtype=torch.int32) for _ in range(2))
+    host = _ops(
+        lambda: mla_token_plan(mixed, 19, out=bufs, query_start_loc_cpu=mixed.query_start_loc)
+    )
+    device = _ops(lambda: mla_token_plan(mixed, 19, out=bufs))
+    assert "aten::searchsorted" in device and "aten::searchsorted" not in host
+    assert "aten::index_select" in host
+    # views and the host-side wrapping of numpy's rows launch nothing on a device
+    views = {"slice", "select", "to", "detach", "resolve_conj", "resolve_neg", "lift_fresh"}
+    kernels = [op for op in host if op.removeprefix("aten::") not in views]
+    assert kernels == ["aten::index_select", "aten::copy_", "aten::sub", "aten::clamp_"], host
+    assert len([op for op in device if op.removeprefix("aten::") not in views]) > 20
+
+
+@pytest.mark.gpu
+def test_steps_planned_from_the_host_back_to_back_on_the_gpu_keep_their_own_rows():
+    """Each step's host rows travel in a pinned tensor copied without waiting: steps
+    queued back to back, the host running ahead, each keeps its own rows (no step's copy
+    reads the next step's rows)."""
+    import random
+
+    rng = random.Random(0)
+    bufs = tuple(torch.zeros(4096, dtype=torch.int32, device="cuda") for _ in range(2))
+    steps, got = [], []
+    torch.cuda._sleep(200_000_000)  # the GPU busy, so the copies below wait in line
+    for _ in range(40):
+        rows = [(rng.randint(1, 24), rng.randint(30, 4000)) for _ in range(rng.randint(1, 12))]
+        meta = _meta(rows)
+        cuda = dataclasses.replace(
+            meta,
+            query_start_loc=meta.query_start_loc.cuda(),
+            seq_lens=meta.seq_lens.cuda(),
+            block_table=meta.block_table.cuda(),
+            slot_mapping=meta.slot_mapping.cuda(),
+        )
+        n = meta.num_actual_tokens
+        req, kv = mla_token_plan(cuda, n, out=bufs, query_start_loc_cpu=meta.query_start_loc)
+        got.append((req.clone(), kv.clone()))  # before the next step rewrites the buffers
+        steps.append((rows, n))
+    torch.cuda.synchronize()
+    for (rows, n), (req, kv) in zip(steps, got, strict=True):
+        assert (req.tolist(), kv.tolist()) == _definition(rows, n)
 
 
 @settings(max_examples=100, deadline=None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from atom_plugin.attention.dtypes import FP8_DTYPES
@@ -22,11 +23,57 @@ if TYPE_CHECKING:  # launch_plan imports Triton, which the torch and AITER paths
     from atom_plugin.attention.mla.launch_plan import TritonMLALaunch
 
 
+# The keys a token past every request does not see: more than any context holds, so its
+# visible count clamps to 0 whatever row it reads.
+_NO_KEYS = 1 << 30
+
+
+def host_token_rows(query_start_loc: np.ndarray, num_tokens: int) -> np.ndarray:
+    """The token plan's host half, from the step's query offsets (known on the host):
+    `[3, num_tokens]` int32 rows of each query token's request (-1: none), the request
+    row whose seq_len it reads (0 for none) and how many of those keys it does not see
+    (the request's later query tokens; `_NO_KEYS` for none)."""
+    qsl = query_start_loc.astype(np.int64)
+    rows = np.empty((3, num_tokens), dtype=np.int32)
+    rows[0], rows[1], rows[2] = -1, 0, _NO_KEYS
+    start, end = int(qsl[0]), min(int(qsl[-1]), num_tokens)
+    if end > start:
+        q_lens = np.diff(qsl)
+        req = np.repeat(np.arange(len(q_lens)), q_lens)[: end - start]
+        rows[0, start:end] = rows[1, start:end] = req
+        rows[2, start:end] = qsl[req + 1] - np.arange(start, end) - 1
+    return rows
+
+
+def _token_plan_from_host(meta, num_tokens, query_start_loc_cpu, out):
+    """Five device ops where the device-side search takes some thirty (each a kernel
+    launch with its host cost): the request rows and unseen-key counts come from the
+    host's query offsets in one copy, and only the gather of seq_lens and the
+    subtraction run where seq_lens lives (under async scheduling its values are the
+    device's)."""
+    device = meta.seq_lens.device
+    host = torch.from_numpy(
+        host_token_rows(query_start_loc_cpu[: meta.num_reqs + 1].numpy(), num_tokens)
+    )
+    if device.type != "cpu":
+        host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
+    rows = host.to(device, non_blocking=True)
+    seen = meta.seq_lens.index_select(0, rows[1])
+    if out is None:
+        req, kv_len = rows[0], torch.empty_like(seen)
+    else:
+        req, kv_len = out[0][:num_tokens], out[1][:num_tokens]
+        req.copy_(rows[0])
+    torch.sub(seen, rows[2], out=kv_len)
+    return req, kv_len.clamp_(min=0)
+
+
 def mla_token_plan(
     meta,
     num_tokens: int,
     token_kv_lens: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    query_start_loc_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query token: its request row (-1: not covered by any request) and how many
     cached keys it sees (int32, on the metadata's device, no host sync).
@@ -36,7 +83,9 @@ def mla_token_plan(
     seq_len 0 are inert and see none. `token_kv_lens` replaces the visible counts (decode
     context parallelism, where the cache holds only this rank's share of each context).
     `out`: persistent buffers the plan is written into (their first `num_tokens`
-    entries are returned).
+    entries are returned). `query_start_loc_cpu`: the host's copy of the query offsets;
+    with it a step that is not a uniform decode plans from the host
+    (`host_token_rows`).
     """
     qsl = meta.query_start_loc[: meta.num_reqs + 1]
     device = qsl.device
@@ -54,6 +103,8 @@ def mla_token_plan(
         torch.arange(num_tokens, out=req)
         kv_len.copy_(meta.seq_lens[:num_tokens])
         return req, kv_len
+    if query_start_loc_cpu is not None and token_kv_lens is None:
+        return _token_plan_from_host(meta, num_tokens, query_start_loc_cpu, out)
     t = torch.arange(num_tokens, device=device, dtype=qsl.dtype)
     req = torch.searchsorted(qsl[1:].contiguous(), t, right=True)
     covered = (req < meta.num_reqs) & (t >= qsl[0])
@@ -126,6 +177,7 @@ def plan_mla_decode(
     config: dict | None = None,
     num_splits: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    query_start_loc_cpu: torch.Tensor | None = None,
 ) -> MLAPlan:
     """Choose the step's kernel path (`kernel_impl`, else `select_kernel_impl` for the
     metadata's device) and plan it. `kv_dtype` is the cache's and `layout` the query
@@ -135,13 +187,14 @@ def plan_mla_decode(
     is the key count the split rule plans for (default `meta.max_seq_len`; a CUDA-graph
     capture passes the longest context the graph may replay); `config` and
     `num_splits` tune the Triton launch. `out` holds persistent buffers the token plan
-    is copied into, so a captured graph reads each step's plan at the same addresses."""
+    is copied into, so a captured graph reads each step's plan at the same addresses;
+    `query_start_loc_cpu` lets the token plan work from the host (`mla_token_plan`)."""
     impl = kernel_impl or select_kernel_impl(meta.query_start_loc.device)
     if impl not in KERNEL_IMPLS:
         raise ValueError(f"kernel_impl must be one of {KERNEL_IMPLS}, got {impl!r}")
     if impl == "aiter":
         return _plan_aiter(meta, num_heads, kv_dtype, layout, token_kv_lens)
-    req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens, out)
+    req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens, out, query_start_loc_cpu)
     if impl == "torch":
         return TorchMLAPlan(req, kv_len)
     # imported here: Triton is optional (not installed on every platform)

@@ -144,9 +144,12 @@ class MLADecodePlanner:
         max_query_len: int,
         dcp_tot_seq_lens: torch.Tensor | None = None,
         context: int | None = None,
+        query_start_loc_cpu: torch.Tensor | None = None,
     ) -> AtomMLADecodeMetadata:
         """`context`: the key count the split rule plans for (None: `max_seq_len`; a
-        CUDA-graph capture passes the longest context the graph may replay)."""
+        CUDA-graph capture passes the longest context the graph may replay).
+        `query_start_loc_cpu`: vLLM's host copy of the offsets, for a step that is not a
+        uniform decode (prefill or speculative rows): its token plan comes from the host."""
         num_rows = seq_lens.shape[0]
         single = max_query_len <= 1
         if max_query_len > self.decode_query_len and not self._prefill_rows_seen:
@@ -189,6 +192,7 @@ class MLADecodePlanner:
             token_kv_lens=token_kv_lens,
             context=context,
             out=self.buffers,
+            query_start_loc_cpu=query_start_loc_cpu,
         )
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,
@@ -276,6 +280,7 @@ class AtomAiterMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             max_query_len=max_query_len,
             dcp_tot_seq_lens=dcp_tot_seq_lens_device,
             context=self._capture_context,
+            query_start_loc_cpu=query_start_loc_cpu,
         )
 
 
