@@ -558,3 +558,14 @@ def test_graph_gaps_reads_a_chrome_trace(tmp_path):
     assert (got["launches"], got["nodes"]) == (1, 3)
     assert got["median_gap_us"] == pytest.approx(0.625)  # of 0.25 and 1.0
     assert got["idle_us_per_launch"] == pytest.approx(1.25)
+
+
+def test_cases_skip_flashinfers_sampler_build_unless_told(monkeypatch):
+    """Greedy passes never reach the top-k/top-p sampler, whose JIT build cost each fresh
+    engine about 97 s of its start; a caller's own setting stands."""
+    from benchmarks.engine import case_env
+
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    assert case_env("", None)["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    assert case_env("disabled", None)["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
