@@ -98,7 +98,9 @@ class Shape:
         t = self.q.shape[0]
         return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
 
-    def plan(self, config=None, num_splits=None):
+    def plan(self, config=None, num_splits=None, **token_plan):
+        """The step's plan as the builder makes it; `token_plan`: `out` buffers and the
+        host's `query_start_loc_cpu`, as `plan_mla_decode` takes them."""
         from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
         from atom_plugin.attention.mla.plan import plan_mla_decode
 
@@ -111,6 +113,7 @@ class Shape:
             config=config,
             num_splits=num_splits,
             layout=MLAStepLayout(self.q.dtype, PAGE, LORA, ROPE),
+            **token_plan,
         )
 
     def run_new(self, out, plan):

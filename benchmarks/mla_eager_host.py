@@ -7,7 +7,9 @@ cache, block 64) and for the cache write (`mla.ops.write_mla_kv`): host microsec
 (median and 90th percentile of 200 calls, each made with the GPU idle) and GPU
 microseconds a call replayed from a CUDA graph; beside them, the host time of one plain
 torch op launch (an `empty_like` and a `copy_`), the floor any launch pays. With vLLM
-importable, its own cache write (`concat_and_cache_mla`) is timed alike.
+importable, its own cache write (`concat_and_cache_mla`) is timed alike. The step's plan
+(once a step, not a layer) is timed on the host both ways its token plan is made: the
+search on the device, and from the host's query offsets as the builder makes it.
 `--profile N` adds where the decode's host time goes (cProfile, by own and cumulative time).
 
     python -m benchmarks mla_eager_host [--rows 64,128] [--context 1024] [--profile 30]
@@ -75,6 +77,13 @@ def _lines(n: int, context: int) -> tuple[list[str], object]:
     launch = plan.launch
     head = f"1x{n} over {context}: {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
     lines = [f"{head} decode {_host_and_gpu(decode)}", f"{head} write  {_host_and_gpu(write)}"]
+    bufs = tuple(torch.empty(n, device=dev, dtype=torch.int32) for _ in range(2))
+    qsl_cpu = meta.query_start_loc.cpu()
+    for how, token_plan in (
+        ("device search", {"out": bufs}),
+        ("host offsets ", {"out": bufs, "query_start_loc_cpu": qsl_cpu}),
+    ):
+        lines.append(f"{head} plan, {how} {_host(partial(shape.plan, **token_plan))}")
     vllm_write = _vllm_write(kv_c, k_pe, cache, slots)
     if vllm_write is not None:
         lines.append(f"{head} vLLM concat_and_cache_mla {_host_and_gpu(vllm_write)}")
@@ -95,13 +104,16 @@ def _vllm_write(kv_c, k_pe, cache, slots):
     )
 
 
-def _host_and_gpu(call) -> str:
+def _host(call) -> str:
     for _ in range(5):
         call()
     torch.cuda.synchronize()
     host = sorted(host_us(call) for _ in range(200))
-    gpu = time_us(call, iters=50)
-    return f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f}), GPU {gpu:6.1f} us"
+    return f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f})"
+
+
+def _host_and_gpu(call) -> str:
+    return f"{_host(call)}, GPU {time_us(call, iters=50):6.1f} us"
 
 
 def _floor_us() -> float:

@@ -34,7 +34,8 @@
 #               profiles. The cases measure pass by pass in rotating order, SM clocks sampled.
 #               About 6 minutes.
 #   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
-#               cProfile of the decode (benchmarks/mla_eager_host.py). Under a minute.
+#               cProfile of the decode, and the step's plan with its token plan made on the
+#               device and from the host's offsets (benchmarks/mla_eager_host.py). Under a minute.
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
 #               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
 #               HEADS_WORKLOADS (lat-8, decode-2k), HEADS_REPEATS rounds (default 3), prefix

@@ -1,0 +1,29 @@
+"""benchmarks/mla_eager_host.py: its arguments, and on a GPU the lines it prints."""
+
+import pytest
+import torch
+
+from benchmarks import mla_eager_host
+
+
+def test_bad_rows_and_context_are_named(capsys):
+    with pytest.raises(SystemExit):
+        mla_eager_host.main(["--rows", "64,x"])
+    assert "--rows '64,x' --context 1024: rows >= 1, context >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mla_eager_host.main(["--context", "-1"])
+
+
+def test_without_a_gpu_it_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        mla_eager_host.main(["--rows", "8"])
+
+
+@pytest.mark.gpu
+def test_the_plan_is_timed_both_ways_beside_the_decode_and_the_write():
+    lines, decode = mla_eager_host._lines(16, 256)
+    text = "\n".join(lines)
+    assert " decode host " in text and " write  host " in text
+    assert " plan, device search host " in text and " plan, host offsets  host " in text
+    decode()
