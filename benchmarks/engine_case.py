@@ -263,8 +263,14 @@ def main(spec: dict) -> dict:
             )
             at = [at, time.time()]
         runs.append(
-            {**run, "pass": kind, "round": seed, "at": at}
-            | {"clocks": clocks.summary, "host": host.summary}
+            {
+                **run,
+                "pass": kind,
+                "round": seed,
+                "at": at,
+                "clocks": clocks.summary,
+                "host": host.summary,
+            }
         )
         print("RUN " + json.dumps(runs[-1]), flush=True)
         # Saved after every pass: a case killed at the run's deadline keeps its rows.

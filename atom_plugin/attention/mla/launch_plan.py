@@ -150,13 +150,19 @@ def _config(
     return cfg
 
 
+def _split_kernel(config: dict | None, default: str | None) -> tuple[str | None, dict]:
+    """A launch config's kernel (`default` where it names none) and its other keys."""
+    rest = dict(config or {})
+    kernel = rest.pop("kernel", default)
+    if kernel not in (None, *KERNELS):
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return kernel, rest
+
+
 def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
     """Raises the ValueError `plan_launch` would for `config` (an unknown key, a bad
     value; the key list named), without a device or a step."""
-    rest = dict(config)
-    kernel = rest.pop("kernel", "packed")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    kernel, rest = _split_kernel(config, "packed")
     _config(num_heads, fp8_cache, kernel, rest)
 
 
@@ -221,10 +227,7 @@ def plan_launch(
     tunes the packed kernel. `layout` (query dtype, block size, latent and rope widths)
     lets the plan pick the Gluon kernel where it can run; without it the plan keeps to
     the Triton kernels unless `config` names 'gluon'."""
-    config = dict(config or {})
-    kernel = config.pop("kernel", None if not config else "packed")
-    if kernel not in (None, *KERNELS):
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    kernel, config = _split_kernel(config, "packed" if config else None)
     sms = device_sm_count(device)
     most = max(1, min(MAX_SPLITS, cdiv(context, MIN_KEYS_PER_SPLIT)))
     q_max = max(1, max_query_len)
