@@ -17,6 +17,12 @@ records each model step's host and GPU time, syncs and decode plan
 (benchmarks/engine_probe.py); --profile CASES with --profile-workloads
 `NAME[@again][:decode|:prefill]` profiles a few decode or prefill steps of a pass.
 
+By default each engine's core runs in its measuring process, so the profiler sees the
+worker and each `step()` is one model step; that thread then also turns every step's
+outputs into request outputs. --engine-process runs the core in a process of its own, as
+`vllm serve` and vLLM's `LLM` do by default, with the output handling beside it; the
+probe reaches the worker by RPC there, the profiler does not.
+
     python -m benchmarks.engine --shape llama-3.1-8b \
         --cases FLASH_ATTN,FLASH_ATTN@disabled,TRITON_ATTN,ATOM_AITER --out-dir DIR
     python -m benchmarks.engine --shape deepseek-v3-tp8 --prefix-caching --again --probe \
@@ -58,11 +64,17 @@ def parse_case(case: str) -> tuple[str, str]:
     return backend, variant
 
 
-def case_env(variant: str, old_plugin: Path | None) -> dict[str, str]:
+def case_env(variant: str, old_plugin: Path | None, engine_process: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false"
+        VLLM_ENABLE_V1_MULTIPROCESSING="1" if engine_process else "0",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
     )
+    if engine_process:
+        # the case's collective_rpc calls hand the engine's process functions of this
+        # repository (worker facts, the probe), which vLLM sends pickled only when told
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     # Every pass samples greedily, which never reaches the top-k/top-p sampler; FlashInfer's
     # JIT build of it took 97 s of each engine's start on a fresh H200 (2026-12-06).
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -126,7 +138,7 @@ def run_wave(args, cases: list[str], shape_dir: Path, out_dir: Path, deadline: f
             "out_json": str(out_dir / f"{slug}.json"),
         }
         log = open(out_dir / f"{slug}.log", "w")
-        env = case_env(variant, args.old_plugin)
+        env = case_env(variant, args.old_plugin, args.engine_process)
         cmd = [sys.executable, str(CASE_SCRIPT), json.dumps(spec)]
         procs.append((case, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
         print(f"# {time.strftime('%H:%M:%S')} started {case}", flush=True)
@@ -274,6 +286,7 @@ def report(results: list[dict]) -> str:
     cells = [
         f"{'/'.join(r['engine']['attention_backends'])}, {r['engine']['cudagraph_mode']}, "
         f"block {r['engine']['block_size']}, vLLM {r['engine'].get('versions', {}).get('vllm')}"
+        f"{_core_process(r)}"
         if "engine" in r
         else "-"
         for r in results
@@ -403,6 +416,15 @@ def kernel_differences(results: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _core_process(result: dict) -> str:
+    """Where the case's engine core ran, from the worker's process id against the
+    measuring one (empty for results that recorded neither)."""
+    worker, measuring = result["engine"].get("pid"), result.get("measuring_pid")
+    if worker is None or measuring is None:
+        return ""
+    return ", core in process" if worker == measuring else ", core in its own process"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--report", nargs="+", type=Path, help="print tables from saved result folders")
@@ -427,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         "--again", action="store_true", help="each workload once more on the same prompts"
     )
     p.add_argument("--probe", action="store_true", help="host/GPU time, syncs, plans a step")
+    p.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="each engine's core in a process of its own (vLLM's default), not the measuring one",
+    )
     p.add_argument("--layers", type=int, help="the shape's layer count (default: its own)")
     p.add_argument("--old-plugin", type=Path, help="folder holding the atom_plugin of @old cases")
     p.add_argument("--max-model-len", type=int, default=32768)
@@ -456,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         backend, _ = parse_case(c)
         if backend == "ATOM_AITER_MLA" and args.shape not in MLA_SHAPES:
             raise SystemExit(f"case {c}: shape {args.shape} has no MLA layers")
+    if args.engine_process and args.profile:
+        raise SystemExit(
+            "--profile runs torch's profiler in the measuring process, and with "
+            "--engine-process the engine core runs in another: drop one of them"
+        )
     unknown = sorted(args.profile - set(cases))
     if unknown:
         raise SystemExit(f"--profile names {unknown}, not among the cases {cases}")

@@ -2,7 +2,9 @@
 
 Started by benchmarks/engine.py, one process per case. The engine core runs in this
 process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the steps can be timed one by one and
-the torch profiler and the step probe (benchmarks/engine_probe.py) see the worker. Cases
+the torch profiler and the step probe (benchmarks/engine_probe.py) see the worker; with
+`--engine-process` it runs in a process of its own, as vLLM serves, and each `step()`
+here waits for the next step's outputs (the probe reaches the worker by RPC). Cases
 of one wave start together; each marks itself ready and waits for the wave, so no
 measurement overlaps another case's start-up. Then they measure one at a time, pass by
 pass, in rounds whose order rotates (benchmarks/engine_turns.py), and each stays up
@@ -21,6 +23,7 @@ pass records the SM clock (benchmarks/gpu_clocks.py) and the host's CPU load
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import sys
@@ -44,6 +47,7 @@ def worker_facts(worker) -> dict:
     from vllm.platforms import current_platform
 
     return {
+        "pid": os.getpid(),  # the engine core's process (the measuring one, or its own)
         "platform": type(current_platform).__name__,
         "logits_processors": [str(p) for p in runner.model_config.logits_processors or []],
         "attention_backends": names,
@@ -229,6 +233,7 @@ def main(spec: dict) -> dict:
 
     name = spec["case"]
     result: dict = {"case": name, "spec": {k: v for k, v in spec.items() if k != "ready_dir"}}
+    result["measuring_pid"] = os.getpid()
     llm = start_in_wave(spec, name, result)
     if llm is None:
         return result

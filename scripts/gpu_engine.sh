@@ -32,7 +32,8 @@
 #               MLA16_ARGS adds arguments; MLA16_PROFILE (cases; default every case, empty:
 #               none) and MLA16_PROFILE_WORKLOADS (NAME[@again][:decode|:prefill]) choose the
 #               profiles. The cases measure pass by pass in rotating order, SM clocks sampled.
-#               About 6 minutes.
+#               MLA16_ARGS=--engine-process (with MLA16_PROFILE= : no profiles then) runs each
+#               engine's core in a process of its own, as vLLM serves. About 4-6 minutes.
 #   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
 #               cProfile of the decode, and the step's plan with its token plan made on the
 #               device and from the host's offsets (benchmarks/mla_eager_host.py). Under a minute.

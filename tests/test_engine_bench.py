@@ -316,9 +316,57 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
         assert a["left_at"] >= b["measured_until"]
     row = next(line for line in proc.stdout.splitlines() if "| turn in each round |" in line)
     assert " 1,2,1,2,1,2 |" in row and " 2,1,2,1,2,1 |" in row
+    ran = next(line for line in proc.stdout.splitlines() if line.startswith("| ran |"))
+    assert ran.count(", core in process") == 2
     # The plugin's platform logs what it installed in the plugin's case only.
     assert "atom-plugin logits processors" in (out / "default.log").read_text()
     assert "atom-plugin" not in (out / "default-disabled.log").read_text()
+
+
+@pytest.mark.vllm
+def test_an_engine_core_in_a_process_of_its_own_is_measured_and_probed(tmp_path):
+    """--engine-process: the engine core runs where vLLM serves it, outside the measuring
+    process, and the probe still records every model step there."""
+    import subprocess
+    import sys
+
+    from tests.engine import engine_env
+
+    out = tmp_path / "out"
+    args = [
+        *("--shape", "tiny-llama", "--cases", "default", "--workloads", "lat-1"),
+        *("--wave", "1", "--kv-gib", "0.25", "--max-model-len", "2048", "--eager"),
+        *("--probe", "--engine-process", "--out-dir", str(out)),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine", *args],
+        capture_output=True,
+        text=True,
+        env=engine_env(ATOM_PLUGIN_DISABLE=None),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "default.json").read_text())
+    assert result["engine"]["pid"] != result["measuring_pid"]
+    (run,) = result["runs"]
+    assert run["probe"]["decode"]["steps"] >= run["output_len"] - 2
+    assert run["decode_step_ms"] > 0
+    ran = next(line for line in proc.stdout.splitlines() if line.startswith("| ran |"))
+    assert ", core in its own process" in ran
+
+
+def test_the_engine_process_mode_takes_no_profile_and_pickles_its_rpc(tmp_path, monkeypatch):
+    from benchmarks.engine import case_env, main
+
+    with pytest.raises(SystemExit, match="drop one of them"):
+        main(["--engine-process", "--profile", "FLASH_ATTN", "--out-dir", str(tmp_path)])
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    own = case_env("", None, engine_process=True)
+    assert own["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert own["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    inside = case_env("", None)
+    assert inside["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in inside
 
 
 class _Builder:
@@ -558,6 +606,46 @@ def test_graph_gaps_reads_a_chrome_trace(tmp_path):
     assert (got["launches"], got["nodes"]) == (1, 3)
     assert got["median_gap_us"] == pytest.approx(0.625)  # of 0.25 and 1.0
     assert got["idle_us_per_launch"] == pytest.approx(1.25)
+    # the one launch's call took 5 us, its first node started 10 us after the call began,
+    # and no GPU work came before it
+    assert (got["launch_call_us"], got["first_node_after_call_us"]) == (5, 10)
+    assert got["idle_before_launch_us"] is None
+
+
+def test_the_gpus_wait_for_each_graph_launch_is_measured(tmp_path):
+    """Per launch: the host's call, its first node's start after the call began and the
+    GPU's idle time before that node, since the end of any GPU work before it (the
+    step's input copies included); medians over launches."""
+    import gzip
+
+    from benchmarks.graph_gaps import main, trace_gaps
+
+    def launch(ts, dur, correlation):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts,
+                "dur": dur, "args": {"correlation": correlation}}  # fmt: skip
+
+    def gpu(ts, dur, correlation, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": "k", "ts": ts, "dur": dur,
+                "args": {"correlation": correlation}}  # fmt: skip
+
+    events = [
+        launch(0, 400, 1),
+        gpu(400, 1800, 1),  # graph 1 runs once its call returned
+        gpu(2300, 5, 9, "gpu_memcpy"),  # the next step's input copy (not a graph's)
+        launch(2500, 600, 2),
+        gpu(3100, 2000, 2),  # 795 us idle after the copy
+        launch(5000, 500, 3),
+        gpu(5500, 10, 3),
+        gpu(5520, 10, 3),  # a second node: not a first
+    ]
+    path = tmp_path / "steps.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = trace_gaps(str(path))
+    assert got["launch_call_us"] == 500  # of 400, 600, 500
+    assert got["first_node_after_call_us"] == 500  # of 400, 600, 500
+    assert got["idle_before_launch_us"] == pytest.approx(597.5)  # of 795 and 400
+    assert main([str(path)]) == 0
 
 
 def test_cases_skip_flashinfers_sampler_build_unless_told(monkeypatch):
