@@ -40,7 +40,7 @@
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
 #               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
 #               HEADS_WORKLOADS (lat-8, decode-2k), HEADS_REPEATS rounds (default 3), prefix
-#               cache on. About 11 minutes.
+#               cache on; HEADS_ARGS adds arguments (--engine-process). About 6-11 minutes.
 #   mla-configs the MLA decode kernel at 16 heads with launch configurations beside the plan's own
 #               (benchmarks/attention_mla.py --configs): MLA_CONFIGS (JSON list; default block,
 #               warp, stage, TMA, Gluon and fp8-math variants), MLA_CONFIG_CACHES (default fp8).
@@ -180,7 +180,7 @@ for what in "$@"; do
         timeout "$limit" python3 -m benchmarks.engine --shape "$shape" --layers 4 --cases "$cases" \
           --workloads "${HEADS_WORKLOADS:-lat-8,decode-2k}" --repeats "${HEADS_REPEATS:-3}" --prefix-caching \
           --wave "$wave" --kv-gib 3 --gpu-util 0.15 --max-model-len 4096 \
-          --deadline-s $((limit - 15)) \
+          --deadline-s $((limit - 15)) ${HEADS_ARGS:-} \
           --out-dir "$out" 2>&1 | tee "$OUT/engine_${shape}_$VLLM.log" || status=1
         tar -czf "$OUT/engine_${shape}_$VLLM.tgz" -C "$out" --exclude shapes . || status=1
       done ;;
