@@ -10,7 +10,8 @@ torch op launch (an `empty_like` and a `copy_`), the floor any launch pays. With
 importable, its own cache write (`concat_and_cache_mla`) is timed alike. The step's plan
 (once a step, not a layer) is timed on the host both ways its token plan is made: the
 search on the device, and from the host's query offsets as the builder makes it.
-`--profile N` adds where the decode's host time goes (cProfile, by own and cumulative time).
+`--profile N` adds where the host time of the decode and of the plan from the host's
+offsets goes (cProfile, by own and cumulative time).
 
     python -m benchmarks mla_eager_host [--rows 64,128] [--context 1024] [--profile 30]
 """
@@ -39,7 +40,8 @@ def main(argv=None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="also print the N functions of most host time in a cProfile of 300 decode calls",
+        help="also print the N functions of most host time in cProfiles of 300 decode calls "
+        "and 300 plans from the host's offsets",
     )
     args = p.parse_args(argv)
     try:
@@ -52,15 +54,17 @@ def main(argv=None) -> int:
         raise SystemExit("needs a CUDA GPU")
     print(f"torch launch floor: {_floor_us():.1f} us host a plain op", flush=True)
     for n in rows:
-        lines, decode = _lines(n, args.context)
+        lines, decode, host_plan = _lines(n, args.context)
         for line in lines:
             print(line, flush=True)
         if args.profile:
             print(host_profile(decode, args.profile), flush=True)
+            print(f"the plan from the host's offsets, 1x{n}:", flush=True)
+            print(host_profile(host_plan, args.profile), flush=True)
     return 0
 
 
-def _lines(n: int, context: int) -> tuple[list[str], object]:
+def _lines(n: int, context: int) -> tuple[list[str], object, object]:
     from atom_plugin.attention.mla import ops
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
@@ -79,15 +83,14 @@ def _lines(n: int, context: int) -> tuple[list[str], object]:
     lines = [f"{head} decode {_host_and_gpu(decode)}", f"{head} write  {_host_and_gpu(write)}"]
     bufs = tuple(torch.empty(n, device=dev, dtype=torch.int32) for _ in range(2))
     qsl_cpu = meta.query_start_loc.cpu()
-    for how, token_plan in (
-        ("device search", {"out": bufs}),
-        ("host offsets ", {"out": bufs, "query_start_loc_cpu": qsl_cpu}),
-    ):
-        lines.append(f"{head} plan, {how} {_host(partial(shape.plan, **token_plan))}")
+    device_plan = partial(shape.plan, out=bufs)
+    host_plan = partial(shape.plan, out=bufs, query_start_loc_cpu=qsl_cpu)
+    for how, plan_call in (("device search", device_plan), ("host offsets ", host_plan)):
+        lines.append(f"{head} plan, {how} {_host(plan_call)}")
     vllm_write = _vllm_write(kv_c, k_pe, cache, slots)
     if vllm_write is not None:
         lines.append(f"{head} vLLM concat_and_cache_mla {_host_and_gpu(vllm_write)}")
-    return lines, decode
+    return lines, decode, host_plan
 
 
 def _vllm_write(kv_c, k_pe, cache, slots):

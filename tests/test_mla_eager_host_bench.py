@@ -22,8 +22,9 @@ def test_without_a_gpu_it_says_so(monkeypatch):
 
 @pytest.mark.gpu
 def test_the_plan_is_timed_both_ways_beside_the_decode_and_the_write():
-    lines, decode = mla_eager_host._lines(16, 256)
+    lines, decode, host_plan = mla_eager_host._lines(16, 256)
     text = "\n".join(lines)
     assert " decode host " in text and " write  host " in text
     assert " plan, device search host " in text and " plan, host offsets  host " in text
     decode()
+    assert host_plan().token_req.shape == (16,)
