@@ -50,6 +50,8 @@ BENCHMARKS = {
     "kernels of each CUDA graph launch?",
     "graph_node_cost": "Does running one of the plugin's kernels make every later CUDA-graph "
     "node of its process slower (per-node time and idle gap, before and after)?",
+    "graph_launch_cost": "How long does the host's CUDA-graph launch call take for graphs of "
+    "the plugin's MLA kernels, node for node, beside torch, cuBLAS, Triton and vLLM kernels?",
     "tbo_engine": "In vLLM's engine on one GPU, what does two-batch overlap cost or gain against "
     "off, for decode batches and long prefills (Model Runner V2)?",
 }

@@ -48,6 +48,9 @@
 #   graph-cost  whether one of the plugin's kernels (or vLLM's FA3, or idle CUDA contexts beside)
 #               makes every later CUDA-graph node of a process slower
 #               (benchmarks/graph_node_cost.py). About a minute.
+#   graph-launch the host's CUDA-graph launch call for graphs of the plugin's MLA kernels, node
+#               for node, beside torch, cuBLAS, Triton and vLLM kernels
+#               (benchmarks/graph_launch_cost.py). Under a minute.
 #   mha, mla    the engine benchmark (benchmarks/engine.py); ENGINE_ARGS adds arguments
 #   anchors     the kernels beside FlashMLA and FA3 (benchmarks/kernels_vs_vllm.py); ANCHOR_ARGS
 #   k3          the K3 logits benchmark against xgrammar (benchmarks/k3_logits.py); K3_ARGS
@@ -165,6 +168,10 @@ for what in "$@"; do
       stage "CUDA-graph node cost after each trigger (vLLM $VLLM)"
       timeout 300 python3 -m benchmarks graph_node_cost \
         2>&1 | tee "$OUT/graph_node_cost_$VLLM.md" || status=1 ;;
+    graph-launch)
+      stage "CUDA-graph launch call by kind of node (vLLM $VLLM)"
+      timeout 200 python3 -m benchmarks graph_launch_cost \
+        2>&1 | tee "$OUT/graph_launch_cost_$VLLM.md" || status=1 ;;
     mla-heads)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA,TRITON_MLA}
       for shape in deepseek-v3-attn-4l deepseek-v3-tp2; do
@@ -229,7 +236,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-configs graph-cost mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-configs graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
