@@ -10,6 +10,7 @@
 #   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs; prefix
 #               caching on and off; vLLM 0.34's extensible KV cache on and off); TESTS_K selects
 #               configurations by pytest's -k (TESTS_K=mla: the MLA engines only)
+#   bench-tests the GPU tests of graph_launch_cost, graph_node_cost and mla_eager_host. A minute.
 #   k3-tests    the K3 served tests (tests/test_k3_e2e.py: required, named and auto through
 #               `vllm serve --tool-call-parser atom_kimi_k3`, under vLLM's strict default)
 #   tbo-mha, tbo-mla
@@ -101,6 +102,11 @@ for what in "$@"; do
       stage "GPU engine tests (vLLM $VLLM)"
       timeout 590 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_engine.py \
         ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/gpu_engine_tests_$VLLM.log" || status=1 ;;
+    bench-tests)
+      stage "the GPU tests of the benchmarks that time graphs and eager calls (vLLM $VLLM)"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/test_graph_launch_cost_bench.py tests/test_graph_node_cost_bench.py \
+        tests/test_mla_eager_host_bench.py 2>&1 | tee "$OUT/gpu_bench_tests_$VLLM.log" || status=1 ;;
     k3-tests)
       stage "K3 served tests (vLLM $VLLM)"
       timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_k3_e2e.py \
@@ -236,7 +242,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-configs graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests bench-tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-configs graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
