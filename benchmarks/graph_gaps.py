@@ -52,7 +52,7 @@ def trace_gaps(path: str) -> dict:
     gaps = graph_gaps_us(list(nodes.values()))
     count = max(1, len(nodes))
     idle_before, seen, busy_until = [], set(), None
-    for start, end, launch in sorted(gpu):
+    for start, end, launch in sorted(gpu, key=lambda g: g[:2]):
         if launch is not None and launch not in seen:
             seen.add(launch)
             if busy_until is not None:

@@ -637,6 +637,7 @@ def test_the_gpus_wait_for_each_graph_launch_is_measured(tmp_path):
         launch(5000, 500, 3),
         gpu(5500, 10, 3),
         gpu(5520, 10, 3),  # a second node: not a first
+        gpu(5520, 10, 8, "gpu_memset"),  # beside it, at the same time, not a graph's
     ]
     path = tmp_path / "steps.json.gz"
     with gzip.open(path, "wt") as f:
