@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-HEADS = 16  # DeepSeek-V3 / Kimi at TP8
+from benchmarks import kernel_calls
 
 
 def main(argv=None) -> int:
@@ -115,82 +115,9 @@ def graph_nodes(graph: torch.cuda.CUDAGraph) -> int:
         return trace_gaps(path)["nodes"]
 
 
-def _aten():
-    x = torch.zeros(64, 1024, device="cuda", dtype=torch.bfloat16)
-    return lambda: x.add_(1.0), "add_ (torch)"
-
-
-def _cublas():
-    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
-    out = torch.empty_like(x)
-    return lambda: torch.mm(x, w, out=out), "torch.mm (cuBLAS)"
-
-
-def _triton():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def add_one(x_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
-
-    x = torch.zeros(4096, device="cuda")
-    return lambda: add_one[(4,)](x, x.numel(), BLOCK=1024), "add_one (Triton)"
-
-
-def _triton_tma():
-    import triton
-    import triton.language as tl
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    @triton.jit
-    def copy_tile(src_desc, dst_ptr, BLOCK: tl.constexpr):
-        tile = src_desc.load([0, 0])
-        rows, cols = tl.arange(0, BLOCK)[:, None], tl.arange(0, BLOCK)[None, :]
-        tl.store(dst_ptr + rows * BLOCK + cols, tile)
-
-    src = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    desc = TensorDescriptor(src, [64, 64], [64, 1], [64, 64])
-    return lambda: copy_tile[(1,)](desc, dst, BLOCK=64), "copy_tile (Triton, TMA descriptor)"
-
-
-def _mla_write_call():
-    from atom_plugin.attention.mla import ops
-    from benchmarks.attention_mla import LORA, PAGE, ROPE
-
-    tokens, dtype = 64, torch.bfloat16
-    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
-    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
-    k_pe = torch.randn(tokens, 1, ROPE, device="cuda").to(dtype)
-    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
-    return lambda: ops.write_mla_kv(kv_c, k_pe, cache, slots, kernel_impl="triton")
-
-
-def _mla_decode_call():
-    from benchmarks.attention_mla import Shape
-
-    shape = Shape(64, 2048, HEADS, 1, "bf16")
-    plan, out = shape.plan(), shape.new_out()
-    launch = plan.launch
-    ran = f"mla_decode {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
-    return lambda: shape.run_new(out, plan), ran
-
-
-def _mla_write():
-    return _mla_write_call(), "write_mla_kv (Triton)"
-
-
-def _mla_decode():
-    return _mla_decode_call()
-
-
-def _mla_layer():
-    write = _mla_write_call()
-    decode, ran = _mla_decode_call()
+def _mla_layer() -> kernel_calls.Call:
+    write, _ = kernel_calls.mla_write()
+    decode, ran = kernel_calls.mla_decode(64, 2048, 1)
 
     def layer():
         write()
@@ -199,47 +126,16 @@ def _mla_layer():
     return layer, f"write_mla_kv; {ran}"
 
 
-def _vllm_write():
-    from vllm import _custom_ops
-
-    from benchmarks.attention_mla import LORA, PAGE, ROPE
-
-    tokens, dtype = 64, torch.bfloat16
-    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
-    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
-    k_pe = torch.randn(tokens, ROPE, device="cuda").to(dtype)
-    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
-    scale = torch.ones(1, device="cuda")
-    torch.ops._C_cache_ops.concat_and_cache_mla  # noqa: B018 (vLLM's CUDA build only)
-
-    def write():
-        _custom_ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", scale)
-
-    return write, "concat_and_cache_mla (vLLM)"
-
-
-def _vllm_fa3():
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    q, k, v = (torch.randn(64, HEADS, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
-    cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
-
-    def fa3():
-        flash_attn_varlen_func(q, k, v, 64, cu, 64, cu_seqlens_k=cu, causal=True, fa_version=3)
-
-    return fa3, "flash_attn_varlen_func (FA3), 1 x 64 tokens"
-
-
-LAYERS: dict[str, Callable[[], tuple[Callable[[], object], str]]] = {
-    "aten": _aten,
-    "cublas": _cublas,
-    "triton": _triton,
-    "triton-tma": _triton_tma,
-    "mla-write": _mla_write,
-    "mla-decode": _mla_decode,
+LAYERS: dict[str, Callable[[], kernel_calls.Call]] = {
+    "aten": kernel_calls.aten_add,
+    "cublas": kernel_calls.cublas_mm,
+    "triton": kernel_calls.triton_add,
+    "triton-tma": kernel_calls.triton_tma,
+    "mla-write": kernel_calls.mla_write,
+    "mla-decode": lambda: kernel_calls.mla_decode(64, 2048, 1),
     "mla-layer": _mla_layer,
-    "vllm-write": _vllm_write,
-    "vllm-fa3": _vllm_fa3,
+    "vllm-write": kernel_calls.vllm_write,
+    "vllm-fa3": kernel_calls.vllm_fa3,
 }
 
 

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import torch
 
-HEADS = 16  # DeepSeek-V3 / Kimi at TP8
+from benchmarks import kernel_calls
+
 RESULT = "RESULT "
 
 TRIGGERS = {
@@ -183,50 +184,35 @@ def run_trigger(trigger: str) -> tuple[str, object]:
         return _idle_contexts(3)
     ran = {
         "none": lambda: "nothing",
-        "triton": _triton_add,
-        "triton-tma": _triton_tma,
+        "triton": lambda: _once(kernel_calls.triton_add()),
+        "triton-tma": lambda: _once(kernel_calls.triton_tma()),
         "triton-spill": _triton_spill,
-        "mla-write": _mla_write,
-        "mla-packed": lambda: _mla_decode("packed"),
-        "mla-gluon": lambda: _mla_decode("gluon"),
-        "mla-all": lambda: "; ".join((_mla_write(), _mla_decode("packed"), _mla_decode("gluon"))),
+        "mla-write": lambda: _once(kernel_calls.mla_write()),
+        "mla-packed": lambda: _once(_MLA_DECODES["packed"]()),
+        "mla-gluon": lambda: _once(_MLA_DECODES["gluon"]()),
+        "mla-all": lambda: "; ".join(
+            _once(make())
+            for make in (kernel_calls.mla_write, _MLA_DECODES["packed"], _MLA_DECODES["gluon"])
+        ),
         "vllm-import": _vllm_import,
-        "vllm-fa3": _vllm_fa3,
+        "vllm-fa3": lambda: _once(kernel_calls.vllm_fa3()),
     }[trigger]()
     torch.cuda.synchronize()
     return ran, lambda: None
 
 
-def _triton_add() -> str:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def add_one(x_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
-
-    x = torch.zeros(4096, device="cuda")
-    add_one[(4,)](x, x.numel(), BLOCK=1024)
-    return "add_one (Triton)"
+# the plans vLLM's decode-2k steps (64 x 2048 keys) and a prefix hit's 64 prefill rows
+# (1 x 64 new tokens over 1024 cached) got at 16 heads
+_MLA_DECODES = {
+    "packed": lambda: kernel_calls.mla_decode(64, 2048, 1, kernel="packed"),
+    "gluon": lambda: kernel_calls.mla_decode(1, 1088, 64, kernel="gluon"),
+}
 
 
-def _triton_tma() -> str:
-    import triton
-    import triton.language as tl
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    @triton.jit
-    def copy_tile(src_desc, dst_ptr, BLOCK: tl.constexpr):
-        tile = src_desc.load([0, 0])
-        rows, cols = tl.arange(0, BLOCK)[:, None], tl.arange(0, BLOCK)[None, :]
-        tl.store(dst_ptr + rows * BLOCK + cols, tile)
-
-    src = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_tile[(1,)](TensorDescriptor(src, [64, 64], [64, 1], [64, 64]), dst, BLOCK=64)
-    return "copy_tile (Triton, TMA descriptor)"
+def _once(call: kernel_calls.Call) -> str:
+    run, ran = call
+    run()
+    return ran
 
 
 def _triton_spill() -> str:
@@ -247,46 +233,11 @@ def _triton_spill() -> str:
     return f"wide_sum (Triton, {local} bytes of local memory a thread)"
 
 
-def _mla_write() -> str:
-    from atom_plugin.attention.mla import ops
-    from benchmarks.attention_mla import LORA, PAGE, ROPE
-
-    tokens, dtype = 64, torch.bfloat16
-    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
-    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
-    k_pe = torch.randn(tokens, 1, ROPE, device="cuda").to(dtype)
-    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
-    ops.write_mla_kv(kv_c, k_pe, cache, slots, kernel_impl="triton")
-    return "write_mla_kv (Triton)"
-
-
-def _mla_decode(kernel: str) -> str:
-    from benchmarks.attention_mla import Shape
-
-    batch, context, q_len = (64, 2048, 1) if kernel == "packed" else (1, 1088, 64)
-    shape = Shape(batch, context, HEADS, q_len, "bf16")
-    plan = shape.plan()
-    launch = plan.launch
-    if launch.kernel != kernel:
-        raise SystemExit(f"the planner chose {launch.kernel!r} where {kernel!r} was asked")
-    shape.run_new(shape.new_out(), plan)
-    return f"mla_decode {launch.kernel}/{launch.schedule} splits {launch.num_splits}"
-
-
 def _vllm_import() -> str:
     import vllm
     from vllm import _custom_ops  # noqa: F401 (loads vLLM's compiled ops)
 
     return f"vLLM {vllm.__version__} imported"
-
-
-def _vllm_fa3() -> str:
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    q, k, v = (torch.randn(64, HEADS, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
-    cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
-    flash_attn_varlen_func(q, k, v, 64, cu, 64, cu_seqlens_k=cu, causal=True, fa_version=3)
-    return "flash_attn_varlen_func (FA3), 1 x 64 tokens"
 
 
 def _idle_contexts(count: int) -> tuple[str, object]:

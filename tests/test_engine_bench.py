@@ -252,32 +252,37 @@ def test_profile_entries_name_the_pass_and_phase():
         parse_profile_entry("lat-1:warmup")
 
 
-@pytest.mark.vllm
-def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(tmp_path):
-    """The whole harness on the CPU build: a wave of two engines, one with the plugin off."""
+def _run_engine_bench(*args: str):
+    """`python -m benchmarks.engine` on vLLM's CPU build with the tiny Llama shape, small
+    and eager; returns the finished process (its exit checked)."""
     import subprocess
     import sys
 
     from tests.engine import engine_env
 
-    out = tmp_path / "out"
-    args = [
-        *("--shape", "tiny-llama", "--cases", "default,default@disabled"),
-        *("--workloads", "lat-1,lat-8"),
-        *("--wave", "2", "--repeats", "1", "--kv-gib", "0.25", "--max-model-len", "2048"),
-        *("--eager", "--out-dir", str(out)),
-        # the prefix cache, the same prompts again, the step probe, both profile phases
-        *("--prefix-caching", "--again", "--probe", "--profile", "default"),
-        *("--profile-workloads", "lat-1,lat-1@again"),
-    ]
+    small = ("--shape", "tiny-llama", "--kv-gib", "0.25", "--max-model-len", "2048", "--eager")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine", *args],
+        [sys.executable, "-m", "benchmarks.engine", *small, *args],
         capture_output=True,
         text=True,
         env=engine_env(ATOM_PLUGIN_DISABLE=None),
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.vllm
+def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(tmp_path):
+    """The whole harness on the CPU build: a wave of two engines, one with the plugin off."""
+    out = tmp_path / "out"
+    proc = _run_engine_bench(
+        *("--cases", "default,default@disabled", "--workloads", "lat-1,lat-8"),
+        *("--wave", "2", "--repeats", "1", "--out-dir", str(out)),
+        # the prefix cache, the same prompts again, the step probe, both profile phases
+        *("--prefix-caching", "--again", "--probe", "--profile", "default"),
+        *("--profile-workloads", "lat-1,lat-1@again"),
+    )
     assert "| lat-1 output tok/s |" in proc.stdout and "| lat-1 TTFT ms |" in proc.stdout
     results = {json.loads(p.read_text())["case"]: p for p in out.glob("*.json")}
     assert set(results) == {"default", "default@disabled"}
@@ -327,25 +332,11 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
 def test_an_engine_core_in_a_process_of_its_own_is_measured_and_probed(tmp_path):
     """--engine-process: the engine core runs where vLLM serves it, outside the measuring
     process, and the probe still records every model step there."""
-    import subprocess
-    import sys
-
-    from tests.engine import engine_env
-
     out = tmp_path / "out"
-    args = [
-        *("--shape", "tiny-llama", "--cases", "default", "--workloads", "lat-1"),
-        *("--wave", "1", "--kv-gib", "0.25", "--max-model-len", "2048", "--eager"),
+    proc = _run_engine_bench(
+        *("--cases", "default", "--workloads", "lat-1", "--wave", "1"),
         *("--probe", "--engine-process", "--out-dir", str(out)),
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine", *args],
-        capture_output=True,
-        text=True,
-        env=engine_env(ATOM_PLUGIN_DISABLE=None),
-        timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "default.json").read_text())
     assert result["engine"]["pid"] != result["measuring_pid"]
     (run,) = result["runs"]
