@@ -210,6 +210,21 @@ def _spread(results: list[dict], name: str) -> str | None:
     return f"| {name} output tok/s, slowest-fastest pass (passes) | " + " | ".join(cells) + " | |"
 
 
+def _steps_each_pass(results: list[dict], name: str) -> str | None:
+    """A row of each case's median decode step in every pass, in the order the passes
+    ran (round by round), where some case has several: a spread that moves every backend
+    alike is the machine's, one that follows a case is its own."""
+    passes = [[r for r in result.get("runs", []) if _label(r) == name] for result in results]
+    if max(map(len, passes)) < 2:
+        return None
+    cells = [
+        ", ".join(f"{r['decode_step_ms']:.2f}" if r.get("decode_step_ms") else "-" for r in p)
+        or "-"
+        for p in passes
+    ]
+    return f"| {name} decode step ms, each pass in turn | " + " | ".join(cells) + " | |"
+
+
 def _labels(results: list[dict]) -> list[str]:
     """Every measured row, in workload order, each workload's "again" row after it."""
     seen = {_label(run) for r in results for run in r.get("runs", [])}
@@ -254,6 +269,9 @@ def report(results: list[dict]) -> str:
         vals = [_run(r, name) for r in results]
         cells = [f"{v['decode_step_ms']:.2f}" if v and v["decode_step_ms"] else "-" for v in vals]
         lines.append(f"| {name} decode step ms (median) | " + " | ".join(cells) + " | |")
+        each = _steps_each_pass(results, name)
+        if each:
+            lines.append(each)
         cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
         lines.append(f"| {name} prefill-phase s | " + " | ".join(cells) + " | |")
         if any(v and v.get("clocks") for v in vals):

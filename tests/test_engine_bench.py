@@ -181,9 +181,12 @@ def test_rounds_pass_over_every_workload_and_the_table_takes_each_rows_median_pa
     assert "7,000-11,000 (3)" in spread and "9,800-15,000 (4)" in spread
     # the other rows are the median pass's own: its step time, no clock samples
     assert "| decode-2k decode step ms (median) | 9.26 | 10.00 |" in table
+    # and every pass's step, in the order they ran
+    each = "| decode-2k decode step ms, each pass in turn | 9.09, 14.29, 9.26 | "
+    assert each + "10.00, 6.67, 10.20, 9.80 | |" in table
     assert "SM clock" not in table
     single = report([_runs("ATOM_AITER_MLA", {"decode-2k": 9000.0})])
-    assert "slowest-fastest" not in single
+    assert "slowest-fastest" not in single and "each pass" not in single
 
 
 def test_the_host_load_row_shows_busy_cores_and_the_engines_share():
