@@ -7,9 +7,10 @@ found under --old-plugin instead of this checkout's; `@fp8` runs with an fp8 KV 
 (its ratios are against the best vLLM backend's `@fp8` case). Cases start in waves of
 --wave processes; within a wave they measure one pass at a time, in rounds whose order
 rotates (benchmarks/engine_turns.py; the table's "turn in each round"). --repeats N runs
-N rounds over every workload; the table shows each row's median pass, and the slowest and
-fastest pass beside it. Weights are random (`load_format="dummy"`), prompts are random
-token ids, outputs run to a fixed length.
+N rounds over every workload; the table shows each row's median pass, the slowest and
+fastest pass beside it, and every pass's decode step in the order the passes ran. Weights
+are random (`load_format="dummy"`), prompts are random token ids, outputs run to a fixed
+length.
 
 --prefix-caching turns vLLM's prefix cache on; --again then times each workload a second
 time on the same prompts (cache hits), reported in a row of its own ("again"). --probe
