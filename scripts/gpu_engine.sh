@@ -6,7 +6,7 @@
 # 0.32's to /tmp/parts and /tmp/site (its recipe's own paths).
 # Stages:
 #   install     joins the parts sent to the release's parts folder (its install.sh among them) and
-#               installs them
+#               installs them (scripts/gpu_parts.sh re-cuts prepare.sh's parts to fit one call)
 #   tests       tests/test_gpu_engine.py (every plugin backend in the GPU engine, by logprobs; prefix
 #               caching on and off; vLLM 0.34's extensible KV cache on and off); TESTS_K selects
 #               configurations by pytest's -k (TESTS_K=mla: the MLA engines only)
