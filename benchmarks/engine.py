@@ -186,10 +186,14 @@ def _label(run: dict) -> str:
     return run["workload"] + (" again" if run.get("pass") == "again" else "")
 
 
+def _row_runs(result: dict, label: str) -> list[dict]:
+    """A case's passes of one row, in the order they ran."""
+    return [r for r in result.get("runs", []) if _label(r) == label]
+
+
 def _passes(result: dict, label: str) -> list[dict]:
     """A case's passes of one row, slowest first."""
-    runs = [r for r in result.get("runs", []) if _label(r) == label]
-    return sorted(runs, key=lambda r: r["output_tok_s"])
+    return sorted(_row_runs(result, label), key=lambda r: r["output_tok_s"])
 
 
 def _run(result: dict, label: str) -> dict | None:
@@ -215,14 +219,14 @@ def _steps_each_pass(results: list[dict], name: str) -> str | None:
     """A row of each case's median decode step in every pass, in the order the passes
     ran (round by round), where some case has several: a spread that moves every backend
     alike is the machine's, one that follows a case is its own."""
-    passes = [[r for r in result.get("runs", []) if _label(r) == name] for result in results]
+    passes = [_row_runs(result, name) for result in results]
     if max(map(len, passes)) < 2:
         return None
-    cells = [
-        ", ".join(f"{r['decode_step_ms']:.2f}" if r.get("decode_step_ms") else "-" for r in p)
-        or "-"
-        for p in passes
-    ]
+
+    def step(run: dict) -> str:
+        return f"{run['decode_step_ms']:.2f}" if run.get("decode_step_ms") else "-"
+
+    cells = [", ".join(map(step, p)) or "-" for p in passes]
     return f"| {name} decode step ms, each pass in turn | " + " | ".join(cells) + " | |"
 
 

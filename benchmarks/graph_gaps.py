@@ -69,6 +69,25 @@ def trace_gaps(path: str) -> dict:
     }
 
 
+def replay_gaps(graph, replays: int = 1) -> dict:
+    """`trace_gaps` of `replays` replays of a CUDA graph under torch's profiler (CPU and
+    CUDA activities, as the engine benchmark's profiles)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = str(Path(d) / "trace.json")
+        prof.export_chrome_trace(path)
+        return trace_gaps(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("traces", nargs="+", help="Chrome trace files (.json or .json.gz)")

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -73,46 +71,19 @@ def row(kind: str, r: dict) -> str:
 def measure(kind: str, layers: int, replays: int) -> dict:
     """The launch call's host time for a graph of `layers` copies of `kind`'s layer."""
     from benchmarks.call_timing import host_us
+    from benchmarks.graph_gaps import replay_gaps
 
     layer, ran = LAYERS[kind]()
-    graph = capture(layer, layers)
+    graph = kernel_calls.capture(layer, layers)
     for _ in range(5):
         graph.replay()
     times = sorted(host_us(graph.replay) for _ in range(replays))
     return {
         "ran": ran,
-        "nodes": graph_nodes(graph),
+        "nodes": replay_gaps(graph)["nodes"],  # the GPU operations of one replay
         "launch_us": statistics.median(times),
         "launch_p90_us": times[min(len(times) - 1, int(0.9 * len(times)))],
     }
-
-
-def capture(layer: Callable[[], object], layers: int) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layer()  # compiles, picks kernels and workspaces outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            layer()
-    return graph
-
-
-def graph_nodes(graph: torch.cuda.CUDAGraph) -> int:
-    """The GPU operations of one replay, from a profiler trace."""
-    from benchmarks.graph_gaps import trace_gaps
-
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = str(Path(d) / "trace.json")
-        prof.export_chrome_trace(path)
-        return trace_gaps(path)["nodes"]
 
 
 def _mla_layer() -> kernel_calls.Call:

@@ -38,8 +38,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -134,23 +132,15 @@ class Chain:
 
     def __init__(self, pairs: int):
         self.nodes = 2 * pairs
-        self.x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
-        self.w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
-        self.out = torch.empty_like(self.x)
+        x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
+        out = torch.empty_like(x)
 
-        def chain():
-            for _ in range(pairs):
-                torch.mm(self.x, self.w, out=self.out)
-                self.out.add_(1.0)
+        def pair():
+            torch.mm(x, w, out=out)
+            out.add_(1.0)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            chain()  # cuBLAS picks its kernels and workspace outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            chain()
+        self.graph = kernel_calls.capture(pair, pairs)
 
     def us_per_node(self, replays: int) -> float:
         for _ in range(5):
@@ -165,17 +155,9 @@ class Chain:
 
     def median_gap(self) -> float:
         """Median idle microseconds between consecutive nodes, from a profiler trace."""
-        from benchmarks.graph_gaps import trace_gaps
+        from benchmarks.graph_gaps import replay_gaps
 
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof:  # as the engine's profiles
-            for _ in range(5):
-                self.graph.replay()
-            torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as d:
-            path = str(Path(d) / "trace.json")
-            prof.export_chrome_trace(path)
-            return trace_gaps(path)["median_gap_us"]
+        return replay_gaps(self.graph, 5)["median_gap_us"]
 
 
 def run_trigger(trigger: str) -> tuple[str, object]:

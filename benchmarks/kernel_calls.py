@@ -1,6 +1,7 @@
 """One call of each kind of kernel the CUDA-graph benchmarks launch (graph_node_cost runs
 one once, graph_launch_cost captures it many times in a graph): each builder makes its
-inputs once and returns the call, repeatable eagerly or under capture, and what it runs.
+inputs once and returns the call, repeatable eagerly or under capture, and what it runs;
+`capture` records copies of a call in one CUDA graph.
 """
 
 from __future__ import annotations
@@ -12,6 +13,22 @@ import torch
 HEADS = 16  # DeepSeek-V3 / Kimi at TP8
 
 Call = tuple[Callable[[], object], str]
+
+
+def capture(call: Callable[[], object], copies: int) -> torch.cuda.CUDAGraph:
+    """`copies` calls of `call` in one CUDA graph; one call first, outside the capture, so
+    Triton compiles and cuBLAS picks its kernels and workspace there."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(copies):
+            call()
+    return graph
 
 
 def aten_add() -> Call:
