@@ -215,19 +215,23 @@ def _spread(results: list[dict], name: str) -> str | None:
     return f"| {name} output tok/s, slowest-fastest pass (passes) | " + " | ".join(cells) + " | |"
 
 
-def _steps_each_pass(results: list[dict], name: str) -> str | None:
-    """A row of each case's median decode step in every pass, in the order the passes
-    ran (round by round), where some case has several: a spread that moves every backend
+def _each_pass(results: list[dict], name: str, what: str, value) -> str | None:
+    """A row of `value(run)` for each case's every pass, in the order the passes ran
+    (round by round), where some case has several: a spread that moves every backend
     alike is the machine's, one that follows a case is its own."""
     passes = [_row_runs(result, name) for result in results]
     if max(map(len, passes)) < 2:
         return None
+    cells = [", ".join(map(value, p)) or "-" for p in passes]
+    return f"| {name} {what}, each pass in turn | " + " | ".join(cells) + " | |"
 
-    def step(run: dict) -> str:
-        return f"{run['decode_step_ms']:.2f}" if run.get("decode_step_ms") else "-"
 
-    cells = [", ".join(map(step, p)) or "-" for p in passes]
-    return f"| {name} decode step ms, each pass in turn | " + " | ".join(cells) + " | |"
+def _step_ms(run: dict) -> str:
+    return f"{run['decode_step_ms']:.2f}" if run.get("decode_step_ms") else "-"
+
+
+def _host_pace(run: dict) -> str:
+    return host_load.pace_cell(run.get("host"))
 
 
 def _labels(results: list[dict]) -> list[str]:
@@ -274,9 +278,13 @@ def report(results: list[dict]) -> str:
         vals = [_run(r, name) for r in results]
         cells = [f"{v['decode_step_ms']:.2f}" if v and v["decode_step_ms"] else "-" for v in vals]
         lines.append(f"| {name} decode step ms (median) | " + " | ".join(cells) + " | |")
-        each = _steps_each_pass(results, name)
+        each = _each_pass(results, name, "decode step ms", _step_ms)
         if each:
             lines.append(each)
+        paced = any(_host_pace(run) != "-" for r in results for run in _row_runs(r, name))
+        pace = _each_pass(results, name, "host's fixed Python work us (start/end)", _host_pace)
+        if paced and pace:
+            lines.append(pace)
         cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
         lines.append(f"| {name} prefill-phase s | " + " | ".join(cells) + " | |")
         if any(v and v.get("clocks") for v in vals):

@@ -6,28 +6,60 @@ work a step), and the same case's passes of the same work differed by up to 1.7 
 on 2026-12-06. A pass that ran while other processes kept the host's cores busy (the idle
 engines of the wave, an install) was measured on a slower host, not on slower code.
 Read from /proc at the pass's start and end: the busy share of every core (as a count of
-busy cores) and the CPU time of the measuring process and its descendants (vLLM's engine
-core runs in a child). Without /proc (not Linux) the summary is None.
+busy cores), the share the hypervisor gave other guests (steal, as a count of cores) and
+the CPU time of the measuring process and its descendants (vLLM's engine core runs in a
+child). Without /proc (not Linux) the summary is None.
+
+An idle host can still be a slow one: on 2026-12-06 each backend's 1-request decode step
+was its probed host time plus 0.4-0.6 ms in every pass, and the host time of the same code
+moved by up to 50% from pass to pass with 1-1.5 busy cores of 16. So each
+pass also times a fixed piece of Python at its start and end (`python_pace_us`): the
+host's speed at the time, one figure to set beside each pass's step.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 
 PROC = Path("/proc")
 
 
-def cpu_ticks() -> tuple[int, int] | None:
-    """(busy, total) jiffies of every CPU since boot, from /proc/stat's first line."""
+PACE_REPEATS = 5
+
+
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy, total, steal) jiffies of every CPU since boot, from /proc/stat's first line
+    (steal counts as busy: the guest's CPU was not free for it)."""
     try:
         first = (PROC / "stat").read_text().split("\n", 1)[0].split()
     except OSError:
         return None
     fields = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
     idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+    return sum(fields) - idle, sum(fields), fields[7]
+
+
+def _fixed_python_work() -> int:
+    """Bytecode, dict updates and small allocations, as a step's host work has: about
+    0.2 ms on the project's 2-core CI host."""
+    counts: dict[int, int] = {}
+    for i in range(3000):
+        key = i % 97
+        counts[key] = counts.get(key, 0) + len((i, key))
+    return sum(counts.values())
+
+
+def python_pace_us(repeats: int = PACE_REPEATS) -> float:
+    """Microseconds the host takes for `_fixed_python_work` now (median of `repeats`)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _fixed_python_work()
+        times.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(times)
 
 
 def tree_ticks(root: int) -> int:
@@ -66,13 +98,15 @@ def cpu_model() -> str | None:
 
 class HostLoad:
     """`with HostLoad() as load: ...` then `load.summary`: busy cores of the host, the
-    measuring process tree's share, and the host's core count."""
+    measuring process tree's share, the cores stolen by the hypervisor, the host's core
+    count, and the fixed Python work's time at the start and end."""
 
     def __init__(self, pid: int | None = None):
         self.pid = pid if pid is not None else os.getpid()
         self.summary: dict | None = None
 
     def __enter__(self) -> HostLoad:
+        self._pace = python_pace_us()
         self._cpu = cpu_ticks()
         self._own = tree_ticks(self.pid) if self._cpu else 0
         self._t0 = time.monotonic()
@@ -85,16 +119,29 @@ class HostLoad:
         own = tree_ticks(self.pid)
         seconds = max(time.monotonic() - self._t0, 1e-6)
         cpus = os.cpu_count() or 1
-        busy, total = end[0] - self._cpu[0], end[1] - self._cpu[1]
+        busy, total, steal = (b - a for a, b in zip(self._cpu, end, strict=True))
         self.summary = {
             "busy_cores": cpus * busy / total if total else 0.0,
             "own_cores": (own - self._own) / os.sysconf("SC_CLK_TCK") / seconds,
+            "steal_cores": cpus * steal / total if total else 0.0,
             "cpus": cpus,
+            "pace_us": (self._pace, python_pace_us()),
         }
 
 
 def cell(summary: dict | None) -> str:
-    """A table cell: busy cores of the host (the measuring engine's own) of its count."""
+    """A table cell: busy cores of the host (the measuring engine's own) of its count, and
+    the cores stolen by the hypervisor where any were."""
     if not summary:
         return "-"
-    return f"{summary['busy_cores']:.1f} ({summary['own_cores']:.1f}) of {summary['cpus']}"
+    text = f"{summary['busy_cores']:.1f} ({summary['own_cores']:.1f}) of {summary['cpus']}"
+    steal = summary.get("steal_cores", 0.0)
+    return f"{text}, {steal:.1f} stolen" if steal >= 0.05 else text
+
+
+def pace_cell(summary: dict | None) -> str:
+    """The fixed Python work's time in us, at the pass's start/end ("-" where not measured)."""
+    pace = (summary or {}).get("pace_us")
+    if not pace:
+        return "-"
+    return "/".join(f"{us:.0f}" for us in pace)

@@ -189,12 +189,41 @@ def test_rounds_pass_over_every_workload_and_the_table_takes_each_rows_median_pa
     assert "slowest-fastest" not in single and "each pass" not in single
 
 
+def test_each_pass_shows_the_hosts_pace_beside_its_step():
+    """The fixed Python work's time at each pass's start and end, in the order the passes
+    ran, under the step row: a slow pass on a slow host reads as such."""
+
+    def passes(case, steps, paces):
+        result = _runs(case, {})
+        for ms, pace in zip(steps, paces, strict=True):
+            run = _runs(case, {"lat-1": 1e3 / ms})["runs"][0]
+            host = {"busy_cores": 1.2, "own_cores": 1.0, "cpus": 16, "steal_cores": 0.0}
+            result["runs"].append({**run, "decode_step_ms": ms, "host": {**host, "pace_us": pace}})
+        return result
+
+    table = report(
+        [
+            passes("ATOM_AITER_MLA", [2.4, 3.1], [(201.0, 204.4), (300.2, 296.0)]),
+            passes("FLASH_ATTN_MLA", [3.0, 2.5], [(290.0, 310.0), (199.9, 200.0)]),
+        ]
+    )
+    assert "| lat-1 decode step ms, each pass in turn | 2.40, 3.10 | 3.00, 2.50 | |" in table
+    pace = "| lat-1 host's fixed Python work us (start/end), each pass in turn | "
+    assert pace + "201/204, 300/296 | 290/310, 200/200 | |" in table
+    no_pace = report([_runs("ATOM_AITER_MLA", {"lat-1": 400.0}), _runs("X", {"lat-1": 1.0})])
+    assert "fixed Python work" not in no_pace
+
+
 def test_the_host_load_row_shows_busy_cores_and_the_engines_share():
     result = _runs("ATOM_AITER_MLA", {"lat-1": 500.0})
     result["runs"][0]["host"] = {"busy_cores": 5.04, "own_cores": 1.46, "cpus": 16}
     result["host_cpu"] = "AMD EPYC 9454 48-Core Processor, 16 cores"
     table = report([result, _runs("FLASH_ATTN_MLA", {"lat-1": 480.0})])
     assert "| lat-1 host busy cores (this engine's) of all | 5.0 (1.5) of 16 | - | |" in table
+    result["runs"][0]["host"]["steal_cores"] = 0.84
+    stolen = report([result])
+    busy = "| lat-1 host busy cores (this engine's) of all | "
+    assert busy + "5.0 (1.5) of 16, 0.8 stolen | |" in stolen
     assert "| host CPU | AMD EPYC 9454 48-Core Processor, 16 cores | - | |" in table
 
 

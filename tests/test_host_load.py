@@ -34,6 +34,16 @@ def test_an_idle_process_has_no_load_of_its_own_and_the_cell_reads_it():
     assert host_load.cpu_model().endswith(f", {os.cpu_count()} cores")
 
 
+def test_the_fixed_python_work_is_timed_at_both_ends_of_a_pass():
+    with HostLoad() as load:
+        time.sleep(0.05)
+    start, end = load.summary["pace_us"]
+    assert 1 < start < 1e6 and 1 < end < 1e6
+    assert host_load.pace_cell(load.summary) == f"{start:.0f}/{end:.0f}"
+    assert host_load.pace_cell(None) == "-"
+    assert 0.0 <= load.summary["steal_cores"] <= load.summary["cpus"]
+
+
 def test_a_grandchild_spinning_counts_in_its_grandparents_tree():
     code = (
         "import subprocess, sys\n"

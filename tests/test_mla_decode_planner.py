@@ -104,6 +104,12 @@ def _guarded(step: dict) -> dict:
     return {k: device_only(v) if isinstance(v, torch.Tensor) else v for k, v in step.items()}
 
 
+def _plan_rows(planner, name: str) -> torch.Tensor:
+    """The persistent tensor a step's request rows are read from: the identity rows for a
+    uniform decode (no device op), else the planner's buffer."""
+    return planner.identity if name == "uniform decode" else planner.buffers[0]
+
+
 STEPS = {
     "uniform decode": ([(1, 40), (1, 0), (1, 7)], {}),
     "prefill rows on the decode kernel": ([(1, 40), (16, 80), (100, 100)], {}),
@@ -120,7 +126,7 @@ def test_decode_metadata_reads_nothing_back(kernel_impl, name):
     planner = _planner(kernel_impl)
     got = planner.decode_metadata(**_guarded(step))
     assert type(got.plan) is type(want.plan)
-    assert plain(got.plan.token_req).data_ptr() == planner.buffers[0].data_ptr()
+    assert plain(got.plan.token_req).data_ptr() == _plan_rows(planner, name).data_ptr()
     assert torch.equal(plain(got.plan.token_req), plain(want.plan.token_req))
     assert torch.equal(plain(got.plan.token_kv_len), plain(want.plan.token_kv_len))
     if isinstance(want.plan, TritonMLAPlan):
@@ -146,9 +152,22 @@ def test_the_hosts_offsets_plan_every_step_but_a_uniform_decode(kernel_impl, nam
         **_guarded(step), query_start_loc_cpu=step["query_start_loc"].clone()
     )
     assert len(calls) == (0 if name == "uniform decode" else 1)
-    assert plain(got.plan.token_req).data_ptr() == planner.buffers[0].data_ptr()
+    assert plain(got.plan.token_req).data_ptr() == _plan_rows(planner, name).data_ptr()
     assert torch.equal(plain(got.plan.token_req), plain(want.plan.token_req))
     assert torch.equal(plain(got.plan.token_kv_len), plain(want.plan.token_kv_len))
+
+
+def test_seq_lens_of_another_dtype_go_to_the_buffers():
+    """vLLM's seq_lens in another dtype than int32 becomes a fresh tensor each step, at a
+    new address a captured graph would not read: such a uniform decode step writes the
+    planner's buffers instead of taking views."""
+    step = _step([(1, 40), (1, 7)])
+    step["seq_lens"] = step["seq_lens"].to(torch.int64)
+    planner = _planner("triton")
+    plan = planner.decode_metadata(**step).plan
+    assert plan.token_req.data_ptr() == planner.buffers[0].data_ptr()
+    assert plan.token_kv_len.data_ptr() == planner.buffers[1].data_ptr()
+    assert (plan.token_req.tolist(), plan.token_kv_len.tolist()) == ([0, 1], [40, 7])
 
 
 def test_capture_and_dcp_read_nothing_back():

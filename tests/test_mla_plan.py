@@ -187,6 +187,28 @@ def test_uniform_decode_step_writes_its_buffers_in_place():
     assert bufs[0].tolist() == [0, 1, 2, *[99] * 5] and bufs[1].tolist()[:4] == [40, 0, 7, 99]
 
 
+def test_uniform_decode_step_with_identity_rows_runs_no_op():
+    """With the planner's identity rows a decode step's token plan is two views: the
+    rows, and vLLM's seq_lens itself (persistent, as a captured graph needs)."""
+    uniform = _meta([(1, 40), (1, 0), (1, 7)])
+    identity = torch.arange(8, dtype=torch.int32)
+    bufs = (torch.full((8,), 99, dtype=torch.int32), torch.full((8,), 99, dtype=torch.int32))
+    plans = []
+    ops = _ops(
+        lambda: plans.append(
+            plan_mla_decode(uniform, 3, 16, kernel_impl="torch", out=bufs, identity=identity)
+        )
+    )
+    assert [op for op in ops if op != "aten::slice"] == [], ops
+    plan = plans[0]
+    assert plan.token_req.data_ptr() == identity.data_ptr()
+    assert plan.token_kv_len.data_ptr() == uniform.seq_lens.data_ptr()
+    assert (plan.token_req.tolist(), plan.token_kv_len.tolist()) == _definition(
+        [(1, 40), (1, 0), (1, 7)], 3
+    )
+    assert bufs[0].tolist() == [99] * 8  # the buffers are left to the other steps
+
+
 def test_token_plan_causal_rows_and_padding():
     b = make_mla_batch([(1, 5), (3, 10)], heads=1, lora=16, rope=16, pad_rows=2, pad_tokens=1)
     req, kv_len = mla_token_plan(b.meta, 5)

@@ -68,12 +68,28 @@ def _token_plan_from_host(meta, num_tokens, query_start_loc_cpu, out):
     return req, kv_len.clamp_(min=0)
 
 
+def _uniform_decode_views(meta, num_tokens, identity):
+    """A uniform decode's token plan as views, no device op: request t is token t (a
+    slice of the persistent `identity`) and it sees all of its seq_len keys (vLLM's
+    seq_lens itself). Both stay at fixed addresses from step to step, as a captured CUDA
+    graph needs: vLLM writes each step's seq_lens into the same persistent buffer, which
+    the MHA backend's decode graphs read as well. Every decode step plans, so the two
+    launches this saves are host time on each of them (the 16-head steps are paced by
+    the host, docs/benchmarks.md)."""
+    if identity.shape[0] < num_tokens:
+        raise ValueError(
+            f"the identity rows hold {identity.shape[0]} tokens, the step has {num_tokens}"
+        )
+    return identity[:num_tokens], meta.seq_lens[:num_tokens]
+
+
 def mla_token_plan(
     meta,
     num_tokens: int,
     token_kv_lens: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     query_start_loc_cpu: torch.Tensor | None = None,
+    identity: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query token: its request row (-1: not covered by any request) and how many
     cached keys it sees (int32, on the metadata's device, no host sync).
@@ -85,7 +101,9 @@ def mla_token_plan(
     `out`: persistent buffers the plan is written into (their first `num_tokens`
     entries are returned). `query_start_loc_cpu`: the host's copy of the query offsets;
     with it a step that is not a uniform decode plans from the host
-    (`host_token_rows`).
+    (`host_token_rows`). `identity`: a persistent int32 0, 1, 2, ... at least
+    `num_tokens` long; with it a uniform decode step runs no device op at all
+    (`_uniform_decode_views`).
     """
     qsl = meta.query_start_loc[: meta.num_reqs + 1]
     device = qsl.device
@@ -96,6 +114,8 @@ def mla_token_plan(
         # only query and sees all of its seq_len keys. Two ops instead of some forty
         # small ones, each a kernel launch and its host cost on every decode step; with
         # buffers, written straight into them (no temporaries, no copies).
+        if identity is not None:
+            return _uniform_decode_views(meta, num_tokens, identity)
         if out is None:
             req = torch.arange(num_tokens, device=device, dtype=torch.int32)
             return req, meta.seq_lens[:num_tokens].to(torch.int32)
@@ -178,6 +198,7 @@ def plan_mla_decode(
     num_splits: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     query_start_loc_cpu: torch.Tensor | None = None,
+    identity: torch.Tensor | None = None,
 ) -> MLAPlan:
     """Choose the step's kernel path (`kernel_impl`, else `select_kernel_impl` for the
     metadata's device) and plan it. `kv_dtype` is the cache's and `layout` the query
@@ -188,13 +209,16 @@ def plan_mla_decode(
     capture passes the longest context the graph may replay); `config` and
     `num_splits` tune the Triton launch. `out` holds persistent buffers the token plan
     is copied into, so a captured graph reads each step's plan at the same addresses;
-    `query_start_loc_cpu` lets the token plan work from the host (`mla_token_plan`)."""
+    `query_start_loc_cpu` lets the token plan work from the host and `identity` lets a
+    uniform decode's plan be views (`mla_token_plan`)."""
     impl = kernel_impl or select_kernel_impl(meta.query_start_loc.device)
     if impl not in KERNEL_IMPLS:
         raise ValueError(f"kernel_impl must be one of {KERNEL_IMPLS}, got {impl!r}")
     if impl == "aiter":
         return _plan_aiter(meta, num_heads, kv_dtype, layout, token_kv_lens)
-    req, kv_len = mla_token_plan(meta, num_tokens, token_kv_lens, out, query_start_loc_cpu)
+    req, kv_len = mla_token_plan(
+        meta, num_tokens, token_kv_lens, out, query_start_loc_cpu, identity
+    )
     if impl == "torch":
         return TorchMLAPlan(req, kv_len)
     # imported here: Triton is optional (not installed on every platform)

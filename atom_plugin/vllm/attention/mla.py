@@ -102,7 +102,8 @@ class MLADecodePlanner:
     integers vLLM's builder hands it: the rows in the plugin's form and their plan, made
     once a step for every layer, its token tables in persistent buffers (a captured CUDA
     graph reads each step's plan at the addresses it was captured with; under TBO each
-    micro-batch's builder has a planner, and buffers, of its own). Nothing here reads the
+    micro-batch's builder has a planner, and buffers, of its own), a uniform decode's as
+    views of the planner's identity rows and of vLLM's seq_lens. Nothing here reads the
     device back: under async scheduling a read would stall the host until the GPU has
     finished the step before."""
 
@@ -130,6 +131,8 @@ class MLADecodePlanner:
         self.buffers = tuple(
             torch.zeros(max_tokens, dtype=torch.int32, device=device) for _ in range(2)
         )
+        # 0, 1, 2, ...: a uniform decode step's request rows, written once (no launch a step)
+        self.identity = torch.arange(max_tokens, dtype=torch.int32, device=device)
         self._prefill_rows_seen = False
 
     def decode_metadata(
@@ -193,6 +196,8 @@ class MLADecodePlanner:
             context=context,
             out=self.buffers,
             query_start_loc_cpu=query_start_loc_cpu,
+            # vLLM's seq_lens in another dtype is a fresh tensor (a new address) each step
+            identity=self.identity if seq_lens.dtype == torch.int32 else None,
         )
         return AtomMLADecodeMetadata(
             block_table=paged.block_table,
