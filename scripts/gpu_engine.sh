@@ -24,7 +24,8 @@
 #               on vLLM's torch and Triton, four pytest workers on the one GPU
 #   kernels-quick
 #               the kernel GPU tests of the K3 channel's tables, of MLA's prefill rows on the
-#               decode kernel and of MLA's token plan (a subset of kernels)
+#               decode kernel, of MLA's token plan and of MLA decodes replayed from CUDA graphs
+#               (a subset of kernels)
 #   mla16       MLA at 16 query heads (DeepSeek-V3's TP8 slice): one wave of MLA16_CASES (default
 #               ATOM_AITER_MLA, FLASH_ATTN_MLA, FLASHMLA) on MLA16_WORKLOADS (lat-1, lat-8,
 #               decode-2k, shared-8k), MLA16_REPEATS rounds (default 3) of each workload's new
@@ -134,11 +135,11 @@ for what in "$@"; do
         tests/test_kernels_vs_vllm.py tests/test_mla_decode_planner.py \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" || status=1 ;;
     kernels-quick)
-      stage "kernel GPU tests of the K3 channel's tables, MLA's prefill rows and token plan"
+      stage "kernel GPU tests of the K3 channel's tables, MLA's prefill rows, token plan and graph replays"
       timeout 500 python3 -m pytest -q -p no:cacheprovider -n 3 tests/test_channel_kernel.py \
         tests/test_spec_rows.py tests/test_required_channel.py tests/test_k3_gate_core.py \
         tests/test_mla_kernels.py tests/test_mla_plan.py -m gpu \
-        -k "prefill_rows or not test_mla_kernels" \
+        -k "prefill_rows or replays or not test_mla_kernels" \
         2>&1 | tee "$OUT/gpu_kernel_quick_tests.log" || status=1 ;;
     mla16)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA}

@@ -641,6 +641,39 @@ def test_gpu_decode_replays_from_a_cuda_graph():
     torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
 
 
+@pytest.mark.gpu
+def test_gpu_uniform_decode_replays_seq_lens_written_in_place():
+    """A uniform decode's plan is views (identity rows, and the seq_lens vLLM keeps in a
+    persistent buffer): the graph captured on them replays a later step whose seq_lens
+    were written in place, as vLLM's runner writes them, with no plan op in between."""
+    b = make_mla_batch(
+        [(1, 5000), (1, 3000), (1, 64)],
+        heads=16,
+        block_size=64,
+        dtype=torch.bfloat16,
+        device="cuda",
+        nan_unused=True,
+    )
+    T = b.q.shape[0]
+    identity = torch.arange(64, dtype=torch.int32, device="cuda")
+    plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, identity=identity)
+    assert plan.token_kv_len.data_ptr() == b.meta.seq_lens.data_ptr()
+    assert plan.token_req.data_ptr() == identity.data_ptr()
+    out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    b.meta.seq_lens.copy_(torch.tensor([4000, 1, 64], dtype=torch.int32))
+    graph.replay()
+    want, _ = _run("torch", b, 512)
+    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
+
+
 class _AtenOps(TorchDispatchMode):
     """Records the torch operators that run inside it."""
 
