@@ -605,19 +605,38 @@ def test_gpu_dcp_token_kv_lens(heads):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
 
+def _graph_batch(rows):
+    return make_mla_batch(
+        rows, heads=16, block_size=64, dtype=torch.bfloat16, device="cuda", nan_unused=True
+    )
+
+
+def _replay_matches_the_reference(b, plan, seq_lens, next_step=lambda: None):
+    """Captures `b`'s decode on `plan` in a CUDA graph, writes `seq_lens` in place (the next
+    step's), runs `next_step` (its planning, if any) and replays: the output must be the
+    torch reference's for the new lengths."""
+    out = torch.zeros(b.q.shape[0], 16, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    b.meta.seq_lens.copy_(torch.tensor(seq_lens, dtype=torch.int32))
+    next_step()
+    graph.replay()
+    want, _ = _run("torch", b, 512)
+    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
+
+
 @pytest.mark.gpu
 def test_gpu_decode_replays_from_a_cuda_graph():
     """Captured once with the plan in persistent buffers and a launch fixed for the
     bucket (planned for the longest context, 96 splits), the graph replays a later
     step's plan (shorter contexts)."""
-    b = make_mla_batch(
-        [(1, 5000), (2, 3000), (1, 64)],
-        heads=16,
-        block_size=64,
-        dtype=torch.bfloat16,
-        device="cuda",
-        nan_unused=True,
-    )
+    b = _graph_batch([(1, 5000), (2, 3000), (1, 64)])
     T = b.q.shape[0]
     bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
     # more splits than one merge pass: the chunked, column-split merge runs in the graph
@@ -625,20 +644,12 @@ def test_gpu_decode_replays_from_a_cuda_graph():
         b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs, num_splits=96
     )
     assert plan.launch.num_splits > mla_launch_plan.MERGE_BLOCK_S
-    out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
-
-    def step():
-        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
-
-    step()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    b.meta.seq_lens.copy_(torch.tensor([4000, 1500, 1], dtype=torch.int32))
-    plan_mla_decode(b.meta, T, 16, kernel_impl="triton", out=bufs)  # the next step's plan
-    graph.replay()
-    want, _ = _run("torch", b, 512)
-    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
+    _replay_matches_the_reference(
+        b,
+        plan,
+        [4000, 1500, 1],
+        lambda: plan_mla_decode(b.meta, T, 16, kernel_impl="triton", out=bufs),
+    )
 
 
 @pytest.mark.gpu
@@ -646,32 +657,14 @@ def test_gpu_uniform_decode_replays_seq_lens_written_in_place():
     """A uniform decode's plan is views (identity rows, and the seq_lens vLLM keeps in a
     persistent buffer): the graph captured on them replays a later step whose seq_lens
     were written in place, as vLLM's runner writes them, with no plan op in between."""
-    b = make_mla_batch(
-        [(1, 5000), (1, 3000), (1, 64)],
-        heads=16,
-        block_size=64,
-        dtype=torch.bfloat16,
-        device="cuda",
-        nan_unused=True,
-    )
-    T = b.q.shape[0]
+    b = _graph_batch([(1, 5000), (1, 3000), (1, 64)])
     identity = torch.arange(64, dtype=torch.int32, device="cuda")
-    plan = plan_mla_decode(b.meta, T, 16, kernel_impl="triton", context=163840, identity=identity)
+    plan = plan_mla_decode(
+        b.meta, b.q.shape[0], 16, kernel_impl="triton", context=163840, identity=identity
+    )
     assert plan.token_kv_len.data_ptr() == b.meta.seq_lens.data_ptr()
     assert plan.token_req.data_ptr() == identity.data_ptr()
-    out = torch.zeros(T, 16, 512, dtype=torch.bfloat16, device="cuda")
-
-    def step():
-        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
-
-    step()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    b.meta.seq_lens.copy_(torch.tensor([4000, 1, 64], dtype=torch.int32))
-    graph.replay()
-    want, _ = _run("torch", b, 512)
-    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
+    _replay_matches_the_reference(b, plan, [4000, 1, 64])
 
 
 class _AtenOps(TorchDispatchMode):
