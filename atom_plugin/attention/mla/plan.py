@@ -73,9 +73,9 @@ def _uniform_decode_views(meta, num_tokens, identity):
     slice of the persistent `identity`) and it sees all of its seq_len keys (vLLM's
     seq_lens itself). Both stay at fixed addresses from step to step, as a captured CUDA
     graph needs: vLLM writes each step's seq_lens into the same persistent buffer, which
-    the MHA backend's decode graphs read as well. Every decode step plans, so the two
-    launches this saves are host time on each of them (the 16-head steps are paced by
-    the host, docs/benchmarks.md)."""
+    the MHA backend's decode graphs read as well. Every decode step plans, and each
+    launch would be host time on it (the 16-head steps are paced by the host,
+    docs/benchmarks.md)."""
     if identity.shape[0] < num_tokens:
         raise ValueError(
             f"the identity rows hold {identity.shape[0]} tokens, the step has {num_tokens}"
@@ -111,9 +111,9 @@ def mla_token_plan(
         raise ValueError(f"plan buffers hold {out[0].shape[0]} tokens, the step has {num_tokens}")
     if token_kv_lens is None and meta.max_query_len <= 1 and num_tokens == meta.num_reqs:
         # A uniform decode step (query_start_loc is 0, 1, ..., n): token t is request t's
-        # only query and sees all of its seq_len keys. Two ops instead of some forty
-        # small ones, each a kernel launch and its host cost on every decode step; with
-        # buffers, written straight into them (no temporaries, no copies).
+        # only query and sees all of its seq_len keys. With the identity rows no op at
+        # all, else two instead of some forty small ones (each a kernel launch and its
+        # host cost on every decode step); with buffers, written straight into them.
         if identity is not None:
             return _uniform_decode_views(meta, num_tokens, identity)
         if out is None:
