@@ -11,7 +11,7 @@ the CPU time of the measuring process and its descendants (vLLM's engine core ru
 child). Without /proc (not Linux) the summary is None.
 
 An idle host can still be a slow one: on 2026-12-06 each backend's 1-request decode step
-was its probed host time plus 0.4-0.6 ms in every pass, and the host time of the same code
+was its probed host time plus 0.4-0.7 ms in every pass, and the host time of the same code
 moved by up to 50% from pass to pass with 1.2-1.8 busy cores of 16. So each pass also times
 a fixed piece of Python at its start and end (`python_pace_us`): the host's speed at the
 time, one figure to set beside each pass's step.
