@@ -99,8 +99,9 @@ class Shape:
         return torch.empty(t, self.heads, LORA, dtype=self.q.dtype, device=self.device)
 
     def plan(self, config=None, num_splits=None, **token_plan):
-        """The step's plan as the builder makes it; `token_plan`: `out` buffers and the
-        host's `query_start_loc_cpu`, as `plan_mla_decode` takes them."""
+        """The step's plan as the builder makes it; `token_plan`: `out` buffers, the
+        host's `query_start_loc_cpu` and the `identity` rows, as `plan_mla_decode` takes
+        them."""
         from atom_plugin.attention.mla.gluon.probe import MLAStepLayout
         from atom_plugin.attention.mla.plan import plan_mla_decode
 

@@ -9,11 +9,15 @@ microseconds a call replayed from a CUDA graph; beside them, the host time of on
 torch op launch (an `empty_like` and a `copy_`), the floor any launch pays. With vLLM
 importable, its own cache write (`concat_and_cache_mla`) is timed alike. The step's plan
 (once a step, not a layer) is timed on the host both ways its token plan is made: the
-search on the device, and from the host's query offsets as the builder makes it.
+search on the device, and from the host's query offsets as the builder makes it. A
+uniform decode step's plan (every request one new token, `--decode-batches` requests) is
+timed the same way, both ways the builder can make it: views of its identity rows and of
+vLLM's seq_lens, or an arange and a copy into its buffers.
 `--profile N` adds where the host time of the decode and of the plan from the host's
 offsets goes (cProfile, by own and cumulative time).
 
     python -m benchmarks mla_eager_host [--rows 64,128] [--context 1024] [--profile 30]
+        [--decode-batches 1,64]
 """
 
 from __future__ import annotations
@@ -43,13 +47,15 @@ def main(argv=None) -> int:
         help="also print the N functions of most host time in cProfiles of 300 decode calls "
         "and 300 plans from the host's offsets",
     )
+    p.add_argument(
+        "--decode-batches", default="1,64", help="requests of the uniform decode steps planned"
+    )
     args = p.parse_args(argv)
-    try:
-        rows = [int(n) for n in args.rows.split(",")]
-    except ValueError:
-        rows = []
+    rows, batches = _counts(args.rows), _counts(args.decode_batches)
     if not rows or min(rows) < 1 or args.context < 0:
         p.error(f"--rows {args.rows!r} --context {args.context}: rows >= 1, context >= 0")
+    if not batches or min(batches) < 1:
+        p.error(f"--decode-batches {args.decode_batches!r}: a comma list of counts >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     print(f"torch launch floor: {_floor_us():.1f} us host a plain op", flush=True)
@@ -61,7 +67,31 @@ def main(argv=None) -> int:
             print(host_profile(decode, args.profile), flush=True)
             print(f"the plan from the host's offsets, 1x{n}:", flush=True)
             print(host_profile(host_plan, args.profile), flush=True)
+    for batch in batches:
+        for line in _decode_step_lines(batch, args.context):
+            print(line, flush=True)
     return 0
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        return []
+
+
+def _decode_step_lines(batch: int, context: int) -> list[str]:
+    """A uniform decode step's plan (`batch` requests, one new token each, over `context`
+    cached keys), host time both ways the builder makes it."""
+    dev = torch.device("cuda")
+    shape = Shape(batch, context + 1, HEADS, 1, "bf16", dev)
+    bufs = tuple(torch.empty(batch, device=dev, dtype=torch.int32) for _ in range(2))
+    identity = torch.arange(batch, device=dev, dtype=torch.int32)
+    head = f"decode step {batch}x1 over {context}: plan,"
+    return [
+        f"{head} views of identity and seq_lens {_host(partial(shape.plan, identity=identity))}",
+        f"{head} arange and copy into buffers   {_host(partial(shape.plan, out=bufs))}",
+    ]
 
 
 def _lines(n: int, context: int) -> tuple[list[str], object, object]:
