@@ -69,6 +69,12 @@ def host_us(call: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1e6
 
 
+def host_us_spread(call: Callable[[], object], calls: int = 200) -> tuple[float, float]:
+    """(median, 90th percentile) of `host_us` over `calls` calls."""
+    times = sorted(host_us(call) for _ in range(calls))
+    return statistics.median(times), times[min(calls - 1, int(0.9 * calls))]
+
+
 def host_profile(call: Callable[[], object], top: int, calls: int = 300) -> str:
     """The `top` functions of most host time (own, then with callees) in a cProfile of
     `calls` calls, each made with the GPU idle."""

@@ -281,10 +281,11 @@ def report(results: list[dict]) -> str:
         each = _each_pass(results, name, "decode step ms", _step_ms)
         if each:
             lines.append(each)
-        paced = any(_host_pace(run) != "-" for r in results for run in _row_runs(r, name))
-        pace = _each_pass(results, name, "host's fixed Python work us (start/end)", _host_pace)
-        if paced and pace:
-            lines.append(pace)
+        row_runs = [run for r in results for run in _row_runs(r, name)]
+        if any((run.get("host") or {}).get("pace_us") for run in row_runs):
+            pace = _each_pass(results, name, "host's fixed Python work us (start/end)", _host_pace)
+            if pace:
+                lines.append(pace)
         cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
         lines.append(f"| {name} prefill-phase s | " + " | ".join(cells) + " | |")
         if any(v and v.get("clocks") for v in vals):

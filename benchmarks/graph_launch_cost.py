@@ -23,7 +23,6 @@ concat_and_cache_mla) and `vllm-fa3` (its FA3 varlen kernel, 64 tokens).
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -70,19 +69,19 @@ def row(kind: str, r: dict) -> str:
 
 def measure(kind: str, layers: int, replays: int) -> dict:
     """The launch call's host time for a graph of `layers` copies of `kind`'s layer."""
-    from benchmarks.call_timing import host_us
+    from benchmarks.call_timing import host_us_spread
     from benchmarks.graph_gaps import replay_gaps
 
     layer, ran = LAYERS[kind]()
     graph = kernel_calls.capture(layer, layers)
     for _ in range(5):
         graph.replay()
-    times = sorted(host_us(graph.replay) for _ in range(replays))
+    launch_us, launch_p90_us = host_us_spread(graph.replay, replays)
     return {
         "ran": ran,
         "nodes": replay_gaps(graph)["nodes"],  # the GPU operations of one replay
-        "launch_us": statistics.median(times),
-        "launch_p90_us": times[min(len(times) - 1, int(0.9 * len(times)))],
+        "launch_us": launch_us,
+        "launch_p90_us": launch_p90_us,
     }
 
 

@@ -74,16 +74,23 @@ def triton_tma() -> Call:
     return lambda: copy_tile[(1,)](desc, dst, BLOCK=64), "copy_tile (Triton, TMA descriptor)"
 
 
+def _write_inputs(tokens: int = 64):
+    """A cache write's rows (latent, rope part as vLLM's MLA layer hands it), a bf16
+    cache of 8 blocks and the rows' slots."""
+    from benchmarks.attention_mla import LORA, PAGE, ROPE
+
+    dtype = torch.bfloat16
+    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
+    k_pe = torch.randn(tokens, 1, ROPE, device="cuda").to(dtype)
+    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
+    return kv_c, k_pe, cache, torch.arange(tokens, device="cuda", dtype=torch.int64)
+
+
 def mla_write() -> Call:
     """The plugin's MLA cache write of 64 tokens."""
     from atom_plugin.attention.mla import ops
-    from benchmarks.attention_mla import LORA, PAGE, ROPE
 
-    tokens, dtype = 64, torch.bfloat16
-    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
-    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
-    k_pe = torch.randn(tokens, 1, ROPE, device="cuda").to(dtype)
-    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
+    kv_c, k_pe, cache, slots = _write_inputs()
 
     def write():
         ops.write_mla_kv(kv_c, k_pe, cache, slots, kernel_impl="triton")
@@ -105,24 +112,24 @@ def mla_decode(batch: int, context: int, q_len: int, kernel: str | None = None) 
     return lambda: shape.run_new(out, plan), ran
 
 
-def vllm_write() -> Call:
-    """vLLM's own MLA cache write (`concat_and_cache_mla`) of 64 tokens."""
+def vllm_cache_write(kv_c, k_pe, cache, slots) -> Callable[[], object]:
+    """vLLM's own MLA cache write (`concat_and_cache_mla`) of these rows; `k_pe` as the
+    plugin's write takes it, [tokens, 1, rope]. Raises where vLLM's CUDA ops are absent."""
     from vllm import _custom_ops
 
-    from benchmarks.attention_mla import LORA, PAGE, ROPE
-
-    tokens, dtype = 64, torch.bfloat16
-    cache = torch.zeros(8, PAGE, LORA + ROPE, device="cuda", dtype=dtype)
-    kv_c = torch.randn(tokens, LORA, device="cuda").to(dtype)
-    k_pe = torch.randn(tokens, ROPE, device="cuda").to(dtype)
-    slots = torch.arange(tokens, device="cuda", dtype=torch.int64)
-    scale = torch.ones(1, device="cuda")
     torch.ops._C_cache_ops.concat_and_cache_mla  # noqa: B018 (vLLM's CUDA build only)
+    scale = torch.ones(1, device=cache.device)
+    k_pe = k_pe.squeeze(1)
 
     def write():
         _custom_ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", scale)
 
-    return write, "concat_and_cache_mla (vLLM)"
+    return write
+
+
+def vllm_write() -> Call:
+    """vLLM's own MLA cache write of 64 tokens."""
+    return vllm_cache_write(*_write_inputs()), "concat_and_cache_mla (vLLM)"
 
 
 def vllm_fa3() -> Call:

@@ -21,13 +21,12 @@ imported from PYTHONPATH):
 from __future__ import annotations
 
 import argparse
-import statistics
 from functools import partial
 
 import torch
 
 from benchmarks._timing import L2Flusher, time_us
-from benchmarks.call_timing import host_profile, host_us
+from benchmarks.call_timing import host_profile, host_us_spread
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 LAYERS = 32
@@ -82,14 +81,14 @@ def _line(pool, n: int) -> tuple[str, object]:
     torch.cuda.synchronize()
     graph_us = time_us(call, flush=L2Flusher(), iters=50)
     eager_us = time_us(call, flush=L2Flusher(), iters=50, graph=False)
-    host = sorted(host_us(call) for _ in range(200))
+    host_median, host_p90 = host_us_spread(call)
     x = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 28672, device="cuda", dtype=torch.bfloat16)
     bare = _layers_us(partial(torch.matmul, x, w))
     with_attention = _layers_us(lambda: (x @ w, call()))
     line = (
         f"1x{n}: attention graph {graph_us:7.1f} us, eager {eager_us:7.1f} us, "
-        f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f}); "
+        f"host {host_median:6.1f} us/call (p90 {host_p90:6.1f}); "
         f"{LAYERS} layers matmul {bare:8.1f} us, +attention {with_attention:8.1f} us -> "
         f"{(with_attention - bare) / LAYERS:6.1f} us a layer"
     )

@@ -28,9 +28,10 @@ from functools import partial
 
 import torch
 
+from benchmarks import kernel_calls
 from benchmarks._timing import time_us
 from benchmarks.attention_mla import LORA, PAGE, ROPE, Shape
-from benchmarks.call_timing import host_profile, host_us
+from benchmarks.call_timing import host_profile, host_us, host_us_spread
 
 HEADS = 16
 
@@ -126,23 +127,17 @@ def _lines(n: int, context: int) -> tuple[list[str], object, object]:
 def _vllm_write(kv_c, k_pe, cache, slots):
     """vLLM's own cache write over the same rows, where vLLM's ops load; else None."""
     try:
-        from vllm import _custom_ops
-
-        torch.ops._C_cache_ops.concat_and_cache_mla  # noqa: B018 (vLLM's CUDA build only)
+        return kernel_calls.vllm_cache_write(kv_c, k_pe, cache, slots)
     except (ImportError, AttributeError):
         return None
-    scale = torch.ones(1, device=cache.device)
-    return partial(
-        _custom_ops.concat_and_cache_mla, kv_c, k_pe.squeeze(1), cache, slots, "auto", scale
-    )
 
 
 def _host(call) -> str:
     for _ in range(5):
         call()
     torch.cuda.synchronize()
-    host = sorted(host_us(call) for _ in range(200))
-    return f"host {statistics.median(host):6.1f} us/call (p90 {host[180]:6.1f})"
+    median, p90 = host_us_spread(call)
+    return f"host {median:6.1f} us/call (p90 {p90:6.1f})"
 
 
 def _host_and_gpu(call) -> str:
