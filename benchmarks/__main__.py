@@ -52,6 +52,8 @@ BENCHMARKS = {
     "node of its process slower (per-node time and idle gap, before and after)?",
     "graph_launch_cost": "How long does the host's CUDA-graph launch call take for graphs of "
     "the plugin's MLA kernels, node for node, beside torch, cuBLAS, Triton and vLLM kernels?",
+    "host_pace": "Is a slow host a slow CPU or a slow moment (a fixed piece of Python pinned to "
+    "each CPU in turn, round after round)?",
     "tbo_engine": "In vLLM's engine on one GPU, what does two-batch overlap cost or gain against "
     "off, for decode batches and long prefills (Model Runner V2)?",
 }

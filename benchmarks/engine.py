@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import gpu_clocks, host_load
+from benchmarks import gpu_clocks, host_load, host_pace
 from benchmarks.engine_probe import parse_profile_entry
 from benchmarks.engine_shapes import MLA_SHAPES, WORKLOADS, parse_workloads, write_shape
 
@@ -137,6 +137,7 @@ def run_wave(args, cases: list[str], shape_dir: Path, out_dir: Path, deadline: f
             "wave_timeout_s": args.start_timeout,
             "measure_timeout_s": max(1.0, deadline - time.monotonic()),
             "out_json": str(out_dir / f"{slug}.json"),
+            "cpus": args.cpus,
         }
         log = open(out_dir / f"{slug}.log", "w")
         env = case_env(variant, args.old_plugin, args.engine_process)
@@ -283,7 +284,9 @@ def report(results: list[dict]) -> str:
             lines.append(each)
         row_runs = [run for r in results for run in _row_runs(r, name)]
         if any((run.get("host") or {}).get("pace_us") for run in row_runs):
-            pace = _each_pass(results, name, "host's fixed Python work us (start/end)", _host_pace)
+            pace = _each_pass(
+                results, name, "host's fixed Python work us (start/end, @CPU it ran on)", _host_pace
+            )
             if pace:
                 lines.append(pace)
         cells = [f"{v['prefill_phase_s']:.2f}" if v else "-" for v in vals]
@@ -318,7 +321,7 @@ def report(results: list[dict]) -> str:
     cells = [
         f"{'/'.join(r['engine']['attention_backends'])}, {r['engine']['cudagraph_mode']}, "
         f"block {r['engine']['block_size']}, vLLM {r['engine'].get('versions', {}).get('vllm')}"
-        f"{_core_process(r)}"
+        f"{_core_process(r)}{_pinned(r)}"
         if "engine" in r
         else "-"
         for r in results
@@ -448,6 +451,12 @@ def kernel_differences(results: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _pinned(result: dict) -> str:
+    """The CPUs the case was pinned to (`--cpus`), empty where it was not."""
+    cpus = result.get("spec", {}).get("cpus")
+    return f", CPUs {host_pace.cpu_ranges(cpus)}" if cpus else ""
+
+
 def _core_process(result: dict) -> str:
     """Where the case's engine core ran, from the worker's process id against the
     measuring one (empty for results that recorded neither)."""
@@ -486,6 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each engine's core in a process of its own (vLLM's default), not the measuring one",
     )
+    p.add_argument(
+        "--cpus",
+        help="CPUs every case (its engine and the engine core's process) may run on, e.g. "
+        "0-3; `python -m benchmarks host_pace` tells whether some CPUs are slow",
+    )
     p.add_argument("--layers", type=int, help="the shape's layer count (default: its own)")
     p.add_argument("--old-plugin", type=Path, help="folder holding the atom_plugin of @old cases")
     p.add_argument("--max-model-len", type=int, default=32768)
@@ -510,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--repeats {args.repeats}: at least 1 round of passes")
     if args.again and not args.prefix_caching:
         raise SystemExit("--again times cache hits: it needs --prefix-caching")
+    if args.cpus:
+        try:
+            args.cpus = host_pace.parse_cpus(args.cpus)
+        except ValueError as e:
+            raise SystemExit(f"--cpus: {e}") from None
     cases = [c for c in args.cases.split(",") if c]
     for c in cases:
         backend, _ = parse_case(c)

@@ -48,6 +48,7 @@ def worker_facts(worker) -> dict:
 
     return {
         "pid": os.getpid(),  # the engine core's process (the measuring one, or its own)
+        "cpus": sorted(os.sched_getaffinity(0)),  # the CPUs its thread may run on
         "platform": type(current_platform).__name__,
         "logits_processors": [str(p) for p in runner.model_config.logits_processors or []],
         "attention_backends": names,
@@ -234,6 +235,7 @@ def main(spec: dict) -> dict:
     name = spec["case"]
     result: dict = {"case": name, "spec": {k: v for k, v in spec.items() if k != "ready_dir"}}
     result["measuring_pid"] = os.getpid()
+    result["cpus"] = sorted(os.sched_getaffinity(0))
     llm = start_in_wave(spec, name, result)
     if llm is None:
         return result
@@ -342,6 +344,8 @@ def save(spec: dict, result: dict) -> None:
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
+    if spec.get("cpus"):  # before vLLM starts a thread or the engine core's process
+        os.sched_setaffinity(0, spec["cpus"])
     out = main(spec)
     save(spec, out)
     print("DONE " + spec["case"], flush=True)

@@ -52,6 +52,17 @@ def _fixed_python_work() -> int:
     return sum(counts.values())
 
 
+def current_cpu() -> int | None:
+    """The CPU this thread last ran on (/proc's `processor` field); None without /proc. A
+    pace reading names it: `python -m benchmarks host_pace` tells whether the slow readings
+    stay with some CPUs."""
+    try:
+        text = (PROC / "thread-self" / "stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[36])  # field 39 of stat(5)
+
+
 def python_pace_us(repeats: int = PACE_REPEATS) -> float:
     """Microseconds the host takes for `_fixed_python_work` now (median of `repeats`)."""
     times = []
@@ -107,6 +118,7 @@ class HostLoad:
 
     def __enter__(self) -> HostLoad:
         self._pace = python_pace_us()
+        self._pace_cpu = current_cpu()
         self._cpu = cpu_ticks()
         self._own = tree_ticks(self.pid) if self._cpu else 0
         self._t0 = time.monotonic()
@@ -126,6 +138,7 @@ class HostLoad:
             "steal_cores": cpus * steal / total if total else 0.0,
             "cpus": cpus,
             "pace_us": (self._pace, python_pace_us()),
+            "pace_cpu": (self._pace_cpu, current_cpu()),
         }
 
 
@@ -140,8 +153,11 @@ def cell(summary: dict | None) -> str:
 
 
 def pace_cell(summary: dict | None) -> str:
-    """The fixed Python work's time in us, at the pass's start/end ("-" where not measured)."""
+    """The fixed Python work's time in us, at the pass's start/end, each with the CPU it
+    ran on where known ("249@3/514@7"; "-" where not measured)."""
     pace = (summary or {}).get("pace_us")
     if not pace:
         return "-"
-    return "/".join(f"{us:.0f}" for us in pace)
+    cpus = (summary or {}).get("pace_cpu") or (None,) * len(pace)
+    marks = [f"@{cpu}" if cpu is not None else "" for cpu in cpus]
+    return "/".join(f"{us:.0f}{mark}" for us, mark in zip(pace, marks, strict=True))

@@ -39,6 +39,8 @@
 #   mla-host    one eager MLA layer call's host time at 16 heads, decode and cache write, with a
 #               cProfile of the decode, and the step's plan with its token plan made on the
 #               device and from the host's offsets (benchmarks/mla_eager_host.py). Under a minute.
+#   host-pace   the host's speed CPU by CPU: a fixed piece of Python pinned to each CPU in turn,
+#               20 rounds (benchmarks/host_pace.py): a slow CPU or a slow moment. Seconds.
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
 #               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
 #               HEADS_WORKLOADS (lat-8, decode-2k), HEADS_REPEATS rounds (default 3), prefix
@@ -164,6 +166,9 @@ for what in "$@"; do
       stage "eager MLA call's host time at 16 heads (vLLM $VLLM)"
       timeout 300 python3 -m benchmarks mla_eager_host --profile 25 \
         2>&1 | tee "$OUT/mla_eager_host_$VLLM.log" || status=1 ;;
+    host-pace)
+      stage "the host's speed CPU by CPU"
+      timeout 120 python3 -m benchmarks host_pace 2>&1 | tee "$OUT/host_pace.log" || status=1 ;;
     mla-configs)
       stage "MLA decode at 16 heads, launch configurations beside the plan's (vLLM $VLLM)"
       configs=${MLA_CONFIGS:-'[{"BLOCK_N": 64}, {"num_warps": 8}, {"num_stages": 3}, {"tma": false}, {"kernel": "gluon"}, {"fp8_math": "bf16"}]'}
@@ -243,7 +248,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests bench-tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host mla-configs graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests bench-tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host host-pace mla-configs graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

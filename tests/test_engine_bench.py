@@ -193,23 +193,28 @@ def test_each_pass_shows_the_hosts_pace_beside_its_step():
     """The fixed Python work's time at each pass's start and end, in the order the passes
     ran, under the step row: a slow pass on a slow host reads as such."""
 
-    def passes(case, steps, paces):
+    def passes(case, steps, paces, cpus=None):
         result = _runs(case, {})
-        for ms, pace in zip(steps, paces, strict=True):
+        for i, (ms, pace) in enumerate(zip(steps, paces, strict=True)):
             run = _runs(case, {"lat-1": 1e3 / ms})["runs"][0]
             host = {"busy_cores": 1.2, "own_cores": 1.0, "cpus": 16, "steal_cores": 0.0}
-            result["runs"].append({**run, "decode_step_ms": ms, "host": {**host, "pace_us": pace}})
+            host["pace_us"] = pace
+            if cpus:  # results written before the CPU was recorded have no pace_cpu
+                host["pace_cpu"] = cpus[i]
+            result["runs"].append({**run, "decode_step_ms": ms, "host": host})
         return result
 
     table = report(
         [
             passes("ATOM_AITER_MLA", [2.4, 3.1], [(201.0, 204.4), (300.2, 296.0)]),
-            passes("FLASH_ATTN_MLA", [3.0, 2.5], [(290.0, 310.0), (199.9, 200.0)]),
+            passes(
+                "FLASH_ATTN_MLA", [3.0, 2.5], [(290.0, 310.0), (199.9, 200.0)], [(3, 5), (0, 0)]
+            ),
         ]
     )
     assert "| lat-1 decode step ms, each pass in turn | 2.40, 3.10 | 3.00, 2.50 | |" in table
-    pace = "| lat-1 host's fixed Python work us (start/end), each pass in turn | "
-    assert pace + "201/204, 300/296 | 290/310, 200/200 | |" in table
+    pace = "| lat-1 host's fixed Python work us (start/end, @CPU it ran on), each pass in turn | "
+    assert pace + "201/204, 300/296 | 290@3/310@5, 200@0/200@0 | |" in table
     no_pace = report([_runs("ATOM_AITER_MLA", {"lat-1": 400.0}), _runs("X", {"lat-1": 1.0})])
     assert "fixed Python work" not in no_pace
 
@@ -363,19 +368,25 @@ def test_a_wave_runs_on_vllms_cpu_build_and_the_disabled_variant_has_no_plugin(t
 @pytest.mark.vllm
 def test_an_engine_core_in_a_process_of_its_own_is_measured_and_probed(tmp_path):
     """--engine-process: the engine core runs where vLLM serves it, outside the measuring
-    process, and the probe still records every model step there."""
+    process, and the probe still records every model step there. --cpus pins the case and,
+    through it, the engine core's process."""
+    import os
+
+    cpu = max(os.sched_getaffinity(0))
     out = tmp_path / "out"
     proc = _run_engine_bench(
         *("--cases", "default", "--workloads", "lat-1", "--wave", "1"),
-        *("--probe", "--engine-process", "--out-dir", str(out)),
+        *("--probe", "--engine-process", "--out-dir", str(out), "--cpus", str(cpu)),
     )
     result = json.loads((out / "default.json").read_text())
     assert result["engine"]["pid"] != result["measuring_pid"]
+    assert result["cpus"] == result["engine"]["cpus"] == [cpu]
+    assert set(result["runs"][0]["host"]["pace_cpu"]) == {cpu}
     (run,) = result["runs"]
     assert run["probe"]["decode"]["steps"] >= run["output_len"] - 2
     assert run["decode_step_ms"] > 0
     ran = next(line for line in proc.stdout.splitlines() if line.startswith("| ran |"))
-    assert ", core in its own process" in ran
+    assert f", core in its own process, CPUs {cpu}" in ran
 
 
 def test_the_engine_process_mode_takes_no_profile_and_pickles_its_rpc(tmp_path, monkeypatch):
@@ -383,6 +394,8 @@ def test_the_engine_process_mode_takes_no_profile_and_pickles_its_rpc(tmp_path, 
 
     with pytest.raises(SystemExit, match="drop one of them"):
         main(["--engine-process", "--profile", "FLASH_ATTN", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"--cpus: CPU list '4096': CPUs \[4096\] are not"):
+        main(["--cpus", "4096", "--out-dir", str(tmp_path)])
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     own = case_env("", None, engine_process=True)
     assert own["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"

@@ -39,7 +39,9 @@ def test_the_fixed_python_work_is_timed_at_both_ends_of_a_pass():
         time.sleep(0.05)
     start, end = load.summary["pace_us"]
     assert 1 < start < 1e6 and 1 < end < 1e6
-    assert host_load.pace_cell(load.summary) == f"{start:.0f}/{end:.0f}"
+    start_cpu, end_cpu = load.summary["pace_cpu"]  # where each reading ran
+    assert {start_cpu, end_cpu} <= os.sched_getaffinity(0)
+    assert host_load.pace_cell(load.summary) == f"{start:.0f}@{start_cpu}/{end:.0f}@{end_cpu}"
     assert host_load.pace_cell(None) == "-"
     assert 0.0 <= load.summary["steal_cores"] <= load.summary["cpus"]
 
@@ -65,3 +67,13 @@ def test_a_grandchild_spinning_counts_in_its_grandparents_tree():
         child.stdin.close()
         child.wait()
     assert load.summary["own_cores"] >= 0.3
+
+
+def test_the_cpu_a_thread_runs_on_follows_its_affinity():
+    before = os.sched_getaffinity(0)
+    try:
+        for cpu in sorted(before):
+            os.sched_setaffinity(0, {cpu})
+            assert host_load.current_cpu() == cpu
+    finally:
+        os.sched_setaffinity(0, before)
