@@ -7,9 +7,10 @@ each (perf_counter), the GPU's time from the step's first launch to its last (CU
 events recorded on the stream at both ends: busy time plus any wait for the host
 inside the step), synchronizing CUDA calls (`torch.cuda.set_sync_debug_mode`), the
 step's kind (decode: every request one query token; prefill otherwise), how many
-tokens each builder put on its decode and prefill paths, and the MLA decode plan the
-plugin's builder made (and, for decode steps, the one its CUDA graph was captured with,
-which a FULL graph replays instead). A step whose host time exceeds its GPU time is host-bound;
+tokens each builder put on its decode and prefill paths, and the MLA decode launch the
+plugin's layers ran (planned at the first layer's read; a step a FULL graph replays reads
+none and shows as not planned) and, for decode steps, the one its CUDA graph was captured
+with, which a FULL graph replays instead. A step whose host time exceeds its GPU time is host-bound;
 under async scheduling a sync makes the host wait for the GPU's step before.
 
 `PhaseProfiler` runs torch's profiler over one pass's decode steps or its prefill
@@ -74,13 +75,19 @@ def _timed(call, *args, **kwargs) -> tuple:
     return out, time.perf_counter() - t0, syncs[0]
 
 
-def _plan_key(metadata) -> str | None:
-    """The plugin's MLA decode plan, in short: kernel, splits, tokens a program."""
-    plan = getattr(getattr(metadata, "decode", None), "plan", None)
-    launch = getattr(plan, "launch", None)
-    if launch is None:
-        return type(plan).__name__ if plan is not None else None
-    return _launch_key(launch)
+# A Triton plan whose launch no layer read: a step a FULL CUDA graph replayed
+UNPLANNED = "launch not planned (graph replay)"
+
+
+def _plan_key(plan) -> str | None:
+    """The plugin's MLA decode plan, in short: kernel, splits, tokens a program. Read
+    after the step's layers ran, without planning a launch they did not read."""
+    if plan is None:
+        return None
+    if not hasattr(plan, "make_launch"):  # the torch reference's or AITER's plan
+        return type(plan).__name__
+    launch = plan.planned_launch
+    return UNPLANNED if launch is None else _launch_key(launch)
 
 
 def _launch_key(launch) -> str:
@@ -99,11 +106,11 @@ def _graph_plan(builder, metadata, common) -> str | None:
     (None for other builders, and for steps no decode graph takes)."""
     planner = getattr(builder, "planner", None)
     decode = getattr(metadata, "decode", None)
-    launch = getattr(getattr(decode, "plan", None), "launch", None)
-    if planner is None or launch is None or common.max_query_len > 1:
+    triton = hasattr(getattr(decode, "plan", None), "make_launch")
+    if planner is None or not triton or common.max_query_len > 1:
         return None
     paged = decode.paged
-    key = (id(builder), paged.num_reqs, paged.num_actual_tokens, launch.fp8_cache)
+    key = (id(builder), paged.num_reqs, paged.num_actual_tokens, planner.kv_dtype)
     if key not in _GRAPH_PLANS:
         _GRAPH_PLANS[key] = _capture_launch(builder, planner, paged)
     return _GRAPH_PLANS[key]
@@ -171,6 +178,8 @@ class StepProbe:
             self._current = step
             out, step["host_exec_s"], step["syncs_exec"] = _timed(original, *args, **kwargs)
             step["end"] = self._event()
+            for build in step["builds"]:  # the layers have run: their launches are known
+                build["plan"] = _plan_key(build["plan"])
             self.steps.append(step)
             return out
 
@@ -206,7 +215,8 @@ class StepProbe:
                         "max_query_len": int(common_attn_metadata.max_query_len),
                         "tokens": int(common_attn_metadata.num_actual_tokens),
                         "decode_tokens": _decode_tokens(metadata),
-                        "plan": _plan_key(metadata),
+                        # the decode plan, read once the step's layers have run
+                        "plan": getattr(getattr(metadata, "decode", None), "plan", None),
                         "graph_plan": _graph_plan(
                             original.__self__, metadata, common_attn_metadata
                         ),

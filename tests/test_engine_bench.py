@@ -407,26 +407,33 @@ def test_the_engine_process_mode_takes_no_profile_and_pickles_its_rpc(tmp_path, 
 
 class _Builder:
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        import torch
+
+        from atom_plugin.attention.mla.plan import TritonMLAPlan
+
         launch = Namespace(kernel="packed", schedule="lockstep", num_splits=4, tokens=1)
         launch.token_chunks = 1
-        decode = Namespace(plan=Namespace(launch=launch))
+        plan = TritonMLAPlan(torch.zeros(1), torch.zeros(1), make_launch=lambda: launch)
         tokens = common_attn_metadata.num_actual_tokens
-        return Namespace(num_decode_tokens=tokens, decode=decode, prefill=None)
+        return Namespace(num_decode_tokens=tokens, decode=Namespace(plan=plan), prefill=None)
 
 
 class _Runner:
     """A model runner's shape as the probe meets it: execute_model builds each group's
-    metadata, sample_tokens follows."""
+    metadata and runs the layers (eager ones read the plan's launch; a replayed FULL
+    graph reads none), sample_tokens follows."""
 
     def __init__(self):
         group = Namespace(backend=Namespace(get_name=lambda: "ATOM_AITER_MLA"))
         group.metadata_builders = [_Builder()]
         self.attn_groups = [[group]]
 
-    def execute_model(self, max_query_len, tokens):
+    def execute_model(self, max_query_len, tokens, replay=False):
         common = Namespace(max_query_len=max_query_len, num_actual_tokens=tokens)
         for group in self.attn_groups[0]:
-            group.metadata_builders[0].build(0, common)
+            metadata = group.metadata_builders[0].build(0, common)
+            if not replay:
+                metadata.decode.plan.launch  # noqa: B018 - a layer's read
 
     def sample_tokens(self):
         return "sampled"
@@ -441,13 +448,17 @@ def test_the_probe_records_each_model_step():
     probe.begin()
     runner.execute_model(7, 40)
     assert runner.sample_tokens() == "sampled"
-    for _ in range(3):
-        runner.execute_model(1, 4)
+    for replay in (False, True, True):
+        runner.execute_model(1, 4, replay=replay)
         runner.sample_tokens()
     summary = probe.end()
     assert summary["prefill"]["steps"] == 1 and summary["decode"]["steps"] == 3
     assert summary["decode"]["tokens"] == 12 and summary["decode"]["decode_path_tokens"] == 12
-    assert summary["decode"]["plans"] == {"packed/lockstep splits 4 tokens 1x1": 3}
+    # the probe plans nothing itself: the replayed steps' launches stay unplanned
+    assert summary["decode"]["plans"] == {
+        "launch not planned (graph replay)": 2,
+        "packed/lockstep splits 4 tokens 1x1": 1,
+    }
     assert summary["decode"]["build_us"] > 0 and summary["decode"]["syncs_build"] == 0
     runner.execute_model(1, 4)  # after end(): not recorded
     assert len(probe.steps) == 4
@@ -547,7 +558,10 @@ def test_the_probe_names_the_plan_a_decode_graph_replays():
     metadata = Namespace(decode=decode, prefill=None)  # the builder's MLA metadata
     builder = Namespace(planner=planner, model_config=Namespace(max_model_len=16384))
     graph = _graph_plan(builder, metadata, Namespace(max_query_len=1))
-    assert _plan_key(metadata).startswith("per_token") and graph.startswith("packed")
+    assert decode.plan.planned_launch is None  # naming the graph's launch planned none
+    assert _plan_key(decode.plan) == "launch not planned (graph replay)"
+    decode.plan.launch  # noqa: B018 - an eager layer's read
+    assert _plan_key(decode.plan).startswith("per_token") and graph.startswith("packed")
     assert _graph_plan(builder, metadata, Namespace(max_query_len=2)) is None
     assert _graph_plan(Namespace(), metadata, Namespace(max_query_len=1)) is None
 

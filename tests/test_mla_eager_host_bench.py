@@ -41,4 +41,5 @@ def test_a_decode_steps_plan_is_timed_both_ways():
     lines = mla_eager_host._decode_step_lines(8, 256)
     assert lines[0].startswith("decode step 8x1 over 256: plan, views of identity and seq_lens")
     assert lines[1].startswith("decode step 8x1 over 256: plan, arange and copy into buffers")
+    assert lines[2].startswith("decode step 8x1 over 256: plan, views, for a graph replay")
     assert all(" host " in line for line in lines)

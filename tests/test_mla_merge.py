@@ -72,4 +72,4 @@ def test_merge_chunks_a_narrow_tile(splits, block_s):
     b = _batch()
     plan = _plan(b, splits)
     launch = dataclasses.replace(plan.launch, merge_block_s=block_s)
-    _check(b, dataclasses.replace(plan, launch=launch))
+    _check(b, dataclasses.replace(plan, make_launch=lambda: launch))

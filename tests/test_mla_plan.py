@@ -241,6 +241,30 @@ def test_a_plan_per_kernel_path():
         plan_mla_decode(b.meta, 4, 4, kernel_impl="cuda")
 
 
+def test_the_launch_is_planned_at_its_first_read_once(monkeypatch):
+    """A step that a FULL CUDA graph replays never reads its plan's launch: the builder's
+    plan leaves it unplanned until a layer reads it, then plans it once for every layer."""
+    from atom_plugin.attention.mla import launch_plan
+
+    calls = []
+    real = launch_plan.plan_launch
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch_plan, "plan_launch", counted)
+    b = make_mla_batch([(1, 5), (1, 9)], heads=4, lora=16, rope=16)
+    plan = plan_mla_decode(b.meta, 2, 4, kernel_impl="triton")
+    assert calls == [] and plan.planned_launch is None
+    first = plan.launch
+    assert plan.launch is first and plan.planned_launch is first and len(calls) == 1
+    assert first == real(2, 2, 1, 4, b.meta.max_seq_len, b.meta.query_start_loc.device)
+    # a caller's own split count or config is checked (so planned) at once
+    chosen = plan_mla_decode(b.meta, 2, 4, kernel_impl="triton", num_splits=3)
+    assert len(calls) == 2 and chosen.planned_launch.num_splits == 3
+
+
 def _forbid_selection(monkeypatch):
     """Make every way to the kernel-path choice raise."""
 

@@ -8,7 +8,9 @@ the GPU back, except AITER's planning (its page count is data-dependent).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -162,11 +164,22 @@ class TorchMLAPlan:
 @dataclass(frozen=True)
 class TritonMLAPlan:
     """The Triton path's plan: the token plan and the step's launch (stage-1 kernel,
-    packing, split count, tiles), the same for every layer."""
+    packing, split count, tiles), the same for every layer. The launch is planned at its
+    first read (`make_launch`, host integers only): a decode step that a FULL CUDA graph
+    replays runs the launch the graph captured, and its own is never read, nor planned."""
 
     token_req: torch.Tensor
     token_kv_len: torch.Tensor
-    launch: TritonMLALaunch
+    make_launch: Callable[[], TritonMLALaunch] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def launch(self) -> TritonMLALaunch:
+        return self.make_launch()
+
+    @property
+    def planned_launch(self) -> TritonMLALaunch | None:
+        """The launch if something has read it, else None (planning nothing)."""
+        return self.__dict__.get("launch")
 
 
 MLAPlan = TorchMLAPlan | TritonMLAPlan | AiterMLAPlan
@@ -224,7 +237,8 @@ def plan_mla_decode(
     # imported here: Triton is optional (not installed on every platform)
     from atom_plugin.attention.mla.launch_plan import plan_launch
 
-    launch = plan_launch(
+    make_launch = functools.partial(
+        plan_launch,
         meta.num_reqs,
         num_tokens,
         meta.max_query_len,
@@ -236,7 +250,10 @@ def plan_mla_decode(
         num_splits=num_splits,
         layout=layout,
     )
-    return TritonMLAPlan(req, kv_len, launch)
+    plan = TritonMLAPlan(req, kv_len, make_launch)
+    if config is not None or num_splits is not None:
+        plan.launch  # noqa: B018 - a caller's own choices are checked here, not at a layer
+    return plan
 
 
 def _plan_aiter(meta, num_heads, kv_dtype, layout, token_kv_lens) -> AiterMLAPlan:
