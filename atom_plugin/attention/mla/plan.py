@@ -107,8 +107,6 @@ def mla_token_plan(
     `num_tokens` long; with it a uniform decode step runs no device op at all
     (`_uniform_decode_views`).
     """
-    qsl = meta.query_start_loc[: meta.num_reqs + 1]
-    device = qsl.device
     if out is not None and out[0].shape[0] < num_tokens:
         raise ValueError(f"plan buffers hold {out[0].shape[0]} tokens, the step has {num_tokens}")
     if token_kv_lens is None and meta.max_query_len <= 1 and num_tokens == meta.num_reqs:
@@ -119,7 +117,7 @@ def mla_token_plan(
         if identity is not None:
             return _uniform_decode_views(meta, num_tokens, identity)
         if out is None:
-            req = torch.arange(num_tokens, device=device, dtype=torch.int32)
+            req = torch.arange(num_tokens, device=meta.query_start_loc.device, dtype=torch.int32)
             return req, meta.seq_lens[:num_tokens].to(torch.int32)
         req, kv_len = out[0][:num_tokens], out[1][:num_tokens]
         torch.arange(num_tokens, out=req)
@@ -127,7 +125,8 @@ def mla_token_plan(
         return req, kv_len
     if query_start_loc_cpu is not None and token_kv_lens is None:
         return _token_plan_from_host(meta, num_tokens, query_start_loc_cpu, out)
-    t = torch.arange(num_tokens, device=device, dtype=qsl.dtype)
+    qsl = meta.query_start_loc[: meta.num_reqs + 1]
+    t = torch.arange(num_tokens, device=qsl.device, dtype=qsl.dtype)
     req = torch.searchsorted(qsl[1:].contiguous(), t, right=True)
     covered = (req < meta.num_reqs) & (t >= qsl[0])
     req = req.clamp(max=max(meta.num_reqs - 1, 0))
