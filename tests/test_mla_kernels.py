@@ -25,7 +25,6 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
 from atom_plugin.attention.mla import ops as mla_ops  # noqa: E402
-from atom_plugin.attention.mla import triton_kernels  # noqa: E402
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 from atom_plugin.attention.mla.reference import (  # noqa: E402
@@ -194,7 +193,6 @@ def test_triton_decode_dcp_token_kv_lens():
 
 
 @INTERPRETER_ONLY
-@pytest.mark.parametrize("scores", mla_launch_plan.SCORES)
 @pytest.mark.parametrize(
     "heads,splits,cfg,tokens",
     [
@@ -205,78 +203,22 @@ def test_triton_decode_dcp_token_kv_lens():
         (32, 2, {"BLOCK_H": 16, "BLOCK_M": 16}, 1),  # no packing: a program per token
     ],
 )
-def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens, scores):
+def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens):
     """Speculative rows (causal) with a request's tokens packed into one program's query
-    rows, in either product order; NaN in every unused cache row, so a key read past a
-    row's mask shows."""
+    rows; NaN in every unused cache row, so a key read past a row's mask shows."""
     reqs = [(2, 17), (4, 33), (1, 1), (3, 3), (4, 48)]
     b = make_mla_batch(
         reqs, heads=heads, lora=32, rope=16, pad_rows=2, pad_tokens=2, nan_unused=True
     )
     plan = plan_mla_decode(
-        b.meta,
-        b.q.shape[0],
-        heads,
-        kernel_impl="triton",
-        config={**cfg, "scores": scores},
-        num_splits=splits,
+        b.meta, b.q.shape[0], heads, kernel_impl="triton", config=cfg, num_splits=splits
     )
     assert plan.launch.tokens == tokens  # the packing this case is about is what runs
-    assert plan.launch.keys_major == (scores == "keys_by_heads")
     want_out, want_lse = _run("torch", b, 32)
     out, lse = _run("triton", b, 32, plan=plan)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert not out.isnan().any()
-
-
-class _Recorded:
-    """Wraps a Triton kernel: runs each launch and records its keyword arguments."""
-
-    def __init__(self, kernel, log: list[dict]):
-        self.kernel, self.log = kernel, log
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.log.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
-@INTERPRETER_ONLY
-@pytest.mark.parametrize("scores", mla_launch_plan.SCORES)
-@pytest.mark.parametrize("cache", [torch.float32, torch.float16, FP8[0]], ids=str)
-@pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
-@pytest.mark.parametrize("tma", [False, True])
-def test_packed_scores_in_either_order_match_the_reference(cache, reqs, tma, scores, monkeypatch):
-    """The packed kernel with its products heads by keys or keys by heads (`scores`)
-    against the reference at one tolerance: 32-bit, 16-bit and fp8 caches (fp16 math;
-    16-bit is fp16 here: Triton 3.9's interpreter gets bf16 products wrong), one and several
-    query tokens, partial last tiles, 3 splits, NaN in unused rows. The kernel is handed
-    the order the plan names."""
-    dtype = torch.float32 if cache == torch.float32 else torch.float16
-    b = make_mla_batch(
-        reqs, heads=16, lora=64, rope=16, block_size=BS, dtype=dtype, cache_dtype=cache,
-        pad_rows=1, pad_tokens=2, col_offset=16, nan_unused=True,
-    )  # fmt: skip
-    want_out, want_lse = _run("torch", b, 64)
-    keys_major = scores == "keys_by_heads"
-    plan = plan_for(b, "triton", num_splits=3, config={"BLOCK_N": 16, "tma": tma, "scores": scores})
-    assert plan.launch.keys_major is keys_major
-    assert plan.launch.tokens == (4 if reqs is MULTI else 1)
-    launches: list[dict] = []
-    monkeypatch.setattr(
-        "atom_plugin.attention.mla.triton._mla_decode_stage1",
-        _Recorded(triton_kernels._mla_decode_stage1, launches),
-    )
-    out, lse = _run("triton", b, 64, plan=plan)
-    assert [(k["KEYS_MAJOR"], k["TMA"]) for k in launches] == [(keys_major, tma)]
-    T = b.meta.num_actual_tokens
-    assert not out[:T].isnan().any()
-    tol = tolerance(dtype, cache)
-    torch.testing.assert_close(out, want_out, **tol)
-    torch.testing.assert_close(lse, want_lse, **tol)
 
 
 # Prefill rows on the decode kernel (vLLM hands the decode rows of up to
@@ -449,7 +391,6 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
         {"tma": True},
         {"tma": True, "BLOCK_N": 32, "num_stages": 3},
         {"tma": False},
-        {"scores": "keys_by_heads"},
     ],
 )
 def test_gpu_triton_decode_configs(cfg):
@@ -598,8 +539,6 @@ WIDE = {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}  # 16 heads, speculative tok
         NARROW,
         WIDE,
         {"merge_dv": 512},  # one merge program per (token, head)
-        # keys by heads; four stages: five of two tokens' 16-bit tiles take 263 KB so
-        {"scores": "keys_by_heads", "num_stages": 4},
     ],
 )
 def test_gpu_packed_variants(cfg, q_len, cache):

@@ -103,27 +103,6 @@ def test_plan_names_the_kernel_it_chose():
         )
 
 
-def test_scores_order_is_checked_and_planned():
-    """`scores` names the packed kernel's product order: today's by default, keys by
-    heads on request (the launch's `keys_major`); another value is refused naming it and
-    the choices, and the per-token kernel takes no such key."""
-    cpu = torch.device("cpu")
-    plan = mla_launch_plan.plan_launch
-    assert not plan(1, 1, 1, 16, 4096, cpu, config={"kernel": "packed"}).keys_major
-    for heads in (16, 128):
-        for fp8 in (False, True):
-            mla_launch_plan.check_config({"scores": "keys_by_heads"}, fp8, heads)
-            launch = plan(1, 1, 1, heads, 4096, cpu, fp8, config={"scores": "keys_by_heads"})
-            assert (launch.kernel, launch.keys_major) == ("packed", True)
-    with pytest.raises(
-        ValueError,
-        match=r"scores must be one of \('heads_by_keys', 'keys_by_heads'\), got 'keys_major'",
-    ):
-        mla_launch_plan.check_config({"scores": "keys_major"}, fp8_cache=False)
-    with pytest.raises(ValueError, match=r"unknown per_token .* \['scores'\]"):
-        mla_launch_plan.check_config({"kernel": "per_token", "scores": "keys_by_heads"}, False)
-
-
 def test_every_planned_triton_variant_fits_a_hopper_sm():
     """The Triton MLA kernels, compiled for sm_90 without a GPU (Triton's compiler and
     ptxas only) on the plan's default configurations: 16 and 128 heads, one, two and

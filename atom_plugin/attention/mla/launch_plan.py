@@ -66,10 +66,8 @@ def default_config(
     in one instruction per pair; "bf16"). `tma`: load whole tiles through TMA tensor
     descriptors - True requires it, False never, None whenever the cache allows it on
     a CUDA GPU with TMA. `merge_dv`: output columns per merge program (None:
-    `merge_block_dv`'s rule). `scores` (packed): "heads_by_keys" multiplies the query
-    rows by the keys, "keys_by_heads" the keys by the query rows (opt-in, not yet timed;
-    `triton_kernels._mla_tile_keys_major`). The packed kernel's values are the fastest
-    of the H200 sweeps: at 16 heads and one query token 32-key tiles five stages deep
+    `merge_block_dv`'s rule). The packed kernel's values are the fastest of the H200
+    sweeps: at 16 heads and one query token 32-key tiles five stages deep
     (Triton pipelines a tile whose page comes from the block table (stages - 1) // 2
     tiles ahead: two here, in 93.7 KB of shared memory, so two programs still share an
     SM), fp8 through TMA widened to fp16; with speculative tokens 64-key tiles on 8
@@ -104,7 +102,6 @@ def default_config(
             "per_sm": 1 if wide else 2,
             "fp8_math": "fp16",
             "merge_dv": None,
-            "scores": "heads_by_keys",
         }
     return {
         "BLOCK_H": 64,
@@ -116,12 +113,10 @@ def default_config(
         "per_sm": 1,
         "fp8_math": "bf16",
         "merge_dv": None,
-        "scores": "heads_by_keys",
     }
 
 
 KERNELS = ("packed", "per_token", "gluon")
-SCORES = ("heads_by_keys", "keys_by_heads")  # the packed kernel's product orders
 
 
 def _config(
@@ -139,8 +134,6 @@ def _config(
         raise ValueError(f"tma must be None, True or False, got {cfg['tma']!r}")
     if cfg.get("fp8_math", "fp16") not in ("fp16", "bf16"):
         raise ValueError(f"fp8_math must be 'fp16' or 'bf16', got {cfg['fp8_math']!r}")
-    if cfg.get("scores", SCORES[0]) not in SCORES:
-        raise ValueError(f"scores must be one of {SCORES}, got {cfg['scores']!r}")
     if cfg.get("schedule") not in (None, *GLUON_SCHEDULES):
         raise ValueError(
             f"schedule must be None (the rule) or one of {GLUON_SCHEDULES}, got {cfg['schedule']!r}"
@@ -214,7 +207,6 @@ class TritonMLALaunch:
     merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
     merge_block_s: int  # splits per merge tile (`merge_block_s`)
     schedule: str = "lockstep"  # gluon: "lockstep" (gluon_mla) or "alternate" (gluon_mla_alternate)
-    keys_major: bool = False  # packed: scores keys by heads (config "scores")
 
 
 def plan_launch(
@@ -306,7 +298,6 @@ def plan_launch(
         merge_block_dv=merge_dv,
         merge_block_s=merge_block_s(splits),
         schedule=schedule,
-        keys_major=cfg.get("scores") == "keys_by_heads",
     )
 
 

@@ -143,7 +143,6 @@ def _run_triton_stage1(
             *strides,
             TOKENS=launch.tokens,
             FP16_MATH=launch.fp16_math,
-            KEYS_MAJOR=launch.keys_major,
             **constants,
         )
 

@@ -8,8 +8,7 @@ block of cached rows once and scores it against BLOCK_M query rows (BLOCK_H head
 request's query tokens packed together, so a 16-head request with 2 speculative tokens
 reads its rows once, not twice) with two matmuls (latent part and rope part), then
 accumulates P @ kv_c. Each query row masks the keys it may not see (causal rows of one
-request see different counts). KEYS_MAJOR (opt-in) computes the same with the products
-transposed (`_mla_tile_keys_major`). Head groups are the fastest-varying grid axis, so the
+request see different counts). Head groups are the fastest-varying grid axis, so the
 groups that read the same rows run next to each other and mostly hit L2.
 `_mla_decode_per_token` runs one program per (head group, split, query token). Stage 2
 merges the splits with their log-sum-exps, in chunks of splits; with one split, stage 1
@@ -87,62 +86,6 @@ def _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION: 
     return m_new, l_i, acc
 
 
-@triton.jit
-def _mla_tile_keys_major(
-    q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr
-):
-    """`_mla_tile` transposed: scores [keys, rows], `valid` [keys, rows], `acc` [columns,
-    rows]. On Hopper at 16 heads the query rows (16) are too few for a warpgroup MMA's 64
-    rows, and an fp8 tile widened in registers must go back to shared memory as its B
-    operand; with the keys as the M dimension (64-key tiles fill it) the widened tile is
-    the A operand, which may stay in registers."""
-    s = tl.dot(kv_c, tl.trans(q_c), input_precision=PRECISION)
-    s += tl.dot(k_pe, tl.trans(q_pe), input_precision=PRECISION)
-    s = tl.where(valid, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[None, :])
-    l_i = l_i * alpha + tl.sum(p, 0)
-    acc = acc * alpha[None, :] + tl.dot(tl.trans(kv_c), p.to(kv_c.dtype), input_precision=PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _mla_packed_tile(
-    q_c,
-    q_pe,
-    kv_c,
-    k_pe,
-    pos,
-    in_split,
-    row_len,
-    m_i,
-    l_i,
-    acc,
-    qk_scale,
-    PRECISION: tl.constexpr,
-    TOKENS: tl.constexpr,
-    KEYS_MAJOR: tl.constexpr,
-):
-    """The packed kernel's update with the tile of keys at `pos`: one token's rows see
-    the keys `in_split` says, several tokens' rows (causal) each their own `row_len`."""
-    if KEYS_MAJOR:
-        if TOKENS == 1:
-            valid = in_split[:, None]
-        else:
-            valid = pos[:, None] < row_len[None, :]
-        m_i, l_i, acc = _mla_tile_keys_major(
-            q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION
-        )
-    else:
-        if TOKENS == 1:
-            valid = in_split[None, :]
-        else:
-            valid = pos[None, :] < row_len[:, None]
-        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
-    return m_i, l_i, acc
-
-
 # Not specialized on what changes from step to step: each new specialization would be a
 # JIT compile inside a serving step.
 @triton.jit(do_not_specialize=[*_SPLIT_SHAPED, "token_chunks"])
@@ -186,7 +129,6 @@ def _mla_decode_stage1(
     FP16_MATH: tl.constexpr,
     PRECISION: tl.constexpr,
     TMA: tl.constexpr,
-    KEYS_MAJOR: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
@@ -231,10 +173,7 @@ def _mla_decode_stage1(
     # row's last tile) keeps alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN
     m_i = tl.full([TOKENS * BLOCK_H], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([TOKENS * BLOCK_H], dtype=tl.float32)
-    if KEYS_MAJOR:
-        acc = tl.zeros([BLOCK_DV, TOKENS * BLOCK_H], dtype=tl.float32)
-    else:
-        acc = tl.zeros([TOKENS * BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([TOKENS * BLOCK_H, BLOCK_DV], dtype=tl.float32)
     bt_row = BLOCK_TABLE + r.to(tl.int64) * stride_bt
     tail = start
     if TMA:
@@ -242,7 +181,7 @@ def _mla_decode_stage1(
         # tiles start at multiples of BLOCK_N), so its rows are one box of the cache
         # viewed as [blocks * PAGE, LORA + ROPE]. Only the last, partial tile needs masks.
         tail = start + (end - start) // BLOCK_N * BLOCK_N
-        every = tl.full([BLOCK_N], 1, tl.int1)  # one token per program: whole tiles
+        every = tl.full([1, BLOCK_N], 1, tl.int1)  # one token per program: whole tiles
         for n in range(start, tail, BLOCK_N):
             page = tl.load(bt_row + n // PAGE)
             row0 = page * PAGE + n % PAGE
@@ -251,10 +190,13 @@ def _mla_decode_stage1(
             if IS_FP8:
                 kv_c = kv_c.to(q_c.dtype)
                 k_pe = k_pe.to(q_c.dtype)
-            m_i, l_i, acc = _mla_packed_tile(
-                q_c, q_pe, kv_c, k_pe, n + tl.arange(0, BLOCK_N), every, row_len,
-                m_i, l_i, acc, qk_scale, PRECISION, TOKENS, KEYS_MAJOR,
-            )  # fmt: skip
+            if TOKENS == 1:
+                valid = every
+            else:
+                valid = (n + tl.arange(0, BLOCK_N))[None, :] < row_len[:, None]
+            m_i, l_i, acc = _mla_tile(
+                q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION
+            )
     for n in range(tail, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
         mask_n = pos < end
@@ -271,13 +213,12 @@ def _mla_decode_stage1(
         if IS_FP8:
             kv_c = kv_c.to(q_c.dtype)
             k_pe = k_pe.to(q_c.dtype)
-        m_i, l_i, acc = _mla_packed_tile(
-            q_c, q_pe, kv_c, k_pe, pos, mask_n, row_len,
-            m_i, l_i, acc, qk_scale, PRECISION, TOKENS, KEYS_MAJOR,
-        )  # fmt: skip
+        if TOKENS == 1:
+            valid = mask_n[None, :]
+        else:
+            valid = pos[None, :] < row_len[:, None]
+        m_i, l_i, acc = _mla_tile(q_c, q_pe, kv_c, k_pe, valid, m_i, l_i, acc, qk_scale, PRECISION)
 
-    if KEYS_MAJOR:
-        acc = tl.trans(acc)  # [rows, columns], as stored
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     if IS_FP8:
