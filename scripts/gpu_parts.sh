@@ -3,7 +3,9 @@
 # NAME.part.NN, one DIR/pNN/ folder a part, DIR/SHA256SUMS where it has one) into parts of SIZE
 # (split's units: 54m), so that one part and this checkout together fit the 64 MiB a device
 # `run` call carries (prepare.sh cuts 60 MiB; the checkout is about 5 MB). The joined wheels
-# are unchanged (checked); install.sh joins NAME.part.* in name order as before.
+# are unchanged (checked); install.sh joins NAME.part.* in name order as before. The last
+# part's folder also holds DIR/SHA256SUMS and DIR/install.sh where DIR has them (copy the
+# recipe's install.sh into DIR first), so the call that carries it brings all the install needs.
 #   bash scripts/gpu_parts.sh DIR [SIZE]
 set -euo pipefail
 dir=${1:?usage: gpu_parts.sh DIR [SIZE]}
@@ -23,4 +25,7 @@ i=0
   d=$(printf '../p%02d' "$i"); mkdir -p "$d" && ln "$f" "$d/$f"; i=$((i + 1))
 done
 [ ! -f ../SHA256SUMS ] || sha256sum -- * > ../SHA256SUMS
-echo "$(ls | wc -l) parts of at most $size, one a folder: $dir/p00.."
+last=$(printf '../p%02d' $(($(ls | wc -l) - 1)))
+for f in ../SHA256SUMS ../install.sh; do [ ! -f "$f" ] || cp "$f" "$last/"; done
+echo "$(ls | wc -l) parts of at most $size, one a folder: $dir/p00..; $dir/${last#../} also holds" \
+  "$(cd "$last" && ls | grep -v '\.part\.' | tr '\n' ' ')"
