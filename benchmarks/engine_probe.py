@@ -79,12 +79,19 @@ def _timed(call, *args, **kwargs) -> tuple:
 UNPLANNED = "launch not planned (graph replay)"
 
 
+def _is_triton_plan(plan) -> bool:
+    """The Triton path's plan, whose launch is planned at the first layer's read."""
+    from atom_plugin.attention.mla.plan import TritonMLAPlan
+
+    return isinstance(plan, TritonMLAPlan)
+
+
 def _plan_key(plan) -> str | None:
     """The plugin's MLA decode plan, in short: kernel, splits, tokens a program. Read
     after the step's layers ran, without planning a launch they did not read."""
     if plan is None:
         return None
-    if not hasattr(plan, "make_launch"):  # the torch reference's or AITER's plan
+    if not _is_triton_plan(plan):  # the torch reference's or AITER's plan
         return type(plan).__name__
     launch = plan.planned_launch
     return UNPLANNED if launch is None else _launch_key(launch)
@@ -106,8 +113,9 @@ def _graph_plan(builder, metadata, common) -> str | None:
     (None for other builders, and for steps no decode graph takes)."""
     planner = getattr(builder, "planner", None)
     decode = getattr(metadata, "decode", None)
-    triton = hasattr(getattr(decode, "plan", None), "make_launch")
-    if planner is None or not triton or common.max_query_len > 1:
+    if planner is None or common.max_query_len > 1:
+        return None
+    if not _is_triton_plan(getattr(decode, "plan", None)):
         return None
     paged = decode.paged
     key = (id(builder), paged.num_reqs, paged.num_actual_tokens, planner.kv_dtype)

@@ -158,6 +158,6 @@ def pace_cell(summary: dict | None) -> str:
     pace = (summary or {}).get("pace_us")
     if not pace:
         return "-"
-    cpus = (summary or {}).get("pace_cpu") or (None,) * len(pace)
+    cpus = summary.get("pace_cpu") or (None,) * len(pace)
     marks = [f"@{cpu}" if cpu is not None else "" for cpu in cpus]
     return "/".join(f"{us:.0f}{mark}" for us, mark in zip(pace, marks, strict=True))

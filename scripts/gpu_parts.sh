@@ -25,7 +25,8 @@ i=0
   d=$(printf '../p%02d' "$i"); mkdir -p "$d" && ln "$f" "$d/$f"; i=$((i + 1))
 done
 [ ! -f ../SHA256SUMS ] || sha256sum -- * > ../SHA256SUMS
-last=$(printf '../p%02d' $(($(ls | wc -l) - 1)))
+count=$(ls | wc -l)
+last=$(printf '../p%02d' $((count - 1)))
 for f in ../SHA256SUMS ../install.sh; do [ ! -f "$f" ] || cp "$f" "$last/"; done
-echo "$(ls | wc -l) parts of at most $size, one a folder: $dir/p00..; $dir/${last#../} also holds" \
+echo "$count parts of at most $size, one a folder: $dir/p00..; $dir/${last#../} also holds" \
   "$(cd "$last" && ls | grep -v '\.part\.' | tr '\n' ' ')"
