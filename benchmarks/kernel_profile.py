@@ -115,6 +115,7 @@ SHAPES = {
         _mla("mla-fp8-h64-32x8k", 32, 8192, 64, 1, "fp8"),
         _mla("mla-h16-q2-128x4k", 128, 4096, 16, 2),
         _mla("mla-fp8-h16-32x32k", 32, 32768, 16, 1, "fp8"),
+        _mla("mla-h16-32x32k", 32, 32768, 16, 1),  # the fp8 shape's bf16 twin
         _mha("prefill-1x8k", [(8192, 8192)]),
         _mha("prefill-h64-1x8k", [(8192, 8192)], "32/8/64"),
         _mha("prefill-8x1k-over-7k", [(1024, 8192)] * 8),

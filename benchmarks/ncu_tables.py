@@ -216,6 +216,8 @@ def column(k: Kernel) -> dict:
         "SM throughput %": pct(k, "Compute (SM) Throughput", "SM Throughput"),
         "memory throughput %": pct(k, "Memory Throughput"),
         "DRAM throughput %": pct(k, "DRAM Throughput"),
+        # shared-memory loads go through L1/TEX: a kernel bound by them shows it here
+        "L1/shared throughput %": pct(k, "L1/TEX Cache Throughput"),
         "achieved / theoretical occupancy %": f"{_f(occ)} / {_f(theo)}",
         "registers / thread": _f(regs, ".0f"),
         "shared memory / block (KiB)": smem_kib,

@@ -80,6 +80,16 @@ SAMPLE = [
         "_paged_attn_prefill",
         "(128, 1, 1)",
         "(64, 32, 1)",
+        "GPU Speed Of Light Throughput",
+        "L1/TEX Cache Throughput",
+        "%",
+        "71.3",
+    ),
+    (
+        "0",
+        "_paged_attn_prefill",
+        "(128, 1, 1)",
+        "(64, 32, 1)",
         "Memory Workload Analysis",
         "Memory Throughput",
         "byte/second",
@@ -289,6 +299,7 @@ def test_table_has_one_column_per_kernel_and_the_side_totals():
     assert row("duration (us)")[2:4] == ["1234.6", "834.2"]
     assert row("SM throughput %")[2:4] == ["61.2", "80.0"]
     assert row("memory throughput %")[2:4] == ["22.5", "n/a"]
+    assert row("L1/shared throughput %")[2:4] == ["71.3", "n/a"]
     assert row("achieved / theoretical")[2] == "12.4 / 12.5"
     assert row("registers / thread")[2:4] == ["255", "168"]
     assert row("shared memory / block (KiB)")[2:4] == ["96.0", "196.0"]
