@@ -17,7 +17,8 @@ It also compiles the Triton MLA kernels (the cache write, stage 1 packed and per
 the merge) through their launcher (`mla.triton.mla_decode_triton`) for the configurations
 in TRITON_CASES and writes theirs. `--triton` compiles those alone and checks their
 shared memory, with any Triton that has a CUDA backend (the project's venv's: a CPU
-test runs it).
+test runs it). `--loops` (with `--triton`) also prints each Triton variant's innermost
+loops, its work per KV tile, counted by opcode (`sass_loops`).
 
 The stand-in driver below answers the compiler's questions (device 0, target sm_90) and
 launches nothing: every launch after a compile is a no-op, so a launcher runs to its end.
@@ -49,6 +50,7 @@ from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
+from scripts.sass_loops import disassemble, innermost_loops  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
 
@@ -220,13 +222,19 @@ def main(argv=None) -> int:
         help="the Triton MLA kernels only (TRITON_CASES), with any Triton that has a CUDA "
         "backend; exits 1 if a variant needs more shared memory than an SM grants",
     )
+    p.add_argument(
+        "--loops",
+        action="store_true",
+        help="with --triton or --ptx: each Triton variant's innermost loops (its machine "
+        "code's instructions a KV tile, by opcode)",
+    )
     args = p.parse_args(argv)
     driver.set_active(CompileOnlyDriver())
     failed = False
     if not args.triton:
         failed = check_gluon(args.ptx)
     if args.ptx or args.triton:
-        failed |= check_triton(args.ptx)
+        failed |= check_triton(args.ptx, args.loops)
     return 1 if failed else 0
 
 
@@ -254,9 +262,9 @@ def check_gluon(ptx: str | None) -> bool:
     return failed
 
 
-def check_triton(ptx: str | None) -> bool:
+def check_triton(ptx: str | None, loops: bool = False) -> bool:
     """Compiles the Triton MLA kernels for TRITON_CASES; True if a variant is over the
-    shared memory limit."""
+    shared memory limit. `loops`: print each variant's innermost loops."""
     for case in TRITON_CASES:
         try:
             compile_triton_case(*case)
@@ -270,6 +278,9 @@ def check_triton(ptx: str | None) -> bool:
             over, shared = shared_report(compiled)
             failed |= over
             print(f"{name}: {shared}; {spec}")
+            if loops:
+                for loop in innermost_loops(disassemble(compiled.asm["cubin"])):
+                    print(f"  loop at {loop.start:#06x}: {loop.summary()}")
             if ptx:
                 write_ptx(ptx, name, compiled, spec)
     return failed

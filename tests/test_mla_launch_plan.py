@@ -107,7 +107,8 @@ def test_every_planned_triton_variant_fits_a_hopper_sm():
     """The Triton MLA kernels, compiled for sm_90 without a GPU (Triton's compiler and
     ptxas only) on the plan's default configurations: 16 and 128 heads, one, two and
     four query tokens a request, 16-bit and fp8 caches. None may need more shared memory
-    than an SM grants (a 16-bit cache at four tokens asked 296 KB once)."""
+    than an SM grants (a 16-bit cache at four tokens asked 296 KB once). With `--loops`
+    each variant's tile loops are printed too."""
     import os
     import subprocess
     import sys
@@ -116,7 +117,7 @@ def test_every_planned_triton_variant_fits_a_hopper_sm():
     script = Path(__file__).parents[1] / "scripts" / "gluon_sm90_check.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, str(script), "--triton"],
+        [sys.executable, str(script), "--triton", "--loops"],
         capture_output=True,
         text=True,
         env=env,
@@ -126,3 +127,5 @@ def test_every_planned_triton_variant_fits_a_hopper_sm():
     assert "OVER THE LIMIT" not in proc.stdout
     # the four-token 16-bit variant ran through the compiler
     assert "BLOCK_H=16 TOKENS=4 BLOCK_N=64 IS_FP8=False" in proc.stdout
+    # --loops: each variant's KV-tile loops, disassembled and counted
+    assert any("HMMA" in line for line in proc.stdout.splitlines() if "  loop at 0x" in line)

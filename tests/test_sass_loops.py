@@ -1,0 +1,72 @@
+"""scripts/sass_loops.py: the innermost loops of a kernel's SASS, counted by opcode; on a
+hand-written listing, and on the packed MLA kernel compiled for sm_90 without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from scripts.sass_loops import innermost_loops
+
+# An outer loop (.L_x_0 .. 0x0090) around an inner one (.L_x_1 .. 0x0070), then a two-
+# instruction spin-wait: nvdisasm -c's layout, predicates and modifiers included.
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDS.U8 R2, [R3] ;
+.L_x_1:
+        /*0020*/                   LDS.U8 R4, [R3+0x1] ;
+        /*0030*/                   F2FP.F16.E4M3.UNPACK_B R5, R4 ;
+        /*0040*/                   HMMA.16816.F32 R8, R12, R16, R8 ;
+        /*0050*/                   HMMA.16816.F32 R8, R12, R18, R8 ;
+        /*0060*/               @P0 IADD3 R3, R3, 0x2, RZ ;
+        /*0070*/               @P0 BRA `(.L_x_1) ;
+        /*0080*/                   IMAD R6, R6, 0x2, RZ ;
+        /*0090*/              @!P1 BRA `(.L_x_0) ;
+.L_x_2:
+        /*00a0*/                   SYNCS.PHASECHK.TRANS64 P2, [UR4], R0 ;
+        /*00b0*/              @!P2 BRA `(.L_x_2) ;
+        /*00c0*/                   EXIT ;
+"""
+
+
+def test_innermost_loops_keep_the_inner_loop_and_count_opcodes():
+    loops = innermost_loops(LISTING, min_size=2)
+    inner = loops[0]
+    assert (inner.start, inner.end) == (0x20, 0x70)
+    assert inner.ops == {"LDS": 1, "F2FP": 1, "HMMA": 2, "IADD3": 1, "BRA": 1}
+    assert inner.summary(top=2) == "6 instructions (HMMA 2, LDS 1)"
+    # the spin-wait is a loop too; the outer loop holds the inner one and is left out
+    assert [(x.start, x.end) for x in loops] == [(0x20, 0x70), (0xA0, 0xB0)]
+    assert [(x.start, x.end) for x in innermost_loops(LISTING, min_size=3)] == [(0x20, 0x70)]
+
+
+def test_the_fp8_tile_loop_widens_and_multiplies():
+    """The packed MLA kernel at 16 heads with an fp8 cache (one token, TMA tiles), compiled
+    for sm_90 by the venv's Triton through gluon_sm90_check's compile-only driver: its
+    loops over key tiles carry the tensor-core MMAs and the fp8 widening."""
+    root = Path(__file__).parents[1]
+    code = (
+        "from triton.runtime import driver\n"
+        "from scripts.gluon_sm90_check import CompileOnlyDriver, compile_triton_case\n"
+        "from scripts.sass_loops import disassemble, innermost_loops\n"
+        "from atom_plugin.attention.mla import triton_kernels as K\n"
+        "driver.set_active(CompileOnlyDriver())\n"
+        "compile_triton_case(16, 1, True, 2, {'kernel': 'packed', 'tma': True})\n"
+        "for k in K._mla_decode_stage1.device_caches[0][0].values():\n"
+        "    for loop in innermost_loops(disassemble(k.asm['cubin'])):\n"
+        "        print(sorted(loop.ops.items()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loops = [dict(eval(line)) for line in proc.stdout.splitlines() if line.startswith("[")]
+    tiles = [ops for ops in loops if ops.get("HMMA")]
+    assert tiles, proc.stdout
+    assert all(ops.get("F2FP") for ops in tiles)
