@@ -50,7 +50,7 @@ from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
-from scripts.sass_loops import disassemble, innermost_loops  # noqa: E402
+from scripts.sass_loops import disassemble, innermost_loops, triton_tool  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
 
@@ -82,7 +82,7 @@ class CompileOnlyDriver:
 
 
 def ptxas_report(ptx: str) -> str:
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    ptxas = triton_tool("ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     out = subprocess.run(

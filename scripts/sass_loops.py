@@ -36,16 +36,20 @@ class Loop:
         return f"{self.size} instructions ({most})"
 
 
-def disassemble(cubin: bytes, nvdisasm: str | None = None) -> str:
-    """`nvdisasm -c` of a cubin (the Triton that compiled it ships the tool)."""
-    if nvdisasm is None:
-        import triton
+def triton_tool(name: str) -> str:
+    """The path of one of the CUDA tools Triton ships (ptxas, nvdisasm, cuobjdump)."""
+    import triton
 
-        nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+    return os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin", name)
+
+
+def disassemble(cubin: bytes) -> str:
+    """`nvdisasm -c` of a cubin (the Triton that compiled it ships the tool)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        res = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True)
+        cmd = [triton_tool("nvdisasm"), "-c", f.name]
+        res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {res.stderr.strip()[:300]}")
     return res.stdout
