@@ -48,6 +48,7 @@ from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels  # no
 from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # noqa: E402
 from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
+from atom_plugin.attention.mla.gluon import rows16 as gluon_mla_rows16  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 from scripts.sass_loops import disassemble, innermost_loops, triton_tool  # noqa: E402
@@ -102,6 +103,7 @@ CASES = (
     ("lockstep", torch.bfloat16),
     ("lockstep", torch.float8_e4m3fn),
     ("alternate", torch.bfloat16),
+    ("rows16", torch.float8_e4m3fn),
 )
 
 
@@ -243,12 +245,13 @@ def check_gluon(ptx: str | None) -> bool:
     if triton.__version__.split(".")[:2] != ["3", "6"]:
         print(f"warning: Triton {triton.__version__}; the GPU machine runs 3.6", file=sys.stderr)
     for schedule, dtype in CASES:
-        for block_h, tokens in PACKINGS:
+        for block_h, tokens in PACKINGS if schedule != "rows16" else ((16, 1),):
             compile_case(schedule, dtype, block_h, tokens)
     failed = False
     for name, fn in (
         ("lockstep", gluon_mla.stage1),
         ("alternate", gluon_mla_alternate.stage1),
+        ("rows16", gluon_mla_rows16.stage1),
     ):
         for compiled in fn.device_caches[0][0].values():
             over, shared = shared_report(compiled)

@@ -101,10 +101,11 @@ def test_gluon_config_keys():
         mla_launch_plan._config(128, False, "gluon", {"BLOCK_N": 32})
 
 
-GLUON_PATHS = [  # (cache, schedule): the alternate schedule takes 16-bit caches
+GLUON_PATHS = [  # (cache, schedule): alternate takes 16-bit caches, rows16 fp8 ones
     ("bf16", "lockstep"),
     ("bf16", "alternate"),
     ("fp8", "lockstep"),
+    ("fp8", "rows16"),
 ]
 
 
@@ -207,8 +208,9 @@ def test_gpu_gluon_dcp_token_kv_lens():
         {"kernel": "per_token"},
         {"kernel": "gluon", "schedule": "lockstep"},
         {"kernel": "gluon", "schedule": "alternate"},
+        {"kernel": "gluon", "schedule": "rows16"},
     ],
-    ids=["packed", "per_token", "lockstep", "alternate"],
+    ids=["packed", "per_token", "lockstep", "alternate", "rows16"],
 )
 @pytest.mark.parametrize("heads", [16, 128])
 def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
@@ -216,6 +218,8 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
     part), every stage-1 kernel gives exactly what it gives for the joined query."""
     if cache == "fp8" and config.get("schedule") == "alternate":
         pytest.skip("the alternate schedule takes 16-bit caches only")
+    if cache == "bf16" and config.get("schedule") == "rows16":
+        pytest.skip("the rows16 schedule takes fp8 caches only")
     b = gpu_edge_batch([(2, 777), (1, 65), (1, 2051)], heads, cache)
     plan = plan_for(b, "triton", config=config, layout=BF16_64)
     assert plan.launch.kernel == config["kernel"]

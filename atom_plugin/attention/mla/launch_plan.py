@@ -140,6 +140,8 @@ def _config(
         )
     if fp8_cache and cfg.get("schedule") == "alternate":
         raise ValueError("the alternate schedule takes 16-bit caches only (fp8: 'lockstep')")
+    if not fp8_cache and cfg.get("schedule") == "rows16":
+        raise ValueError("the rows16 schedule takes fp8 caches only (16-bit: 'lockstep')")
     dv = cfg["merge_dv"]
     if dv is not None and (not isinstance(dv, int) or dv < 16 or dv & (dv - 1)):
         raise ValueError(f"merge_dv must be None or a power of two >= 16, got {dv!r}")
@@ -166,7 +168,9 @@ def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
     _config(num_heads, fp8_cache, kernel, rest)
 
 
-GLUON_SCHEDULES = ("lockstep", "alternate")
+# 'rows16' (`gluon.rows16`, fp8 caches, 16 query rows a program on mma.sync) runs only
+# where a config names it: not yet timed in vLLM's engine.
+GLUON_SCHEDULES = ("lockstep", "alternate", "rows16")
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
 
 
@@ -206,7 +210,7 @@ class TritonMLALaunch:
     fp16_math: bool  # for an fp8 cache
     merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
     merge_block_s: int  # splits per merge tile (`merge_block_s`)
-    schedule: str = "lockstep"  # gluon: "lockstep" (gluon_mla) or "alternate" (gluon_mla_alternate)
+    schedule: str = "lockstep"  # gluon: "lockstep", "alternate" or "rows16" (GLUON_SCHEDULES)
 
 
 def plan_launch(
@@ -262,15 +266,36 @@ def plan_launch(
             kernel = choose_kernel(num_heads, num_reqs, context, splits, gluon, max_query_len)
     if kernel == "gluon":
         cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
-        cfg.update(
-            BLOCK_N=gluon_shapes.BLOCK_N,
-            num_warps=gluon_shapes.NUM_WARPS,
-            num_stages=gluon_shapes.STAGES,
-            tma=True,
-        )
-        block_h, tokens, token_chunks, head_groups = packing(cfg["BLOCK_H"], gluon_shapes.BLOCK_M)
+        if cfg["schedule"] == "rows16":
+            cfg.update(
+                BLOCK_N=gluon_shapes.ROWS16_BLOCK_N,
+                num_warps=gluon_shapes.ROWS16_NUM_WARPS,
+                num_stages=gluon_shapes.ROWS16_STAGES,
+                per_sm=2,
+                tma=True,
+            )
+            block_m = gluon_shapes.ROWS16_BLOCK_M
+            if _triton_version() < (3, 8):
+                raise ValueError(
+                    "the rows16 schedule needs Triton 3.8 or newer (its shared-memory views "
+                    f"fail to compile in 3.6); this is Triton {_triton_version()}"
+                )
+            if layout is not None and (layout.kv_lora_rank, layout.rope) != (512, 64):
+                raise ValueError(
+                    f"the rows16 schedule takes 512 latent and 64 rope columns, not "
+                    f"{layout.kv_lora_rank} and {layout.rope}"
+                )
+        else:
+            cfg.update(
+                BLOCK_N=gluon_shapes.BLOCK_N,
+                num_warps=gluon_shapes.NUM_WARPS,
+                num_stages=gluon_shapes.STAGES,
+                tma=True,
+            )
+            block_m = gluon_shapes.BLOCK_M
+        block_h, tokens, token_chunks, head_groups = packing(min(cfg["BLOCK_H"], block_m), block_m)
         splits = split_count(
-            num_reqs * token_chunks * head_groups, gluon_shapes.BLOCK_N, sms * cfg["per_sm"], most
+            num_reqs * token_chunks * head_groups, cfg["BLOCK_N"], sms * cfg["per_sm"], most
         )
         schedule = gluon_schedule(cfg["schedule"], fp8_cache, num_heads, context, splits)
     if kernel == "per_token":
@@ -299,6 +324,13 @@ def plan_launch(
         merge_block_s=merge_block_s(splits),
         schedule=schedule,
     )
+
+
+@functools.cache
+def _triton_version() -> tuple[int, ...]:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 def merge_block_dv(rows: int, splits: int, sms: int, dv: int = 512) -> int:

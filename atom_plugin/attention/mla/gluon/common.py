@@ -64,15 +64,19 @@ def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
     dst.store(x)
 
 
-def cache_descriptors(kv_cache: torch.Tensor, lora: int, box_cols: int | None = None) -> list:
+def cache_descriptors(
+    kv_cache: torch.Tensor, lora: int, box_cols: int | None = None, box_rows: int = BLOCK_N
+) -> list:
     """Gluon TMA descriptors of the cache's latent and rope columns
-    (`mla.cache_view.cache_row_parts`) in boxes of BLOCK_N rows by `box_cols` columns (None:
-    the part's width), made at the first launch over the cache and kept (`attention.kept`)."""
+    (`mla.cache_view.cache_row_parts`) in boxes of `box_rows` rows by `box_cols` columns
+    (None: the part's width), made at the first launch over the cache and kept
+    (`attention.kept`)."""
 
     def make() -> list:
         return [
-            tma_descriptor(part, shape, strides, [BLOCK_N, box_cols or shape[1]])
+            tma_descriptor(part, shape, strides, [box_rows, box_cols or shape[1]])
             for part, shape, strides in cache_row_parts(kv_cache, lora)
         ]
 
-    return KEPT_PER_CACHE.get(("gluon", cache_key(kv_cache), lora, box_cols), make)
+    key = ("gluon", cache_key(kv_cache), lora, box_cols, box_rows)
+    return KEPT_PER_CACHE.get(key, make)

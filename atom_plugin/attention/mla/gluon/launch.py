@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_plugin.attention.mla.gluon import alternate, lockstep, shapes
+from atom_plugin.attention.mla.gluon import alternate, lockstep, rows16, shapes
 from atom_plugin.attention.mla.gluon.common import cache_descriptors
 
 
@@ -56,6 +56,20 @@ def run_stage1(
         )
         return
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if launch.schedule == "rows16":
+        rows16.stage1[grid](
+            q_c,
+            q_pe,
+            *cache_descriptors(kv_cache, lora, box_rows=shapes.ROWS16_BLOCK_N),
+            *plan,
+            kv_scale,
+            *sizes,
+            *strides,
+            **shape,
+            STAGES=shapes.ROWS16_STAGES,
+            num_warps=shapes.ROWS16_NUM_WARPS,
+        )
+        return
     lockstep.stage1[grid](
         q_c,
         q_pe,

@@ -20,3 +20,9 @@ ALTERNATE_NUM_WARPS = 4  # the kernel's own warps: consumer warpgroup 0 (the def
 # granted by warpgroups): 168 registers a thread at launch fill the SM's 64K, and the
 # partitions then take 240 (each consumer) and 24 (the loader).
 ALTERNATE_MAXNREG = 168
+
+# The 16-row fp8 kernel (`rows16`): one query token of 16 heads on four warps
+ROWS16_BLOCK_M = 16  # query rows per program: mma.sync's M
+ROWS16_BLOCK_N = 32  # keys per TMA tile
+ROWS16_NUM_WARPS = 4
+ROWS16_STAGES = 5  # 5 x 18 KB of fp8 tiles beside the query and the output pass: two programs an SM
