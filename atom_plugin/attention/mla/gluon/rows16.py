@@ -79,6 +79,9 @@ def columns_first(ll):
     )
 
 
+RESCALE_LOG2 = gl.constexpr(8.0)  # how far a row's max may outgrow the running one, log2
+
+
 # The warps' partial scores [4 warps, 16 rows, 32 keys] in shared memory, key bits 3 and
 # 4 swizzled with row bits 0 and 1: the 8-byte stores and loads of 16 lanes (rows 0-3,
 # keys 0-7) fall in 32 different banks.
@@ -280,12 +283,18 @@ def stage1(
 
         valid = (n0 + offs_n)[None, :] < row_len[:, None]
         sc = gl.where(valid, scores * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        m_tile = gl.max(sc, 1)
+        # The running max moves (and the output rescales) only when a row's max grows
+        # past it by more than RESCALE_LOG2: until then p stays below 2^RESCALE_LOG2,
+        # which fp16 P and the fp32 sums hold, and a tile skips the rescale's multiplies.
+        if gl.max(m_tile - m_i, 0) > RESCALE_LOG2:
+            m_new = gl.maximum(m_i, m_tile)
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            m_i = m_new
+        p = gl.exp2(sc - m_i[:, None])
+        l_i = l_i + gl.sum(p, 1)
         # P @ V in two halves of 16 keys
         p_lo, p_hi = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [BM, 2, BN // 2]), [0, 2, 1]))
         values = view(kc, "value", [BN, LORA])
