@@ -17,8 +17,8 @@ It also compiles the Triton MLA kernels (the cache write, stage 1 packed and per
 the merge) through their launcher (`mla.triton.mla_decode_triton`) for the configurations
 in TRITON_CASES and writes theirs. `--triton` compiles those alone and checks their
 shared memory, with any Triton that has a CUDA backend (the project's venv's: a CPU
-test runs it). `--loops` (with `--triton`) also prints each Triton variant's innermost
-loops, its work per KV tile, counted by opcode (`sass_loops`).
+test runs it). `--loops` also prints each variant's innermost loops, its work per KV
+tile, counted by opcode (`sass_loops`).
 
 The stand-in driver below answers the compiler's questions (device 0, target sm_90) and
 launches nothing: every launch after a compile is a no-op, so a launcher runs to its end.
@@ -227,21 +227,22 @@ def main(argv=None) -> int:
     p.add_argument(
         "--loops",
         action="store_true",
-        help="with --triton or --ptx: each Triton variant's innermost loops (its machine "
-        "code's instructions a KV tile, by opcode)",
+        help="each compiled variant's innermost loops (its machine code's instructions a "
+        "KV tile, by opcode)",
     )
     args = p.parse_args(argv)
     driver.set_active(CompileOnlyDriver())
     failed = False
     if not args.triton:
-        failed = check_gluon(args.ptx)
+        failed = check_gluon(args.ptx, args.loops)
     if args.ptx or args.triton:
         failed |= check_triton(args.ptx, args.loops)
     return 1 if failed else 0
 
 
-def check_gluon(ptx: str | None) -> bool:
-    """Compiles every Gluon stage-1 variant; True if one is over the shared memory limit."""
+def check_gluon(ptx: str | None, loops: bool = False) -> bool:
+    """Compiles every Gluon stage-1 variant; True if one is over the shared memory limit.
+    `loops`: print each variant's innermost loops."""
     if triton.__version__.split(".")[:2] != ["3", "6"]:
         print(f"warning: Triton {triton.__version__}; the GPU machine runs 3.6", file=sys.stderr)
     for schedule, dtype in CASES:
@@ -260,6 +261,9 @@ def check_gluon(ptx: str | None) -> bool:
             rows = f"{compiled.src.constants[(compiled.src.fn.arg_names.index('BLOCK_H'),)]}h"
             rows += f"x{compiled.src.constants[(compiled.src.fn.arg_names.index('TOKENS'),)]}t"
             print(f"{name} {cache} {rows}: {shared}; {ptxas_report(compiled.asm['ptx'])}")
+            if loops:
+                for loop in innermost_loops(disassemble(compiled.asm["cubin"])):
+                    print(f"  loop at {loop.start:#06x}: {loop.summary()}")
             if ptx:
                 write_ptx(ptx, f"{name}_{cache}_{rows}", compiled)
     return failed

@@ -4,7 +4,10 @@ tile, compared across variants on a machine without a GPU. On 2026-12-06 the pac
 kernel's tile loop at 16 heads (one token, TMA tiles), compiled by the GPU machine's
 Triton 3.6, took 935 instructions with an fp8 cache against 420 with bf16; on the H100
 the fp8 kernel issued twice the instructions a cycle and took the same time.
-`gluon_sm90_check.py --loops` prints them for every Triton MLA variant it compiles.
+`gluon_sm90_check.py --loops` prints them for every MLA variant it compiles. A loop with
+conditional blocks (a Gluon kernel's partial-tile pass, its rare rescale) also gets the
+count of its straight path: every instruction but those a conditional forward branch
+inside the loop can jump over.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
-_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\b.*`?\((\.L_x_\d+)\)")
 
@@ -26,6 +29,7 @@ class Loop:
     start: int  # byte offsets of its first and last (the backward branch) instruction
     end: int
     ops: Counter  # opcode (without modifiers) -> count
+    straight: Counter  # the same past the blocks a conditional forward branch jumps over
 
     @property
     def size(self) -> int:
@@ -33,7 +37,11 @@ class Loop:
 
     def summary(self, top: int = 8) -> str:
         most = ", ".join(f"{op} {n}" for op, n in self.ops.most_common(top))
-        return f"{self.size} instructions ({most})"
+        text = f"{self.size} instructions ({most})"
+        if self.straight != self.ops:
+            most = ", ".join(f"{op} {n}" for op, n in self.straight.most_common(top))
+            text += f"; straight path {sum(self.straight.values())} ({most})"
+        return text
 
 
 def triton_tool(name: str) -> str:
@@ -61,7 +69,7 @@ def innermost_loops(sass: str, min_size: int = 16) -> list[Loop]:
     out."""
     ops: list[tuple[int, str]] = []
     labels: dict[str, int] = {}
-    branches: list[tuple[int, str]] = []
+    branches: list[tuple[int, str, bool]] = []  # (address, target, conditional)
     pending: list[str] = []
     for line in sass.splitlines():
         label = _LABEL.match(line)
@@ -75,17 +83,25 @@ def innermost_loops(sass: str, min_size: int = 16) -> list[Loop]:
         for name in pending:
             labels[name] = at
         pending = []
-        ops.append((at, m.group(2)))
+        ops.append((at, m.group(3)))
         b = _BRANCH.search(line)
         if b:
-            branches.append((at, b.group(1)))
+            branches.append((at, b.group(1), m.group(2) is not None))
     loops = []
-    for at, target in branches:
+    for at, target, _ in branches:
         start = labels.get(target)
         if start is not None and start < at:
             counted = Counter(op for a, op in ops if start <= a <= at)
             if sum(counted.values()) >= min_size:
-                loops.append(Loop(start, at, counted))
+                skips = [
+                    (a, labels[t])
+                    for a, t, cond in branches
+                    if cond and start <= a < labels.get(t, -1) <= at
+                ]
+                straight = Counter(
+                    op for a, op in ops if start <= a <= at and not any(b < a < t for b, t in skips)
+                )
+                loops.append(Loop(start, at, counted, straight))
     return [
         outer
         for outer in loops

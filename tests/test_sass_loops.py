@@ -32,6 +32,32 @@ LISTING = """
 """
 
 
+# A tile loop with a conditional block (a partial tile's pass) and a rescale that a
+# conditional branch skips: the straight path leaves both out, the whole count keeps them.
+BRANCHY = """
+.L_x_0:
+        /*0000*/                   LDS.128 R4, [R3] ;
+        /*0010*/               @P1 BRA `(.L_x_1) ;
+        /*0020*/                   STS.128 [R3], RZ ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_1:
+        /*0040*/                   HMMA.16816.F32 R8, R12, R16, R8 ;
+        /*0050*/              @!P0 BRA `(.L_x_2) ;
+        /*0060*/                   FMUL R8, R8, R20 ;
+.L_x_2:
+        /*0070*/                   F2FP.F16.E4M3.UNPACK_B R5, R4 ;
+        /*0080*/              @!P2 BRA `(.L_x_0) ;
+"""
+
+
+def test_straight_path_leaves_out_conditional_blocks():
+    (loop,) = innermost_loops(BRANCHY, min_size=2)
+    assert loop.size == 9 and loop.ops["STS"] == 1 and loop.ops["FMUL"] == 1
+    assert sum(loop.straight.values()) == 6
+    assert "STS" not in loop.straight and "FMUL" not in loop.straight and "BAR" not in loop.straight
+    assert loop.summary().startswith("9 instructions") and "straight path 6" in loop.summary()
+
+
 def test_innermost_loops_keep_the_inner_loop_and_count_opcodes():
     loops = innermost_loops(LISTING, min_size=2)
     inner = loops[0]

@@ -268,6 +268,7 @@ def stage1(
                 part = kc.slice(c * 128, 128, dim=1)
                 widen(part, part, keep, BN, load_layout)
             widen(kpe, kpe, keep, BN, load_layout)
+            fence_async_shared()  # written here, refilled by TMA later
             thread_barrier()
         k_view = view(kc, "latent", [W, KW, BN])
         k_lo = k_view.slice(0, KW // 2, dim=1).load(k_op).to(gl.float16)
