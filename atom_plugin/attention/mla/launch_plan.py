@@ -275,9 +275,9 @@ def plan_launch(
                 tma=True,
             )
             block_m = gluon_shapes.ROWS16_BLOCK_M
-            if _triton_version() < (3, 8):
+            if _triton_version() < (3, 7):
                 raise ValueError(
-                    "the rows16 schedule needs Triton 3.8 or newer (its shared-memory views "
+                    "the rows16 schedule needs Triton 3.7 or newer (its shared-memory views "
                     f"fail to compile in 3.6); this is Triton {_triton_version()}"
                 )
             if layout is not None and (layout.kv_lora_rank, layout.rope) != (512, 64):
