@@ -283,8 +283,8 @@ def stage1(
         scores = gl.convert_layout(gl.sum(partials.load(all_partials), 0), s2, assert_trivial=True)
 
         valid = (n0 + offs_n)[None, :] < row_len[:, None]
-        sc = gl.where(valid, scores * qk_scale, float("-inf"))
-        m_tile = gl.max(sc, 1)
+        sc = gl.where(valid, scores, float("-inf"))  # scaled inside exp2's argument below
+        m_tile = gl.max(sc, 1) * qk_scale
         # The running max moves (and the output rescales) only when a row's max grows
         # past it by more than RESCALE_LOG2: until then p stays below 2^RESCALE_LOG2,
         # which fp16 P and the fp32 sums hold, and a tile skips the rescale's multiplies.
@@ -294,7 +294,7 @@ def stage1(
             l_i = l_i * alpha
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             m_i = m_new
-        p = gl.exp2(sc - m_i[:, None])
+        p = gl.exp2(sc * qk_scale - m_i[:, None])
         l_i = l_i + gl.sum(p, 1)
         # P @ V in two halves of 16 keys
         p_lo, p_hi = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [BM, 2, BN // 2]), [0, 2, 1]))
