@@ -60,24 +60,33 @@ def _apply(bases, offset):
     return out
 
 
-@given(offset=st.integers(0, 32 * 512 - 1))
-def test_views_put_every_element_where_the_maps_say(offset):
-    phys = LATENT_BOX
+@given(offset=st.integers(0, 32 * 512 - 1), rope=st.booleans())
+def test_views_put_every_element_where_the_maps_say(offset, rope):
+    """Any element of a latent or rope box, through each view, lands at the logical index
+    whose physical column the maps give."""
+    if rope:
+        phys, offset, per_warp, column, kinds = (
+            ROPE_BOX,
+            offset % (32 * 64),
+            16,
+            cols.rope_column,
+            ("rope", "rope_rows"),
+        )
+    else:
+        phys, per_warp, column, kinds = (
+            LATENT_BOX,
+            128,
+            cols.latent_column,
+            ("latent", "latent_rows"),
+        )
     row, col = _apply(phys, offset)
-    w, kk, r = _apply(cols.view_bases(phys, "latent", 32), offset)
-    assert (r, 128 * w + cols.latent_column(kk)) == (row, col)
-    w, r, kk = _apply(cols.view_bases(phys, "latent_rows", 32), offset)
-    assert (r, 128 * w + cols.latent_column(kk)) == (row, col)
-    r, n = _apply(cols.view_bases(phys, "value", 32), offset)
-    assert (r, cols.value_column(n)) == (row, col)
-
-
-@given(offset=st.integers(0, 32 * 64 - 1))
-def test_rope_view_puts_every_element_where_the_map_says(offset):
-    phys = ROPE_BOX
-    row, col = _apply(phys, offset)
-    w, kk, r = _apply(cols.view_bases(phys, "rope", 32), offset)
-    assert (r, 16 * w + cols.rope_column(kk)) == (row, col)
+    w, kk, r = _apply(cols.view_bases(phys, kinds[0], 32), offset)
+    assert (r, per_warp * w + column(kk)) == (row, col)
+    w, r, kk = _apply(cols.view_bases(phys, kinds[1], 32), offset)
+    assert (r, per_warp * w + column(kk)) == (row, col)
+    if not rope:
+        r, n = _apply(cols.view_bases(phys, "value", 32), offset)
+        assert (r, cols.value_column(n)) == (row, col)
 
 
 BF16_64 = MLAStepLayout(torch.bfloat16, 64)

@@ -33,11 +33,20 @@ def program_request(QSL, token_chunks, TOKENS: gl.constexpr):
 
 
 @gluon.jit
-def query_rows(first, pid_h, q_len, num_heads, BLOCK_H: gl.constexpr, TOKENS: gl.constexpr, layout):
-    """A program's 64 query rows (TOKENS tokens of a request from `first` times
+def query_rows(
+    first,
+    pid_h,
+    q_len,
+    num_heads,
+    BLOCK_H: gl.constexpr,
+    TOKENS: gl.constexpr,
+    layout,
+    ROWS: gl.constexpr = 64,
+):
+    """A program's ROWS query rows (TOKENS tokens of a request from `first` times
     BLOCK_H heads of head group `pid_h`) in `layout`: each row's token, head and
     whether it is a real one."""
-    offs = gl.arange(0, 64, layout=layout)
+    offs = gl.arange(0, ROWS, layout=layout)
     tok = first + offs // BLOCK_H
     head = pid_h * BLOCK_H + offs % BLOCK_H
     return tok, head, (tok < q_len) & (head < num_heads) & (offs < TOKENS * BLOCK_H)

@@ -36,7 +36,12 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from atom_plugin.attention.gluon_common import thread_barrier
-from atom_plugin.attention.mla.gluon.common import program_request, split_keys, widen
+from atom_plugin.attention.mla.gluon.common import (
+    program_request,
+    query_rows,
+    split_keys,
+    widen,
+)
 from atom_plugin.attention.mla.gluon.lockstep import issue_tile
 from atom_plugin.attention.mla.gluon.rows16_columns import view_bases
 
@@ -185,10 +190,9 @@ def stage1(
 
     # the query rows once into shared memory (masked rows zero), then into registers
     # through the scores' relabelling
-    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, load_layout))
-    tok_l = first + offs_m // BLOCK_H
-    head_l = pid_h * BLOCK_H + offs_m % BLOCK_H
-    mask_l = (tok_l < q_len) & (head_l < num_heads)
+    tok_l, head_l, mask_l = query_rows(
+        first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, load_layout), BM
+    )
     t_l = (q_start + tok_l).to(gl.int64)[:, None]
     offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, load_layout))
     offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, load_layout))
@@ -220,10 +224,7 @@ def stage1(
     q_rope = view(qpe_smem, "rope_rows", [W, BM, RW]).load(q_op)
 
     # this program's keys: the rows' longest visible count, cut into splits of whole tiles
-    offs_s = gl.arange(0, BM, layout=row_s)
-    tok = first + offs_s // BLOCK_H
-    head = pid_h * BLOCK_H + offs_s % BLOCK_H
-    mask_m = (tok < q_len) & (head < num_heads)
+    tok, head, mask_m = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_s, BM)
     t = (q_start + tok).to(gl.int64)
     row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
     start, end, num_tiles = split_keys(row_len, num_splits, split, BN)
@@ -324,10 +325,9 @@ def stage1(
     view(o_smem, "value", [BM, LORA]).store(out)
     thread_barrier()
     out = o_smem.load(store_layout)
-    offs_so = gl.arange(0, BM, layout=gl.SliceLayout(1, store_layout))
-    tok_o = first + offs_so // BLOCK_H
-    head_o = pid_h * BLOCK_H + offs_so % BLOCK_H
-    mask_o = (tok_o < q_len) & (head_o < num_heads)
+    tok_o, head_o, mask_o = query_rows(
+        first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, store_layout), BM
+    )
     t_o = (q_start + tok_o).to(gl.int64)
     offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, store_layout))
     mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
