@@ -4,12 +4,14 @@ spills as ptxas reports them. With `--ptx`, the Triton MLA kernels too.
 
 Gluon kernels do not run in Triton's CPU interpreter, and the H200 is lent by the
 half hour: this catches compile errors, shared memory past the 227 KB an SM grants and
-register spills before a GPU run. It needs the Triton the GPU machine has (3.6; the
-project's CPU venv has a newer one whose Gluon API differs), e.g.
+register spills before a GPU run. It needs a Triton that vLLM runs on the GPU machine
+(3.8.0 with vLLM 0.34, 3.7.1 with 0.32; the machine's own torch has 3.6, which compiles
+every kernel but rows16; the project's CPU venv has a newer one whose Gluon API
+differs), e.g.
 
-    python3.11 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
-    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/t36/lib/python3.11/site-packages/zz.pth
-    /tmp/t36/bin/python scripts/gluon_sm90_check.py [--ptx DIR]
+    python3.11 -m venv /tmp/t38 && /tmp/t38/bin/pip install triton==3.8.0
+    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/t38/lib/python3.11/site-packages/zz.pth
+    /tmp/t38/bin/python scripts/gluon_sm90_check.py [--ptx DIR]
 
 `--ptx DIR` writes each compiled variant's instructions: a refactor of a kernel whose
 instructions come out the same (`diff -r` of two such folders) changes nothing the GPU runs.
@@ -243,9 +245,13 @@ def main(argv=None) -> int:
 def check_gluon(ptx: str | None, loops: bool = False) -> bool:
     """Compiles every Gluon stage-1 variant; True if one is over the shared memory limit.
     `loops`: print each variant's innermost loops."""
-    if triton.__version__.split(".")[:2] != ["3", "6"]:
-        print(f"warning: Triton {triton.__version__}; the GPU machine runs 3.6", file=sys.stderr)
+    version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    if version not in ((3, 6), (3, 7), (3, 8)):
+        print(f"warning: Triton {triton.__version__}; vLLM runs 3.6 to 3.8", file=sys.stderr)
     for schedule, dtype in CASES:
+        if schedule == "rows16" and version < (3, 7):
+            print(f"rows16: not compiled (Triton {triton.__version__}; it needs 3.7 or newer)")
+            continue
         for block_h, tokens in PACKINGS if schedule != "rows16" else ((16, 1),):
             compile_case(schedule, dtype, block_h, tokens)
     failed = False
