@@ -1,6 +1,7 @@
-"""Gluon pieces both MLA decode kernels use (`lockstep` and `alternate`): which request,
-query rows and keys a program holds, the pass that widens a tile and zeroes its rows past
-a split's end, and the cache's TMA descriptors (host side).
+"""Gluon pieces the MLA decode kernels share (`lockstep`, `alternate`, `rows16`): which
+request, query rows and keys a program holds, the ring of TMA tile buffers (`tile_ring`,
+`fill_ring`, `issue_tile`; lockstep and rows16), the pass that widens a tile and zeroes
+its rows past a split's end, and the cache's TMA descriptors (host side).
 
 Imports Gluon, which exists only in newer Tritons: only the kernels and their launcher
 (`gluon_launch`) import this module, at the first launch.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from atom_plugin.attention.gluon_common import tma_descriptor
 from atom_plugin.attention.kept import cache_key
@@ -71,6 +73,45 @@ def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
     x = src.load(layout)
     x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
     dst.store(x)
+
+
+@gluon.jit
+def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
+    """The tile at key n0 into stage `st` of `ring` (buffers, barriers), through TMA."""
+    kc_desc, kpe_desc = descs
+    kc_ring, kpe_ring, bars = ring
+    bar = bars.index(st)
+    page = gl.load(bt_row + n0 // PAGE)
+    row0 = page * PAGE + n0 % PAGE
+    mbarrier.expect(bar, kc_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_ring.index(st))
+    tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(st))
+
+
+@gluon.jit
+def tile_ring(KC_DESC, KPE_DESC, STAGES: gl.constexpr):
+    """STAGES buffers for a key tile's latent and rope parts in the descriptors' box
+    layouts, with one mbarrier each, initialized: the ring (buffers, barriers) that
+    `issue_tile` fills."""
+    BN: gl.constexpr = KC_DESC.block_type.shape[0]
+    LORA: gl.constexpr = KC_DESC.block_type.shape[1]
+    ROPE: gl.constexpr = KPE_DESC.block_type.shape[1]
+    kc_ring = gl.allocate_shared_memory(KC_DESC.dtype, [STAGES, BN, LORA], KC_DESC.layout)
+    kpe_ring = gl.allocate_shared_memory(KPE_DESC.dtype, [STAGES, BN, ROPE], KPE_DESC.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    return kc_ring, kpe_ring, bars
+
+
+@gluon.jit
+def fill_ring(descs, bt_row, start, num_tiles, ring, PAGE: gl.constexpr):
+    """The split's first tiles from key `start`, one into each stage of `ring`."""
+    BN: gl.constexpr = descs[0].block_type.shape[0]
+    STAGES: gl.constexpr = ring[2].shape[0]
+    for s in gl.static_range(STAGES):
+        if s < num_tiles:
+            issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
 
 
 def cache_descriptors(

@@ -33,31 +33,20 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
+    fill_ring,
+    issue_tile,
     program_request,
     query_rows,
     split_keys,
+    tile_ring,
     widen,
 )
-
-
-@gluon.jit
-def issue_tile(descs, bt_row, n0, ring, st, PAGE: gl.constexpr):
-    """The tile at key n0 into stage `st` of `ring` (buffers, barriers), through TMA."""
-    kc_desc, kpe_desc = descs
-    kc_ring, kpe_ring, bars = ring
-    bar = bars.index(st)
-    page = gl.load(bt_row + n0 // PAGE)
-    row0 = page * PAGE + n0 % PAGE
-    mbarrier.expect(bar, kc_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(kc_desc, [row0, 0], bar, kc_ring.index(st))
-    tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(st))
 
 
 @gluon.jit
@@ -142,11 +131,8 @@ def stage1(
     row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
     start, end, num_tiles = split_keys(row_len, num_splits, split, BN)
 
-    kc_ring = gl.allocate_shared_memory(KC_DESC.dtype, [STAGES, BN, LORA], KC_DESC.layout)
-    kpe_ring = gl.allocate_shared_memory(KPE_DESC.dtype, [STAGES, BN, ROPE], KPE_DESC.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
+    ring = tile_ring(KC_DESC, KPE_DESC, STAGES)
+    kc_ring, kpe_ring, bars = ring
     if IS_FP8:
         kc_wide = gl.allocate_shared_memory(
             mma_dtype, [BN, LORA], gl.NVMMASharedLayout.get_default_for([BN, LORA], mma_dtype)
@@ -159,10 +145,7 @@ def stage1(
 
     bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
     descs = (KC_DESC, KPE_DESC)
-    ring = (kc_ring, kpe_ring, bars)
-    for s in gl.static_range(STAGES):
-        if s < num_tiles:
-            issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
+    fill_ring(descs, bt_row, start, num_tiles, ring, PAGE)
 
     qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
     if IS_FP8:

@@ -37,12 +37,14 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
+    fill_ring,
+    issue_tile,
     program_request,
     query_rows,
     split_keys,
+    tile_ring,
     widen,
 )
-from atom_plugin.attention.mla.gluon.lockstep import issue_tile
 from atom_plugin.attention.mla.gluon.rows16_columns import view_bases
 
 
@@ -229,11 +231,8 @@ def stage1(
     row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
     start, end, num_tiles = split_keys(row_len, num_splits, split, BN)
 
-    kc_ring = gl.allocate_shared_memory(KC_DESC.dtype, [STAGES, BN, LORA], KC_DESC.layout)
-    kpe_ring = gl.allocate_shared_memory(KPE_DESC.dtype, [STAGES, BN, ROPE], KPE_DESC.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
+    ring = tile_ring(KC_DESC, KPE_DESC, STAGES)
+    kc_ring, kpe_ring, bars = ring
     partials = gl.allocate_shared_memory(gl.float32, [W, BM, BN], PARTIALS_LAYOUT)
     all_partials: gl.constexpr = with_warps(gl.to_linear_layout(s2, [BM, BN]), W)
     v_load: gl.constexpr = columns_first(gl.to_linear_layout(v_op, [BN // 2, LORA]))
@@ -242,10 +241,7 @@ def stage1(
 
     bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
     descs = (KC_DESC, KPE_DESC)
-    ring = (kc_ring, kpe_ring, bars)
-    for s in gl.static_range(STAGES):
-        if s < num_tiles:
-            issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
+    fill_ring(descs, bt_row, start, num_tiles, ring, PAGE)
 
     kv_scale = gl.load(KV_SCALE)
     qk_scale = sm_scale * 1.4426950408889634 * kv_scale  # exp2 domain, the cache's scale
