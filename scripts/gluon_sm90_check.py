@@ -51,6 +51,7 @@ from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # 
 from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
 from atom_plugin.attention.mla.gluon import rows16 as gluon_mla_rows16  # noqa: E402
+from atom_plugin.attention.mla.gluon.shapes import launch_shape  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
 from scripts.sass_loops import disassemble, innermost_loops, triton_tool  # noqa: E402
@@ -117,9 +118,10 @@ def compile_case(schedule: str, cache_dtype: torch.dtype, block_h: int, tokens: 
     kv_len = torch.zeros(4, dtype=torch.int32)
     mid_o, mid_lse = torch.zeros(4, 128, 2, 512), torch.zeros(4, 128, 2)
     fp8 = cache_dtype != torch.bfloat16
+    s = launch_shape(schedule)
     launch = TritonMLALaunch(
-        "gluon", block_h, tokens, 1, 2, 2, 64, 8, 2, True, fp8, True, 512, merge_block_s(2),
-        schedule=schedule,
+        "gluon", block_h, tokens, 1, 2, 2, s.block_n, s.num_warps, s.stages, True, fp8, True,
+        512, merge_block_s(2), schedule=schedule,
     )  # fmt: skip
     gluon_launch.run_stage1(
         q[..., :512], q[..., 512:], cache, table, qsl, 4, kv_len, mid_o, mid_lse, torch.ones(1),
@@ -268,8 +270,7 @@ def check_gluon(ptx: str | None, loops: bool = False) -> bool:
             rows += f"x{compiled.src.constants[(compiled.src.fn.arg_names.index('TOKENS'),)]}t"
             print(f"{name} {cache} {rows}: {shared}; {ptxas_report(compiled.asm['ptx'])}")
             if loops:
-                for loop in innermost_loops(disassemble(compiled.asm["cubin"])):
-                    print(f"  loop at {loop.start:#06x}: {loop.summary()}")
+                print_loops(compiled)
             if ptx:
                 write_ptx(ptx, f"{name}_{cache}_{rows}", compiled)
     return failed
@@ -292,11 +293,16 @@ def check_triton(ptx: str | None, loops: bool = False) -> bool:
             failed |= over
             print(f"{name}: {shared}; {spec}")
             if loops:
-                for loop in innermost_loops(disassemble(compiled.asm["cubin"])):
-                    print(f"  loop at {loop.start:#06x}: {loop.summary()}")
+                print_loops(compiled)
             if ptx:
                 write_ptx(ptx, name, compiled, spec)
     return failed
+
+
+def print_loops(compiled) -> None:
+    """A compiled variant's innermost loops, counted by opcode (`sass_loops`)."""
+    for loop in innermost_loops(disassemble(compiled.asm["cubin"])):
+        print(f"  loop at {loop.start:#06x}: {loop.summary()}")
 
 
 def shared_report(compiled) -> tuple[bool, str]:

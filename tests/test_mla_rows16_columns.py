@@ -80,12 +80,12 @@ def test_views_put_every_element_where_the_maps_say(offset, rope):
             ("latent", "latent_rows"),
         )
     row, col = _apply(phys, offset)
-    w, kk, r = _apply(cols.view_bases(phys, kinds[0], 32), offset)
+    w, kk, r = _apply(cols.view_bases(phys, kinds[0]), offset)
     assert (r, per_warp * w + column(kk)) == (row, col)
-    w, r, kk = _apply(cols.view_bases(phys, kinds[1], 32), offset)
+    w, r, kk = _apply(cols.view_bases(phys, kinds[1]), offset)
     assert (r, per_warp * w + column(kk)) == (row, col)
     if not rope:
-        r, n = _apply(cols.view_bases(phys, "value", 32), offset)
+        r, n = _apply(cols.view_bases(phys, "value"), offset)
         assert (r, cols.value_column(n)) == (row, col)
 
 

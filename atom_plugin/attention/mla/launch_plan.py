@@ -267,14 +267,6 @@ def plan_launch(
     if kernel == "gluon":
         cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
         if cfg["schedule"] == "rows16":
-            cfg.update(
-                BLOCK_N=gluon_shapes.ROWS16_BLOCK_N,
-                num_warps=gluon_shapes.ROWS16_NUM_WARPS,
-                num_stages=gluon_shapes.ROWS16_STAGES,
-                per_sm=2,
-                tma=True,
-            )
-            block_m = gluon_shapes.ROWS16_BLOCK_M
             if _triton_version() < (3, 7):
                 raise ValueError(
                     "the rows16 schedule needs Triton 3.7 or newer (its shared-memory views "
@@ -285,14 +277,15 @@ def plan_launch(
                     f"the rows16 schedule takes 512 latent and 64 rope columns, not "
                     f"{layout.kv_lora_rank} and {layout.rope}"
                 )
-        else:
-            cfg.update(
-                BLOCK_N=gluon_shapes.BLOCK_N,
-                num_warps=gluon_shapes.NUM_WARPS,
-                num_stages=gluon_shapes.STAGES,
-                tma=True,
-            )
-            block_m = gluon_shapes.BLOCK_M
+        shape = gluon_shapes.launch_shape(cfg["schedule"])
+        cfg.update(
+            BLOCK_N=shape.block_n,
+            num_warps=shape.num_warps,
+            num_stages=shape.stages,
+            per_sm=shape.per_sm,
+            tma=True,
+        )
+        block_m = shape.block_m
         block_h, tokens, token_chunks, head_groups = packing(min(cfg["BLOCK_H"], block_m), block_m)
         splits = split_count(
             num_reqs * token_chunks * head_groups, cfg["BLOCK_N"], sms * cfg["per_sm"], most

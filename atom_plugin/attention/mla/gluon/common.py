@@ -1,7 +1,8 @@
 """Gluon pieces the MLA decode kernels share (`lockstep`, `alternate`, `rows16`): which
 request, query rows and keys a program holds, the ring of TMA tile buffers (`tile_ring`,
 `fill_ring`, `issue_tile`; lockstep and rows16), the pass that widens a tile and zeroes
-its rows past a split's end, and the cache's TMA descriptors (host side).
+its rows past a split's end (`widen`, `zero_tail`), and the cache's TMA descriptors (host
+side).
 
 Imports Gluon, which exists only in newer Tritons: only the kernels and their launcher
 (`gluon_launch`) import this module, at the first launch.
@@ -12,9 +13,9 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from atom_plugin.attention.gluon_common import tma_descriptor
+from atom_plugin.attention.gluon_common import thread_barrier, tma_descriptor
 from atom_plugin.attention.kept import cache_key
 from atom_plugin.attention.mla.cache_view import KEPT_PER_CACHE, cache_row_parts
 from atom_plugin.attention.mla.gluon.shapes import BLOCK_N
@@ -73,6 +74,21 @@ def widen(src, dst, keep, ROWS: gl.constexpr, layout: gl.constexpr):
     x = src.load(layout)
     x = gl.where((rows < keep)[:, None], x.to(dst.dtype), 0.0)
     dst.store(x)
+
+
+@gluon.jit
+def zero_tail(kc, kpe, keep, CHUNK: gl.constexpr, layout: gl.constexpr):
+    """A tile's latent (`kc`, CHUNK columns at a time) and rope (`kpe`) buffers with their
+    rows at or past `keep` zeroed in place, so stale (even NaN) cache rows past a split's
+    end never reach P @ V; fenced for the TMA that refills the buffers and the other
+    warps' reads."""
+    ROWS: gl.constexpr = kc.shape[0]
+    for c in gl.static_range(kc.shape[1] // CHUNK):
+        part = kc.slice(c * CHUNK, CHUNK, dim=1)
+        widen(part, part, keep, ROWS, layout)
+    widen(kpe, kpe, keep, ROWS, layout)
+    fence_async_shared()
+    thread_barrier()
 
 
 @gluon.jit

@@ -60,14 +60,14 @@ def run_stage1(
         rows16.stage1[grid](
             q_c,
             q_pe,
-            *cache_descriptors(kv_cache, lora, box_rows=shapes.ROWS16_BLOCK_N),
+            *cache_descriptors(kv_cache, lora, box_rows=launch.block_n),
             *plan,
             kv_scale,
             *sizes,
             *strides,
             **shape,
-            STAGES=shapes.ROWS16_STAGES,
-            num_warps=shapes.ROWS16_NUM_WARPS,
+            STAGES=launch.num_stages,
+            num_warps=launch.num_warps,
         )
         return
     lockstep.stage1[grid](

@@ -46,6 +46,7 @@ from atom_plugin.attention.mla.gluon.common import (
     split_keys,
     tile_ring,
     widen,
+    zero_tail,
 )
 
 
@@ -183,17 +184,7 @@ def stage1(
             kc = kc_wide
             kpe = kpe_wide
         elif keep < BN:
-            for c in gl.static_range(LORA // 64):
-                widen(
-                    kc.slice(c * 64, 64, dim=1),
-                    kc.slice(c * 64, 64, dim=1),
-                    keep,
-                    BN,
-                    load_layout,
-                )
-            widen(kpe, kpe, keep, BN, load_layout)
-            fence_async_shared()
-            thread_barrier()
+            zero_tail(kc, kpe, keep, 64, load_layout)
 
         s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)

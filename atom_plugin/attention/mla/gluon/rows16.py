@@ -20,8 +20,8 @@ kernels):
   partial scores are summed across the warps;
 - O += P V: warp w holds a quarter of the output columns, for all keys; the output is
   written back through the relabelling's inverse (a pass through shared memory);
-- the last, partial tile of a split has its value rows past the split's end zeroed in
-  registers, so stale (even NaN) cache rows never reach P @ V.
+- the last, partial tile of a split has its rows past the split's end zeroed in shared
+  memory (`common.zero_tail`), so stale (even NaN) cache rows never reach P @ V.
 
 Needs what `gluon.lockstep` needs (a Hopper GPU, a cache TMA can read, 512 latent and 64
 rope columns); like it, it does not run in Triton's CPU interpreter and is tested on the
@@ -43,17 +43,17 @@ from atom_plugin.attention.mla.gluon.common import (
     query_rows,
     split_keys,
     tile_ring,
-    widen,
+    zero_tail,
 )
 from atom_plugin.attention.mla.gluon.rows16_columns import view_bases
 
 
 @gluon.constexpr_function
-def relabelled(phys, kind, rows):
+def relabelled(phys, kind):
     """The shared layout of a relabelled view (`rows16_columns.view_bases`) of a buffer
-    of `rows` rows whose own layout, as a linear layout, is `phys`."""
+    whose own layout, as a linear layout, is `phys`."""
     return gl.SharedLinearLayout(
-        offset_bases=view_bases(phys.offset_bases, kind, rows), alignment=phys.alignment
+        offset_bases=view_bases(phys.offset_bases, kind), alignment=phys.alignment
     )
 
 
@@ -115,7 +115,7 @@ PARTIALS_LAYOUT = gl.constexpr(
 def view(buf, kind: gl.constexpr, shape: gl.constexpr):
     """`buf` seen through the relabelling `kind`, as a descriptor of `shape`."""
     phys: gl.constexpr = gl.to_linear_layout(buf.layout, buf.shape)
-    return buf._reinterpret(buf.dtype, shape, relabelled(phys, kind, buf.shape[0]))
+    return buf._reinterpret(buf.dtype, shape, relabelled(phys, kind))
 
 
 @gluon.jit
@@ -260,13 +260,7 @@ def stage1(
         kpe = kpe_ring.index(st)
         keep = end - n0  # rows of this tile inside the split
         if keep < BN:
-            # rows past the split's end zeroed, so stale (even NaN) rows never reach P @ V
-            for c in gl.static_range(LORA // 128):
-                part = kc.slice(c * 128, 128, dim=1)
-                widen(part, part, keep, BN, load_layout)
-            widen(kpe, kpe, keep, BN, load_layout)
-            fence_async_shared()  # written here, refilled by TMA later
-            thread_barrier()
+            zero_tail(kc, kpe, keep, 128, load_layout)
         k_view = view(kc, "latent", [W, KW, BN])
         k_lo = k_view.slice(0, KW // 2, dim=1).load(k_op).to(gl.float16)
         s_part = mma_v2(q_lo, k_lo, s_zero)

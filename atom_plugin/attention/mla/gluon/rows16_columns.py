@@ -106,19 +106,15 @@ def value_view(row: int, col: int) -> list[int]:
 
 
 @constexpr_function
-def view_bases(offset_bases: list[list[int]], kind: str, rows: int) -> list[list[int]]:
+def view_bases(offset_bases: list[list[int]], kind: str) -> list[list[int]]:
     """The offset bases of a relabelled view of a [rows, cols] shared-memory layout, given
     its own bases: kind 'latent' or 'rope' (the scores' view [warps, index, rows], keys or
     query rows), 'latent_rows' / 'rope_rows' (the same view, [warps, rows, index], for the
-    query, the A operand), 'value' ([rows, logical column]) or 'value_pairs' (the same with
-    the even rows first, then the odd ones: row r at (r % 2) * rows / 2 + r // 2)."""
+    query, the A operand) or 'value' ([rows, logical column])."""
     out = []
     for row, col in offset_bases:
         if kind == "value":
             out.append(value_view(row, col))
-            continue
-        if kind == "value_pairs":
-            out.append([(row % 2) * (rows // 2) + row // 2, value_index(col)])
             continue
         per_warp = LATENT_PER_WARP if kind.startswith("latent") else ROPE_PER_WARP
         w, idx, r = contraction_view(row, col, per_warp)

@@ -1,10 +1,12 @@
 """The Gluon MLA decode kernels' tiles, warps and stages, which the launch plan and the
 probe read on the host. Gluon-free: importing this (or the plan, or the probe) never
 imports `triton.experimental.gluon`; only the launcher (`gluon_launch.run_stage1`) imports
-the kernels (`lockstep`, `alternate`), at their first launch.
+the kernels (`lockstep`, `alternate`, `rows16`), at their first launch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 BLOCK_M = 64  # query rows per program: one warpgroup MMA's M
 BLOCK_N = 64  # keys per tile
@@ -26,3 +28,22 @@ ROWS16_BLOCK_M = 16  # query rows per program: mma.sync's M
 ROWS16_BLOCK_N = 32  # keys per TMA tile
 ROWS16_NUM_WARPS = 4
 ROWS16_STAGES = 5  # 5 x 18 KB of fp8 tiles beside the query and the output pass: two programs an SM
+
+
+@dataclass(frozen=True)
+class GluonShape:
+    """What a schedule fixes of its launch: query rows and keys a program holds, its warps,
+    its pipeline stages and the programs an SM runs at once."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    stages: int
+    per_sm: int
+
+
+def launch_shape(schedule: str) -> GluonShape:
+    """The launch shape of a Gluon schedule ('lockstep', 'alternate', 'rows16')."""
+    if schedule == "rows16":
+        return GluonShape(ROWS16_BLOCK_M, ROWS16_BLOCK_N, ROWS16_NUM_WARPS, ROWS16_STAGES, 2)
+    return GluonShape(BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, 1)
