@@ -140,8 +140,8 @@ for what in "$@"; do
       stage "kernel GPU tests of the K3 channel's tables, MLA's prefill rows, token plan and graph replays"
       timeout 500 python3 -m pytest -q -p no:cacheprovider -n 3 tests/test_channel_kernel.py \
         tests/test_spec_rows.py tests/test_required_channel.py tests/test_k3_gate_core.py \
-        tests/test_mla_kernels.py tests/test_mla_plan.py -m gpu \
-        -k "prefill_rows or replays or not test_mla_kernels" \
+        tests/test_mla_kernels.py tests/test_mla_gpu_paths.py tests/test_mla_plan.py -m gpu \
+        -k "prefill_rows or replays or not (test_mla_kernels or test_mla_gpu_paths)" \
         2>&1 | tee "$OUT/gpu_kernel_quick_tests.log" || status=1 ;;
     mla16)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA}

@@ -124,3 +124,32 @@ def plan_for(batch: MLABatch, kernel_impl: str, **kw):
     return plan_mla_decode(
         batch.meta, T, H, kernel_impl=kernel_impl, kv_dtype=batch.kv_cache.dtype, **kw
     )
+
+
+SENTINEL = 7.0  # what an output holds before a decode writes it
+
+
+def run_decode(path, batch, lora, plan=None, **plan_kw):
+    """The decode on `path` ('torch', 'triton', or 'ops': `mla.ops.mla_decode`, which
+    plans the step itself when handed no plan), planned from `plan_kw` unless handed
+    `plan`; the output starts as SENTINEL."""
+    from atom_plugin.attention.mla import ops as mla_ops
+    from atom_plugin.attention.mla.reference import mla_decode_reference
+    from atom_plugin.attention.mla.triton import mla_decode_triton
+
+    fn = {"torch": mla_decode_reference, "triton": mla_decode_triton, "ops": mla_ops.mla_decode}
+    if plan is None and path != "ops":
+        plan = plan_for(batch, path, **plan_kw)
+    T, H, _ = batch.q.shape
+    out = torch.full((T, H, lora), SENTINEL, dtype=batch.q.dtype, device=batch.q.device)
+    lse = fn[path](
+        batch.q,
+        batch.kv_cache,
+        batch.meta,
+        plan,
+        scale=0.3,
+        output=out,
+        kv_lora_rank=lora,
+        kv_scale=batch.kv_scale,
+    )
+    return out, lse

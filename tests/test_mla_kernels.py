@@ -12,18 +12,18 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from mla_cases import (  # noqa: E402
-    EDGE_REQS,
     FP8,
+    SENTINEL,
     gpu_edge_batch,
     make_mla_batch,
     plan_for,
     query_in_parts,
+    run_decode,
     tolerance,
 )
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from atom_plugin.attention.mla import cache_view as mla_cache_view  # noqa: E402
-from atom_plugin.attention.mla import launch_plan as mla_launch_plan  # noqa: E402
 from atom_plugin.attention.mla import ops as mla_ops  # noqa: E402
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
@@ -32,30 +32,6 @@ from atom_plugin.attention.mla.reference import (  # noqa: E402
     write_mla_kv_reference,
 )
 from atom_plugin.attention.mla.triton import mla_decode_triton, write_mla_kv_triton  # noqa: E402
-
-SENTINEL = 7.0
-
-
-def _run(path, batch, lora, plan=None, **plan_kw):
-    """The decode on `path` ('torch', 'triton', or 'ops': `mla.ops.mla_decode`, which
-    plans the step itself when handed no plan), planned from `plan_kw` unless handed
-    `plan`."""
-    fn = {"torch": mla_decode_reference, "triton": mla_decode_triton, "ops": mla_ops.mla_decode}
-    if plan is None and path != "ops":
-        plan = plan_for(batch, path, **plan_kw)
-    T, H, _ = batch.q.shape
-    out = torch.full((T, H, lora), SENTINEL, dtype=batch.q.dtype, device=batch.q.device)
-    lse = fn[path](
-        batch.q,
-        batch.kv_cache,
-        batch.meta,
-        plan,
-        scale=0.3,
-        output=out,
-        kv_lora_rank=lora,
-        kv_scale=batch.kv_scale,
-    )
-    return out, lse
 
 
 def _direct(batch, lora, scale=0.3):
@@ -102,7 +78,7 @@ INTERPRETER_ONLY = pytest.mark.skipif(
 @pytest.mark.parametrize("reqs", [SINGLE, MULTI], ids=["single", "multi_token"])
 def test_reference_matches_definition(reqs):
     b = make_mla_batch(reqs, heads=4, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    out, lse = _run("torch", b, 32)
+    out, lse = run_decode("torch", b, 32)
     want_out, want_lse = _direct(b, 32)
     T = b.meta.num_actual_tokens
     torch.testing.assert_close(out[:T], want_out[:T], atol=1e-5, rtol=1e-5)
@@ -132,8 +108,8 @@ def test_reference_matches_definition(reqs):
 )
 def test_triton_decode_matches_reference(reqs, heads, splits, cfg):
     b = make_mla_batch(reqs, heads=heads, lora=64, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    want_out, want_lse = _run("torch", b, 64)
-    out, lse = _run("triton", b, 64, num_splits=splits, config=cfg)
+    want_out, want_lse = run_decode("torch", b, 64)
+    out, lse = run_decode("triton", b, 64, num_splits=splits, config=cfg)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
@@ -149,7 +125,7 @@ def test_triton_decode_takes_the_query_in_parts(reqs, cfg, splits):
     plan = plan_for(b, "triton", num_splits=splits, config=cfg)
     parts = query_in_parts(b.q, 32)
     assert parts[1].stride(1) != 16, "the rope part must be a strided view"
-    whole, whole_lse = _run("triton", b, 32, plan=plan)
+    whole, whole_lse = run_decode("triton", b, 32, plan=plan)
     for path, path_plan in (("triton", plan), ("torch", plan_for(b, "torch"))):
         out = torch.full_like(whole, SENTINEL)
         lse = {"triton": mla_decode_triton, "torch": mla_decode_reference}[path](
@@ -174,8 +150,8 @@ def test_triton_decode_deepseek_shapes():
     """kv_lora_rank 512 + rope 64 = 576, block sizes 1 and 64, multi-token rows."""
     for bs in (1, 64):
         b = make_mla_batch([(1, 1), (1, 65), (2, 70)], heads=16, block_size=bs, seed=bs)
-        want_out, want_lse = _run("torch", b, 512)
-        out, lse = _run("triton", b, 512, num_splits=2)
+        want_out, want_lse = run_decode("torch", b, 512)
+        out, lse = run_decode("triton", b, 512, num_splits=2)
         torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
         torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
@@ -185,8 +161,8 @@ def test_triton_decode_dcp_token_kv_lens():
     """Per-token key counts (decode context parallelism) override the causal counts."""
     b = make_mla_batch([(1, 30), (2, 33)], heads=16, lora=32, rope=16)
     lens = torch.tensor([7, 0, 12], dtype=torch.int32)
-    want_out, want_lse = _run("torch", b, 32, token_kv_lens=lens)
-    out, lse = _run("triton", b, 32, token_kv_lens=lens, num_splits=2)
+    want_out, want_lse = run_decode("torch", b, 32, token_kv_lens=lens)
+    out, lse = run_decode("triton", b, 32, token_kv_lens=lens, num_splits=2)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
@@ -214,8 +190,8 @@ def test_triton_decode_packs_a_requests_tokens(heads, splits, cfg, tokens):
         b.meta, b.q.shape[0], heads, kernel_impl="triton", config=cfg, num_splits=splits
     )
     assert plan.launch.tokens == tokens  # the packing this case is about is what runs
-    want_out, want_lse = _run("torch", b, 32)
-    out, lse = _run("triton", b, 32, plan=plan)
+    want_out, want_lse = run_decode("torch", b, 32)
+    out, lse = run_decode("triton", b, 32, plan=plan)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
     assert not out.isnan().any()
@@ -243,7 +219,7 @@ def test_triton_decode_runs_prefill_rows(cfg, tokens, chunks):
     plan = plan_mla_decode(b.meta, b.q.shape[0], 16, kernel_impl="triton", config=cfg)
     assert (plan.launch.tokens, plan.launch.token_chunks) == (tokens, chunks)
     want_out, want_lse = _direct(b, 32)
-    out, lse = _run("triton", b, 32, plan=plan)
+    out, lse = run_decode("triton", b, 32, plan=plan)
     T = b.meta.num_actual_tokens
     torch.testing.assert_close(out[:T], want_out[:T], **tolerance(torch.float32))
     torch.testing.assert_close(lse[:T], want_lse[:T], **tolerance(torch.float32))
@@ -261,9 +237,9 @@ def test_gpu_decode_runs_prefill_rows(heads, kernel, cache):
     plan's own choice (the Gluon kernel on Hopper)."""
     reqs = [(1, 2100), (16, 2064), (64, 4000), (128, 128), (128, 3000), (1, 5)]
     b = gpu_edge_batch(reqs, heads, cache)
-    want_out, want_lse = _run("torch", b, 512)
+    want_out, want_lse = run_decode("torch", b, 512)
     config = {"kernel": kernel} if kernel else None
-    out, lse = _run("triton", b, 512, config=config, layout=MLAStepLayout(torch.bfloat16, 64))
+    out, lse = run_decode("triton", b, 512, config=config, layout=MLAStepLayout(torch.bfloat16, 64))
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     T = b.meta.num_actual_tokens
     assert not out[:T].isnan().any()
@@ -281,8 +257,8 @@ def test_gpu_decode_runs_prefill_rows(heads, kernel, cache):
 def test_triton_decode_random_batches(raw_reqs, bs, splits):
     reqs = [(q, s + q) for q, s in raw_reqs]
     b = make_mla_batch(reqs, heads=16, lora=32, rope=16, block_size=bs, seed=len(reqs) * bs)
-    want_out, want_lse = _run("torch", b, 32)
-    out, lse = _run("triton", b, 32, num_splits=splits)
+    want_out, want_lse = run_decode("torch", b, 32)
+    out, lse = run_decode("triton", b, 32, num_splits=splits)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
     torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
 
@@ -334,14 +310,14 @@ def test_fp8_write_then_decode_reference():
 @INTERPRETER_ONLY
 def test_ops_dispatch(monkeypatch):
     b = make_mla_batch([(1, 20), (2, 9)], heads=16, lora=32, rope=16)
-    want, _ = _run("torch", b, 32)
+    want, _ = run_decode("torch", b, 32)
     for impl in ("torch", "triton"):
         monkeypatch.setenv("ATOM_PLUGIN_KERNELS", impl)
-        out, _ = _run("ops", b, 32)
+        out, _ = run_decode("ops", b, 32)
         torch.testing.assert_close(out, want, **tolerance(torch.float32))
     monkeypatch.setenv("ATOM_PLUGIN_KERNELS", "cuda")
     with pytest.raises(ValueError, match="aiter, triton, torch"):
-        _run("ops", b, 32)
+        run_decode("ops", b, 32)
 
 
 def test_shape_errors_name_the_values():
@@ -374,8 +350,8 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
         pad_rows=2,
         pad_tokens=3,
     )
-    want_out, want_lse = _run("torch", b, 512)
-    out, lse = _run("triton", b, 512)
+    want_out, want_lse = run_decode("torch", b, 512)
+    out, lse = run_decode("triton", b, 512)
     torch.testing.assert_close(out, want_out, **tolerance(dtype))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -395,8 +371,8 @@ def test_gpu_triton_decode_deepseek(block_size, dtype):
 )
 def test_gpu_triton_decode_configs(cfg):
     b = make_mla_batch(GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda")
-    want_out, _ = _run("torch", b, 512)
-    out, _ = _run("triton", b, 512, config=cfg)
+    want_out, _ = run_decode("torch", b, 512)
+    out, _ = run_decode("triton", b, 512, config=cfg)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
 
 
@@ -410,8 +386,8 @@ def test_gpu_triton_fp8_cache_and_write():
         cache_dtype=torch.float8_e4m3fn,
         device="cuda",
     )
-    want_out, _ = _run("torch", b, 512)
-    out, _ = _run("triton", b, 512)
+    want_out, _ = run_decode("torch", b, 512)
+    out, _ = run_decode("triton", b, 512)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
     kv_c, k_pe, slots, backing = _write_case(torch.float8_e4m3fn)
     scale = torch.tensor([0.25], device="cuda")
@@ -438,7 +414,7 @@ def test_triton_decode_config_errors(cfg, cache_dtype, col_offset, match):
         [(1, 5)], heads=16, lora=64, rope=16, cache_dtype=cache_dtype, col_offset=col_offset
     )
     with pytest.raises(ValueError, match=match):
-        _run("triton", b, 64, config=cfg)
+        run_decode("triton", b, 64, config=cfg)
 
 
 @pytest.mark.gpu
@@ -455,8 +431,8 @@ def test_gpu_tma_chosen_where_the_cache_allows():
             col_offset=col_offset,
         )
         assert mla_cache_view.use_tma(None, b.kv_cache, 512, 64, 64) is want_tma
-        want_out, _ = _run("torch", b, 512)
-        out, _ = _run("triton", b, 512)
+        want_out, _ = run_decode("torch", b, 512)
+        out, _ = run_decode("triton", b, 512)
         torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
 
 
@@ -467,8 +443,8 @@ def test_gpu_one_split_writes_the_output(splits):
     b = make_mla_batch(
         GPU_REQS, heads=128, block_size=64, dtype=torch.bfloat16, device="cuda", pad_tokens=3
     )
-    want_out, want_lse = _run("torch", b, 512)
-    out, lse = _run("triton", b, 512, num_splits=splits)
+    want_out, want_lse = run_decode("torch", b, 512)
+    out, lse = run_decode("triton", b, 512, num_splits=splits)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -486,185 +462,6 @@ def test_benchmark_targets_follow_the_issue():
     assert target_met(row) is False and target_met({**row, "frac_copy": 0.85}) is True
     assert target_met({"target": "70% limit", "frac_limit": 0.71}) is True
     assert target_met({"target": "550 TFLOP/s", "tflops": 549}) is False
-
-
-# ---- every path of the new plan at DeepSeek sizes on the GPU ----
-
-
-# context 1, page - 1, page, page + 1 (page 64), long ones, and 2-token causal rows
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_size", [64, 16])  # TMA tiles / pointer loads only
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
-@pytest.mark.parametrize("heads", [16, 64, 128])
-def test_gpu_decode_edges(heads, cache, block_size):
-    """Shuffled tables, padding rows (context 0) and tokens, NaN in every unused cache
-    row, fp8 with a non-unit scale (0.5), at the planned split count, one split and 200
-    splits (the merge's loop over chunks of splits)."""
-    b = gpu_edge_batch(EDGE_REQS, heads, cache, block_size)
-    want_out, want_lse = _run("torch", b, 512)
-    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
-    for splits in (None, 1, 200):
-        plan = plan_for(b, "triton", num_splits=splits)
-        # 16 heads pack both tokens; above, the per-token kernel runs at these sizes
-        # unless the packed plan needs more splits than one merge pass (the 200 here)
-        packed = heads == 16 or (splits or 0) > mla_launch_plan.MERGE_BLOCK_S
-        assert plan.launch.kernel == ("packed" if packed else "per_token")
-        assert plan.launch.tokens == (2 if heads == 16 else 1)
-        tma = mla_cache_view.use_tma(plan.launch.tma, b.kv_cache, 512, 64, plan.launch.block_n)
-        fp8_pointer_loads = cache == "fp8" and heads > 16  # the default there
-        assert tma is (block_size % plan.launch.block_n == 0 and not fp8_pointer_loads)
-        out, lse = _run("triton", b, 512, plan=plan)
-        T = b.meta.num_actual_tokens
-        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
-        torch.testing.assert_close(out, want_out, **tol)
-        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
-    other = {"packed": "per_token", "per_token": "packed"}[plan.launch.kernel]
-    out, lse = _run("triton", b, 512, config={"kernel": other})
-    torch.testing.assert_close(out, want_out, **tol)
-    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
-
-
-NARROW = {"BLOCK_N": 32, "num_warps": 4, "per_sm": 2}  # 16 heads, one query token
-WIDE = {"BLOCK_N": 64, "num_warps": 8, "per_sm": 1}  # 16 heads, speculative tokens
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
-@pytest.mark.parametrize("q_len", [1, 2])
-@pytest.mark.parametrize(
-    "cfg",
-    [
-        None,  # the default for the step's query length
-        {"num_stages": 3},  # one tile ahead (the default before)
-        NARROW,
-        WIDE,
-        {"merge_dv": 512},  # one merge program per (token, head)
-    ],
-)
-def test_gpu_packed_variants(cfg, q_len, cache):
-    """The packed kernel's launch variants at 16 heads against the reference: edges,
-    NaN in unused rows, one-token rows or 2-token causal rows (the two defaults), at
-    the planned split count, 1 and 200."""
-    reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
-    b = gpu_edge_batch(reqs, 16, cache)
-    want_out, want_lse = _run("torch", b, 512)
-    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
-    for splits in (None, 1, 200):
-        plan = plan_for(b, "triton", config=cfg, num_splits=splits)
-        assert plan.launch.kernel == "packed"
-        if cfg is None:
-            want = WIDE if q_len > 1 else NARROW
-            assert (plan.launch.block_n, plan.launch.num_warps) == (
-                want["BLOCK_N"],
-                want["num_warps"],
-            )
-        out, lse = _run("triton", b, 512, plan=plan)
-        T = b.meta.num_actual_tokens
-        assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
-        torch.testing.assert_close(out, want_out, **tol)
-        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads", [16, 128])
-def test_gpu_fp8_bf16_math(heads):
-    """fp8 tiles through TMA widened to bf16 (the default takes fp16 at 16 heads and
-    pointer loads above)."""
-    b = make_mla_batch(
-        EDGE_REQS,
-        heads=heads,
-        block_size=64,
-        dtype=torch.bfloat16,
-        cache_dtype=FP8[0],
-        device="cuda",
-        pad_rows=2,
-        nan_unused=True,
-        col_offset=16,
-    )
-    want_out, _ = _run("torch", b, 512)
-    out, _ = _run("triton", b, 512, config={"fp8_math": "bf16", "tma": None})
-    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16, FP8[0]))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads", [16, 128])
-def test_gpu_dcp_token_kv_lens(heads):
-    """Decode context parallelism: per-token local row counts, multi-token rows."""
-    b = make_mla_batch(
-        [(1, 300), (2, 1000), (2, 70)],
-        heads=heads,
-        block_size=64,
-        dtype=torch.bfloat16,
-        device="cuda",
-        nan_unused=True,
-    )
-    lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
-    want_out, want_lse = _run("torch", b, 512, token_kv_lens=lens)
-    out, lse = _run("triton", b, 512, token_kv_lens=lens)
-    torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
-    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
-
-
-def _graph_batch(rows):
-    return make_mla_batch(
-        rows, heads=16, block_size=64, dtype=torch.bfloat16, device="cuda", nan_unused=True
-    )
-
-
-def _replay_matches_the_reference(b, plan, seq_lens, next_step=lambda: None):
-    """Captures `b`'s decode on `plan` in a CUDA graph, writes `seq_lens` in place (the next
-    step's), runs `next_step` (its planning, if any) and replays: the output must be the
-    torch reference's for the new lengths."""
-    out = torch.zeros(b.q.shape[0], 16, 512, dtype=torch.bfloat16, device="cuda")
-
-    def step():
-        mla_decode_triton(b.q, b.kv_cache, b.meta, scale=0.3, output=out, plan=plan)
-
-    step()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    b.meta.seq_lens.copy_(torch.tensor(seq_lens, dtype=torch.int32))
-    next_step()
-    graph.replay()
-    want, _ = _run("torch", b, 512)
-    torch.testing.assert_close(out, want, **tolerance(torch.bfloat16))
-
-
-@pytest.mark.gpu
-def test_gpu_decode_replays_from_a_cuda_graph():
-    """Captured once with the plan in persistent buffers and a launch fixed for the
-    bucket (planned for the longest context, 96 splits), the graph replays a later
-    step's plan (shorter contexts)."""
-    b = _graph_batch([(1, 5000), (2, 3000), (1, 64)])
-    T = b.q.shape[0]
-    bufs = tuple(torch.zeros(64, dtype=torch.int32, device="cuda") for _ in range(2))
-    # more splits than one merge pass: the chunked, column-split merge runs in the graph
-    plan = plan_mla_decode(
-        b.meta, T, 16, kernel_impl="triton", context=163840, out=bufs, num_splits=96
-    )
-    assert plan.launch.num_splits > mla_launch_plan.MERGE_BLOCK_S
-    _replay_matches_the_reference(
-        b,
-        plan,
-        [4000, 1500, 1],
-        lambda: plan_mla_decode(b.meta, T, 16, kernel_impl="triton", out=bufs),
-    )
-
-
-@pytest.mark.gpu
-def test_gpu_uniform_decode_replays_seq_lens_written_in_place():
-    """A uniform decode's plan is views (identity rows, and the seq_lens vLLM keeps in a
-    persistent buffer): the graph captured on them replays a later step whose seq_lens
-    were written in place, as vLLM's runner writes them, with no plan op in between."""
-    b = _graph_batch([(1, 5000), (1, 3000), (1, 64)])
-    identity = torch.arange(64, dtype=torch.int32, device="cuda")
-    plan = plan_mla_decode(
-        b.meta, b.q.shape[0], 16, kernel_impl="triton", context=163840, identity=identity
-    )
-    assert plan.token_kv_len.data_ptr() == b.meta.seq_lens.data_ptr()
-    assert plan.token_req.data_ptr() == identity.data_ptr()
-    _replay_matches_the_reference(b, plan, [4000, 1, 64])
 
 
 class _AtenOps(TorchDispatchMode):
