@@ -101,11 +101,15 @@ def test_gluon_config_keys():
         mla_launch_plan._config(128, False, "gluon", {"BLOCK_N": 32})
 
 
+# rows16 compiles from Triton 3.7 (the plan refuses it below; tested on CPU)
+NEEDS_ROWS16_TRITON = pytest.mark.skipif(
+    bool(mla_launch_plan.rows16_problems(None)), reason="the rows16 schedule needs Triton 3.7"
+)
 GLUON_PATHS = [  # (cache, schedule): alternate takes 16-bit caches, rows16 fp8 ones
     ("bf16", "lockstep"),
     ("bf16", "alternate"),
     ("fp8", "lockstep"),
-    ("fp8", "rows16"),
+    pytest.param("fp8", "rows16", marks=NEEDS_ROWS16_TRITON),
 ]
 
 
@@ -208,7 +212,7 @@ def test_gpu_gluon_dcp_token_kv_lens():
         {"kernel": "per_token"},
         {"kernel": "gluon", "schedule": "lockstep"},
         {"kernel": "gluon", "schedule": "alternate"},
-        {"kernel": "gluon", "schedule": "rows16"},
+        pytest.param({"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
     ],
     ids=["packed", "per_token", "lockstep", "alternate", "rows16"],
 )

@@ -118,4 +118,25 @@ def test_rows16_refuses_what_it_cannot_run(monkeypatch):
         _plan(16, 1, fp8=False)
     with pytest.raises(ValueError, match="512 latent and 64 rope columns, not 256 and 64"):
         _plan(16, 1, layout=MLAStepLayout(torch.bfloat16, 64, kv_lora_rank=256))
-    assert mla_launch_plan.gluon_schedule(None, True, 16, 2048, 1) == "lockstep"  # opt-in only
+    monkeypatch.setattr(mla_launch_plan, "_triton_version", lambda: (3, 6))
+    with pytest.raises(ValueError, match="needs Triton 3.7 or newer.*this is Triton 3.6"):
+        _plan(16, 1)
+
+
+def _planned(reqs, q_len, heads=16, fp8=True):
+    return mla_launch_plan.plan_launch(
+        reqs, reqs * q_len, q_len, heads, 4096, torch.device("cpu"), fp8_cache=fp8, layout=BF16_64
+    )
+
+
+def test_the_plan_picks_rows16_for_one_token_of_16_heads_on_fp8(monkeypatch):
+    monkeypatch.setattr(mla_launch_plan, "gluon_mla_problems", lambda device, layout: [])
+    monkeypatch.setattr(mla_launch_plan, "device_sm_count", lambda device: 132)
+    launch = _planned(64, 1)
+    assert (launch.kernel, launch.schedule, launch.block_h) == ("gluon", "rows16", 16)
+    assert _planned(64, 1, fp8=False).kernel == "packed"  # 16-bit caches keep the packed kernel
+    assert _planned(64, 2).schedule != "rows16"  # speculative tokens fill 64-row tiles
+    assert _planned(64, 1, heads=128).schedule != "rows16"
+    assert _planned(1, 1).kernel == "per_token"  # the smallest steps
+    monkeypatch.setattr(mla_launch_plan, "_triton_version", lambda: (3, 6))
+    assert _planned(64, 1).kernel == "packed"  # where rows16 cannot compile

@@ -43,7 +43,9 @@ def choose_kernel(
     the H200 for such steps. `gluon`: the warpgroup-MMA kernel can run the step
     (`gluon.probe`). It runs above 16 heads, and at 16 heads where its 64 query rows
     fill up (speculative tokens) or the packed plan needs more than one merge pass of
-    splits (batch 1, long contexts); elsewhere at 16 heads the packed kernel is as fast.
+    splits (batch 1, long contexts); elsewhere at 16 heads the packed kernel is as fast
+    on a 16-bit cache (on an fp8 cache `plan_launch` runs Gluon's rows16 schedule where
+    this picks either, one query token a request).
     Without it: above 16 heads packing one query token per program gains nothing, so the
     packed kernel runs only where its plan needs more than MERGE_BLOCK_S splits; at 16
     heads it runs everywhere but the smallest steps (requests x context up to
@@ -168,8 +170,9 @@ def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
     _config(num_heads, fp8_cache, kernel, rest)
 
 
-# 'rows16' (`gluon.rows16`, fp8 caches, 16 query rows a program on mma.sync) runs only
-# where a config names it: not yet timed in vLLM's engine.
+# 'rows16' (`gluon.rows16`, fp8 caches, 16 query rows a program on mma.sync) is the plan's
+# own choice for one query token of up to 16 heads where it can run (`rows16_problems`);
+# above 16 heads or with speculative tokens it runs where a config names it.
 GLUON_SCHEDULES = ("lockstep", "alternate", "rows16")
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
 
@@ -264,19 +267,16 @@ def plan_launch(
         )
         if kernel is None:
             kernel = choose_kernel(num_heads, num_reqs, context, splits, gluon, max_query_len)
+            # One query token of up to 16 heads on an fp8 cache: the rows16 schedule, 1.1-1.5x
+            # faster than the packed kernel on an H100 where either runs (docs/benchmarks.md)
+            rows16 = gluon and fp8_cache and num_heads <= 16 and q_max == 1
+            if kernel != "per_token" and rows16 and not rows16_problems(layout):
+                kernel, config = "gluon", {"schedule": "rows16"}
     if kernel == "gluon":
         cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
-        if cfg["schedule"] == "rows16":
-            if _triton_version() < (3, 7):
-                raise ValueError(
-                    "the rows16 schedule needs Triton 3.7 or newer (its shared-memory views "
-                    f"fail to compile in 3.6); this is Triton {_triton_version()}"
-                )
-            if layout is not None and (layout.kv_lora_rank, layout.rope) != (512, 64):
-                raise ValueError(
-                    f"the rows16 schedule takes 512 latent and 64 rope columns, not "
-                    f"{layout.kv_lora_rank} and {layout.rope}"
-                )
+        problems = rows16_problems(layout) if cfg["schedule"] == "rows16" else []
+        if problems:
+            raise ValueError("the rows16 schedule cannot run this step: " + "; ".join(problems))
         shape = gluon_shapes.launch_shape(cfg["schedule"])
         cfg.update(
             BLOCK_N=shape.block_n,
@@ -317,6 +317,22 @@ def plan_launch(
         merge_block_s=merge_block_s(splits),
         schedule=schedule,
     )
+
+
+def rows16_problems(layout: MLAStepLayout | None) -> list[str]:
+    """Why the rows16 schedule cannot run steps of `layout` on this Triton (empty: it can).
+    Its cache, head and token limits are the plan's (`_config`, `plan_launch`)."""
+    problems = []
+    if _triton_version() < (3, 7):
+        problems.append(
+            "it needs Triton 3.7 or newer (its shared-memory views fail to compile in 3.6); "
+            f"this is Triton {'.'.join(map(str, _triton_version()))}"
+        )
+    if layout is not None and (layout.kv_lora_rank, layout.rope) != (512, 64):
+        problems.append(
+            f"it takes 512 latent and 64 rope columns, not {layout.kv_lora_rank} and {layout.rope}"
+        )
+    return problems
 
 
 @functools.cache
