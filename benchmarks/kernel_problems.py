@@ -18,6 +18,7 @@ MHA_SCALE = attention.SCALE
 MHA_BLOCK_SIZE = 16  # vLLM's default block size with the plugin's MHA backend
 
 LOGIT_STD = 3.0  # logits' standard deviation: a few keys carry most of each row's weight
+Q_FP8_SCALE = 0.5  # the query's per-tensor scale on fp8 rows: a power of two, exact in bf16
 ATOL, RTOL = 3e-2, 2e-2  # bf16 outputs of kernels that round P to bf16
 GIB = 1 << 30
 
@@ -138,12 +139,21 @@ def peaked_std(dim: int, scale: float, logit_std: float = LOGIT_STD) -> float:
 
 def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0, cache="bf16"):
     """attention_mla.Shape (bf16 or fp8 e4m3 cache with a per-tensor scale, block 64,
-    shuffled tables) with peaked queries."""
+    shuffled tables) with peaked queries; with an fp8 cache the query lies on the e4m3
+    grid at Q_FP8_SCALE (`on_fp8_grid`), so that FlashMLA's fp8 path, which takes the
+    query quantized, and the plugin, which takes it in bf16, get the same values."""
     torch.manual_seed(seed)
     shape = attention_mla.Shape(batch, context, heads, q_len, cache, device)
     std = peaked_std(LORA + ROPE, shape.scale)
-    shape.q = (torch.randn(shape.q.shape, device=device) * std).to(shape.q.dtype)
+    q = torch.randn(shape.q.shape, device=device) * std
+    shape.q = (on_fp8_grid(q, Q_FP8_SCALE) if cache == "fp8" else q).to(shape.q.dtype)
     return shape
+
+
+def on_fp8_grid(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """`x` (float32) rounded to e4m3 at `scale` and back: exact in bf16 where `scale` is a
+    power of two."""
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
 
 
 def bf16_latents(shape) -> torch.Tensor:
@@ -168,6 +178,27 @@ def flashmla_kwargs(shape, kv: torch.Tensor | None = None) -> dict:
         softmax_scale=shape.scale,
         causal=True,
         is_fp8_kvcache=False,
+    )
+
+
+def flashmla_fp8_kwargs(shape) -> dict:
+    """flash_mla_with_kvcache_fp8's arguments as vLLM's FlashMLAImpl.forward_mqa passes them
+    for an fp8 cache, less the scheduler metadata and split counts: the query quantized to
+    e4m3 at Q_FP8_SCALE (as vLLM quantizes it with the layer's q scale; exact here, the
+    shape's query lies on that grid), the fp8 cache with its head axis, and descale_q /
+    descale_k, the query's and the cache's scales as one-element float32 tensors."""
+    b, ql, h = shape.batch, shape.q_len, shape.heads
+    q8 = (shape.q.float() / Q_FP8_SCALE).to(torch.float8_e4m3fn)
+    return dict(
+        q=q8.view(b, ql, h, LORA + ROPE),
+        k_cache=shape.kv.unsqueeze(-2),
+        block_table=shape.meta.block_table,
+        cache_seqlens=shape.meta.seq_lens,
+        head_dim_v=LORA,
+        softmax_scale=shape.scale,
+        causal=True,
+        descale_q=torch.full((1,), Q_FP8_SCALE, dtype=torch.float32, device=shape.q.device),
+        descale_k=shape.kv_scale.reshape(1).float(),
     )
 
 
@@ -377,6 +408,32 @@ def flashmla_call(shape, kv: torch.Tensor | None = None):
     def call():
         o, _lse = flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kw)
         return o.reshape(b * ql, h, LORA)  # [B, q_len, H, 512] -> tokens
+
+    return call
+
+
+def flashmla_fp8_call(shape):
+    """FlashMLA's fp8 path on `shape` (an fp8 cache) as vLLM's FLASHMLA backend calls it
+    for an fp8 KV cache: the dense fp8 tile-scheduler metadata and split counts made once
+    (as its metadata builder makes them a step); the call returns [tokens, heads, 512]."""
+    if shape.kv_scale is None:
+        raise ValueError(f"FlashMLA's fp8 path takes an fp8 cache, not {shape.kv.dtype}")
+    from vllm.v1.attention.ops.flashmla import (
+        flash_mla_with_kvcache_fp8,
+        get_mla_metadata_dense_fp8,
+        is_flashmla_dense_supported,
+    )
+
+    ok, why = is_flashmla_dense_supported()
+    if not ok:
+        raise RuntimeError(f"FlashMLA dense unsupported: {why}")
+    b, ql, h = shape.batch, shape.q_len, shape.heads
+    kw = flashmla_fp8_kwargs(shape)
+    sched, splits = get_mla_metadata_dense_fp8(shape.meta.seq_lens, ql * h, 1)
+
+    def call():
+        o, _lse = flash_mla_with_kvcache_fp8(tile_scheduler_metadata=sched, num_splits=splits, **kw)
+        return o.reshape(b * ql, h, LORA)
 
     return call
 

@@ -54,13 +54,20 @@ def test_tables_and_exit_status_for_failed_and_error_rows():
     text = kt.prefill_table([pre], 800.0)
     assert "| 64/8/128 | 4 x 2048 over 6144 cached | 8192 | 10.0 | 8.0 | 1.25 |" in text
     assert text.endswith("Target: 0 of 1 met.")
-    fp8 = dict(ok, heads=128, batch=32, context=8192, cache="fp8", check_error=None)
-    del fp8["vllm_us"], fp8["vllm_timing"], fp8["check_error"]
+    fp8 = dict(ok, heads=128, batch=32, context=8192, cache="fp8")
     fp8.update(flops=kp.mla_flops(32, 8192, 128, 1), limit_us=7.0, ref_maxdiff=None)
     fp8["bytes"] = kp.mla_bytes(32, 8192, 128, 1, kv_elem=1)
-    text = kt.mla_fp8_table([fp8])
-    assert "| 128 | 1 | 32 | 8192 | gluon/lockstep | 10.0 | 7.0 | 70.0% |" in text
-    assert "| graph | met | ok |" in text and text.endswith("Target: 1 of 1 met.")
+    no_flashmla = dict(fp8, status="ERROR: FlashMLA fp8: x", vllm_error="x")
+    del no_flashmla["vllm_us"]
+    text = kt.mla_fp8_table([fp8, no_flashmla])
+    assert "| 128 | 1 | 32 | 8192 | gluon/lockstep | 10.0 | 8.0 | 1.25 | 7.0 | 70.0% |" in text
+    assert "| gluon/lockstep | 10.0 | error | - | 7.0 | 70.0% |" in text
+    assert "| graph | met | ok |" in text
+    assert text.endswith(
+        "\n\nTarget: 1 of 2 met (1 not judged: outputs not ok or a side not timed).\n\n"
+        "Target plugin/FlashMLA fp8 <= 1.0: 0 of 2 met (1 not judged: outputs not ok or a "
+        "side not timed)."
+    )
     assert "GB/s" in kt.anchors_table({"copy_gbps": 4000.0, "matmul_tflops": 700.0})
 
 
@@ -141,6 +148,27 @@ def test_judge_names_the_side_that_is_off():
     assert row["status"] == "ok" and row["maxdiff"] == 0.0
 
 
+def test_judge_takes_a_sides_own_tolerance():
+    """FlashMLA's fp8 path is checked within its own (looser) tolerance, against the
+    plugin and against the reference; every other side keeps the default."""
+    want = torch.ones(4, 8)
+    near = want + 0.07  # beyond 0.03 + 0.02 * 1, within 0.06 + 0.08 * 1
+    far = want + 0.5
+    loose = {"vllm": kc.FLASHMLA_FP8_TOL}
+    row = {}
+    kc.judge(row, {"plugin": ("plugin", want), "vllm": ("FlashMLA fp8", near)}, lambda: want, loose)
+    assert row["status"] == "ok" and row["maxdiff"] == pytest.approx(0.07)
+    row = {}
+    kc.judge(row, {"plugin": ("plugin", want), "vllm": ("FlashMLA fp8", near)}, lambda: want)
+    assert row["status"].startswith("FAILED: plugin vs FlashMLA fp8:")
+    row = {}
+    outs = {"plugin": ("plugin", want), "vllm": ("FlashMLA fp8", far), "check": ("c", near)}
+    kc.judge(row, outs, lambda: want, loose)
+    failed = row["status"]
+    assert "plugin vs FlashMLA fp8" in failed and "FlashMLA fp8 vs fp32 reference" in failed
+    assert "plugin vs c" in failed and "c vs fp32 reference" in failed  # default tolerance
+
+
 # ---------------------------------------------------------------- a whole run
 
 
@@ -168,6 +196,7 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(kc, "plugin_mla_call", lambda shape, plan, out: mla_out(shape))
     monkeypatch.setattr(kc, "flashmla_call", lambda shape, kv=None: mla_out(shape))
     monkeypatch.setattr(kc, "fa3_mla_call", lambda shape, num_splits: mla_out(shape))
+    monkeypatch.setattr(kc, "flashmla_fp8_call", mla_out)
     for name in ("plugin_mha_call", "fa3_call", "triton_call"):
         monkeypatch.setattr(kc, name, mha_out)
     monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
@@ -191,6 +220,8 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     assert "Target plugin/FA3-MLA <= 1.0: 1 of 1 met." in text
     assert "FA3-MLA not run (vLLM's FLASH_ATTN_MLA takes no fp8 cache)" in text
     assert "Target: 0 of 1 met." in text  # MLA fp8: 10 us against a limit of ~0.05 us
+    assert "| 2 | 100 | per_token | 10.0 | 10.0 | 1.00 |" in text  # ... and FlashMLA fp8
+    assert "Target plugin/FlashMLA fp8 <= 1.0: 1 of 1 met." in text
     assert "| 32/8/128 | 2 | 100 | 10.0 | 10.0 | 10.0 | 1.00 | 1.00 |" in text
     assert "Skipped at 32/8/128 (K/V above the 40 GiB cap, --kv-cap-gib): 256 x 65536" in text
     assert "| 32/4/64 | 2 x 32 over 40 cached | 64 | 10.0 | 10.0 | 1.00 |" in text
