@@ -43,17 +43,30 @@ FLOPS_PER_KEY_HEAD = 2 * (LORA + ROPE) + 2 * LORA  # q.k over 576, p.v over 512
 
 
 def make_decode_batch(
-    batch, context, heads, *, q_len=1, cache="bf16", block_size=PAGE, device="cuda", seed=0
+    batch,
+    context,
+    heads,
+    *,
+    q_len=1,
+    cache="bf16",
+    block_size=PAGE,
+    device="cuda",
+    seed=0,
+    shared=False,
 ):
     """A uniform decode batch: `batch` requests of `q_len` causal query tokens at
-    `context` keys, block tables shuffled. Returns (meta, q, cache, kv_scale)."""
+    `context` keys, block tables shuffled; `shared`: every request reads the same blocks
+    (one context, as prefix caching shares a common prompt's). Returns (meta, q, cache,
+    kv_scale)."""
     from atom_plugin.attention.metadata import PagedAttentionMetadata
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     blocks_per = -(-context // block_size)
-    num_blocks = batch * blocks_per + 1
-    perm = torch.randperm(num_blocks, generator=gen)[: batch * blocks_per]
-    table = perm.view(batch, blocks_per).to(torch.int32).to(device)
+    owners = 1 if shared else batch
+    num_blocks = owners * blocks_per + 1
+    perm = torch.randperm(num_blocks, generator=gen)[: owners * blocks_per]
+    table = perm.view(owners, blocks_per).expand(batch, -1).to(torch.int32).contiguous()
+    table = table.to(device)
     kv = torch.empty(num_blocks, block_size, LORA + ROPE, dtype=torch.bfloat16, device=device)
     kv.normal_(0, 1)
     kv_scale = None
@@ -80,11 +93,11 @@ def make_decode_batch(
 class Shape:
     """One benchmark shape's inputs, shared by every kernel timed on it."""
 
-    def __init__(self, batch, context, heads, q_len, cache, device="cuda"):
+    def __init__(self, batch, context, heads, q_len, cache, device="cuda", shared=False):
         self.batch, self.context, self.heads, self.q_len = batch, context, heads, q_len
         self.cache, self.device = cache, device
         self.meta, self.q, self.kv, self.kv_scale = make_decode_batch(
-            batch, context, heads, q_len=q_len, cache=cache, device=device
+            batch, context, heads, q_len=q_len, cache=cache, device=device, shared=shared
         )
         self.scale = (128 + 64) ** -0.5
         self.kv_bytes = batch * context * (LORA + ROPE) * self.kv.element_size()

@@ -129,16 +129,16 @@ def judge(row: dict, outs: dict, ref_fn=None, tolerances: dict | None = None) ->
         row["status"] = "ok"
 
 
-def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16") -> dict:
+def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16", shared=False) -> dict:
     """One MLA decode row. bf16: the plugin, FlashMLA and FA3 with q_v (vLLM's
     FLASH_ATTN_MLA backend, split cap FA3_DECODE_SPLITS as under full CUDA graphs), all
     timed. fp8: the plugin and FlashMLA's fp8 path (vLLM's FLASHMLA backend on an fp8
     cache) timed, the latter checked within FLASHMLA_FP8_TOL; FlashMLA over the cache
     dequantized to bf16 run once as a second check (FLASH_ATTN_MLA takes no fp8 cache:
-    not run)."""
+    not run). `shared`: every request reads one context's blocks."""
     row = {"heads": heads, "q_len": q_len, "batch": batch, "context": context, "cache": cache}
     seed = batch * 131 + heads + q_len
-    shape = make_mla_shape(batch, context, heads, q_len, seed=seed, cache=cache)
+    shape = make_mla_shape(batch, context, heads, q_len, seed=seed, cache=cache, shared=shared)
     out = shape.new_out()
     plan = None
     try:

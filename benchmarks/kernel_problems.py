@@ -137,13 +137,14 @@ def peaked_std(dim: int, scale: float, logit_std: float = LOGIT_STD) -> float:
     return logit_std / (math.sqrt(dim) * scale)
 
 
-def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0, cache="bf16"):
+def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0, cache="bf16", shared=False):
     """attention_mla.Shape (bf16 or fp8 e4m3 cache with a per-tensor scale, block 64,
-    shuffled tables) with peaked queries; with an fp8 cache the query lies on the e4m3
-    grid at Q_FP8_SCALE (`on_fp8_grid`), so that FlashMLA's fp8 path, which takes the
-    query quantized, and the plugin, which takes it in bf16, get the same values."""
+    shuffled tables; `shared`: one context every request reads) with peaked queries; with
+    an fp8 cache the query lies on the e4m3 grid at Q_FP8_SCALE (`on_fp8_grid`), so that
+    FlashMLA's fp8 path, which takes the query quantized, and the plugin, which takes it
+    in bf16, get the same values."""
     torch.manual_seed(seed)
-    shape = attention_mla.Shape(batch, context, heads, q_len, cache, device)
+    shape = attention_mla.Shape(batch, context, heads, q_len, cache, device, shared)
     std = peaked_std(LORA + ROPE, shape.scale)
     q = torch.randn(shape.q.shape, device=device) * std
     shape.q = (on_fp8_grid(q, Q_FP8_SCALE) if cache == "fp8" else q).to(shape.q.dtype)

@@ -62,7 +62,7 @@ both.
 
     python -m benchmarks.kernels_vs_vllm --out kernels_vs_vllm.md [--grid default|full] \\
         [--only anchors,mla,mha-decode,prefill] [--mla-heads 16,64,128] [--mla-qlens 1,2] \\
-        [--mla-dtypes bf16,fp8] [--mla-shapes 1x16K,32x8K,128x4K] \\
+        [--mla-dtypes bf16,fp8] [--mla-shapes 1x16K,32x8K,128x4K] [--mla-shared-prefix] \\
         [--mha-shapes 1x1K,8x4K,...] [--decode-heads 32/8/128] [--kv-cap-gib 40] \\
         [--prefill 1x1K,1x8K,1x32K,4x2K,4x2K+6K] [--prefill-heads 32/8/128,64/8/128,32/8/64]
 
@@ -276,6 +276,7 @@ class Config:
     prefill: tuple[PrefillCase, ...]
     prefill_heads: tuple[Heads, ...]
     iters: int
+    mla_shared: bool = False  # every MLA request reads one context's blocks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -289,6 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mla-qlens", default=",".join(map(str, MLA_QLENS)), help="1, 2")
     p.add_argument("--mla-dtypes", default=",".join(MLA_DTYPES), help="MLA caches: bf16, fp8")
     p.add_argument("--mla-shapes", help="BATCHxCONTEXT list (K = 1024)")
+    p.add_argument(
+        "--mla-shared-prefix",
+        action="store_true",
+        help="every MLA request reads the same blocks (a prompt prefix caching shares)",
+    )
     p.add_argument("--mha-shapes", help="BATCHxCONTEXT list (decode)")
     p.add_argument("--decode-heads", help="Q/KV/D list (decode)")
     p.add_argument(
@@ -326,6 +332,7 @@ def parse_args(argv=None) -> Config:
             prefill=parse_prefill(a.prefill, "--prefill"),
             prefill_heads=parse_heads(a.prefill_heads, "--prefill-heads"),
             iters=a.iters,
+            mla_shared=a.mla_shared_prefix,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -363,7 +370,7 @@ def _mla_rows(cfg: Config, cache: str, flush, copy_gbps, mm) -> list[dict]:
     for i, (b, c, h, ql) in enumerate(cases, 1):
         progress(f"MLA {cache} [{i}/{len(cases)}] H={h} q/req={ql} B={b} ctx={c}")
         try:
-            r = mla_case(b, c, h, ql, flush, cfg.iters, cache)
+            r = mla_case(b, c, h, ql, flush, cfg.iters, cache, cfg.mla_shared)
         except Exception as exc:  # building the inputs failed
             r = {"heads": h, "q_len": ql, "batch": b, "context": c, "cache": cache}
             r["status"] = f"ERROR: {short_error(exc)}"
@@ -459,6 +466,11 @@ def run(cfg: Config) -> tuple[str, int]:
         f"the request's last q/req positions. FLOP = 2 * q/req * sum(ctx) * heads * "
         f"(576 + 512); bytes = latent rows once + bf16 queries + outputs"
     )
+    if cfg.mla_shared:
+        mla_common += (
+            " (--mla-shared-prefix: every request reads the same blocks, one context shared "
+            "as prefix caching shares a prompt; bytes still count each request's rows)"
+        )
     if "mla" in cfg.families and "bf16" in cfg.mla_dtypes:
         rows = _mla_rows(cfg, "bf16", flush, copy_gbps, mm)
         all_rows += rows

@@ -95,12 +95,15 @@ def flashmla_fp8_semantics(q, k_cache, block_table, cache_seqlens, head_dim_v, s
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("q_len", [1, 2])
-def test_flashmla_fp8_arguments_pose_the_plugins_problem(q_len):
+@pytest.mark.parametrize("q_len, shared", [(1, False), (2, False), (1, True)])
+def test_flashmla_fp8_arguments_pose_the_plugins_problem(q_len, shared):
     """FlashMLA's fp8 path gets the plugin's problem: the query it takes in e4m3 at
     Q_FP8_SCALE holds exactly the plugin's bf16 query (the shape's query lies on that
-    grid), the cache is the plugin's fp8 cache with its scale; the names are vLLM's."""
-    shape = kp.make_mla_shape(3, 150, 16, q_len, device="cpu", seed=6, cache="fp8")
+    grid), the cache is the plugin's fp8 cache with its scale; the names are vLLM's.
+    `shared`: every request reads the same blocks (--mla-shared-prefix)."""
+    shape = kp.make_mla_shape(3, 150, 16, q_len, device="cpu", seed=6, cache="fp8", shared=shared)
+    rows = shape.meta.block_table.tolist()
+    assert (rows[0] == rows[1] == rows[2]) is shared and shape.kv.shape[0] == (4 if shared else 10)
     args = kp.flashmla_fp8_kwargs(shape)
     assert args["q"].shape == (3, q_len, 16, 576) and args["q"].dtype == torch.float8_e4m3fn
     dequantized = (args["q"].float() * args["descale_q"]).to(torch.bfloat16)

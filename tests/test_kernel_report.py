@@ -230,6 +230,39 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     assert "prefill 32/4/64 [2/2] 2 x 32 over 40 cached" in err and "MLA fp8 [1/1]" in err
 
 
+def test_shared_prefix_rows_read_one_context(monkeypatch, tmp_path):
+    """--mla-shared-prefix: every MLA row's shape is made with one shared context (its
+    requests' block tables the same), and the report says so."""
+    made = []
+
+    def shape(*args, **kw):
+        made.append(kp.make_mla_shape(*args, **{**kw, "device": "cpu"}))
+        return made[-1]
+
+    def out(shape, *_args, **_kw):
+        return lambda: torch.zeros(shape.batch * shape.q_len, shape.heads, kp.LORA)
+
+    monkeypatch.setattr(kc, "make_mla_shape", shape)
+    for name in ("plugin_mla_call", "flashmla_call", "fa3_mla_call", "flashmla_fp8_call"):
+        monkeypatch.setattr(kc, name, out)
+    monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
+    monkeypatch.setattr(kv, "L2Flusher", lambda: None)
+    monkeypatch.setattr(kv, "copy_bandwidth_gbps", lambda: 4000.0)
+    monkeypatch.setattr(kv, "matmul_tflops", lambda: 800.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "CPU stand-in")
+    report = tmp_path / "k.md"
+    argv = ["--out", str(report), "--only", "mla", "--mla-heads", "16", "--mla-qlens", "1"]
+    kv.main(argv + ["--mla-shapes", "3x100", "--mla-shared-prefix", "--iters", "1"])
+    assert [s.cache for s in made] == ["bf16", "fp8"]
+    for s in made:
+        rows = s.meta.block_table.tolist()
+        assert rows[0] == rows[1] == rows[2]
+    assert "--mla-shared-prefix: every request reads the same blocks" in report.read_text()
+
+
 def test_mla_row_without_fa3_mla(monkeypatch):
     """Where FA3-MLA cannot run (here the real call: vLLM's CPU build has no FA3), the row
     is an ERROR naming FA3-MLA and the plugin and FlashMLA still run, timed and checked."""

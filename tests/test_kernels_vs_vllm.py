@@ -76,7 +76,8 @@ def test_parse_args_defaults():
         kp.PrefillCase(4, 2048, 6144),
     )
     assert cfg.prefill_heads == (kp.Heads(32, 8, 128), kp.Heads(64, 8, 128), kp.Heads(32, 8, 64))
-    assert cfg.out is None and cfg.iters == 20
+    assert cfg.out is None and cfg.iters == 20 and cfg.mla_shared is False
+    assert kv.parse_args(["--mla-shared-prefix"]).mla_shared is True
 
 
 def grid_rows(cfg) -> tuple[int, int, int]:
