@@ -388,20 +388,23 @@ def plugin_mla_call(shape, plan, out):
     return call
 
 
+def _require_flashmla_dense() -> None:
+    """Raises where vLLM's build has no dense FlashMLA (its reason in the message)."""
+    from vllm.v1.attention.ops.flashmla import is_flashmla_dense_supported
+
+    ok, why = is_flashmla_dense_supported()
+    if not ok:
+        raise RuntimeError(f"FlashMLA dense unsupported: {why}")
+
+
 def flashmla_call(shape, kv: torch.Tensor | None = None):
     """FlashMLA on `shape` (over `kv`, a bf16 cache, when given) as vLLM's FLASHMLA
     backend calls it; the call returns the output as [tokens, heads, 512]. The
     tile-scheduler metadata is vLLM's FlashMLAMetadataBuilder._build_decode's; the first
     call fills it."""
-    from vllm.v1.attention.ops.flashmla import (
-        flash_mla_with_kvcache,
-        get_mla_metadata,
-        is_flashmla_dense_supported,
-    )
+    from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache, get_mla_metadata
 
-    ok, why = is_flashmla_dense_supported()
-    if not ok:
-        raise RuntimeError(f"FlashMLA dense unsupported: {why}")
+    _require_flashmla_dense()
     b, ql, h = shape.batch, shape.q_len, shape.heads
     kw = flashmla_kwargs(shape, kv)
     sched, _ = get_mla_metadata(shape.meta.seq_lens, ql * h, 1, is_fp8_kvcache=False)
@@ -422,12 +425,9 @@ def flashmla_fp8_call(shape):
     from vllm.v1.attention.ops.flashmla import (
         flash_mla_with_kvcache_fp8,
         get_mla_metadata_dense_fp8,
-        is_flashmla_dense_supported,
     )
 
-    ok, why = is_flashmla_dense_supported()
-    if not ok:
-        raise RuntimeError(f"FlashMLA dense unsupported: {why}")
+    _require_flashmla_dense()
     b, ql, h = shape.batch, shape.q_len, shape.heads
     kw = flashmla_fp8_kwargs(shape)
     sched, splits = get_mla_metadata_dense_fp8(shape.meta.seq_lens, ql * h, 1)

@@ -172,6 +172,21 @@ def test_judge_takes_a_sides_own_tolerance():
 # ---------------------------------------------------------------- a whole run
 
 
+@pytest.fixture
+def gpu_stand_ins(monkeypatch):
+    """A run's GPU pieces on the CPU: every time 10 us, no L2 flush, fixed anchors, and
+    torch.cuda's calls the run makes answered."""
+    monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
+    monkeypatch.setattr(kv, "L2Flusher", lambda: None)
+    monkeypatch.setattr(kv, "copy_bandwidth_gbps", lambda: 4000.0)
+    monkeypatch.setattr(kv, "matmul_tflops", lambda: 800.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "CPU stand-in")
+
+
+@pytest.mark.usefixtures("gpu_stand_ins")
 def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     """The whole run, flags to report, with every kernel replaced by the float32
     reference rounded to bf16 on CPU and every time set to 10 us: each family's table,
@@ -199,15 +214,7 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(kc, "flashmla_fp8_call", mla_out)
     for name in ("plugin_mha_call", "fa3_call", "triton_call"):
         monkeypatch.setattr(kc, name, mha_out)
-    monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
     monkeypatch.setattr(attention, "KVPool", functools.partial(attention.KVPool, **cpu))
-    monkeypatch.setattr(kv, "L2Flusher", lambda: None)
-    monkeypatch.setattr(kv, "copy_bandwidth_gbps", lambda: 4000.0)
-    monkeypatch.setattr(kv, "matmul_tflops", lambda: 800.0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "CPU stand-in")
     out = tmp_path / "k.md"
     argv = ["--out", str(out), "--mla-heads", "16", "--mla-qlens", "1", "--mla-shapes", "2x100"]
     argv += ["--mha-shapes", "2x100,256x64K", "--prefill", "1x64,2x32+40", "--iters", "2"]
@@ -230,6 +237,7 @@ def test_run_on_cpu_with_stand_in_kernels(monkeypatch, tmp_path, capsys):
     assert "prefill 32/4/64 [2/2] 2 x 32 over 40 cached" in err and "MLA fp8 [1/1]" in err
 
 
+@pytest.mark.usefixtures("gpu_stand_ins")
 def test_shared_prefix_rows_read_one_context(monkeypatch, tmp_path):
     """--mla-shared-prefix: every MLA row's shape is made with one shared context (its
     requests' block tables the same), and the report says so."""
@@ -245,14 +253,6 @@ def test_shared_prefix_rows_read_one_context(monkeypatch, tmp_path):
     monkeypatch.setattr(kc, "make_mla_shape", shape)
     for name in ("plugin_mla_call", "flashmla_call", "fa3_mla_call", "flashmla_fp8_call"):
         monkeypatch.setattr(kc, name, out)
-    monkeypatch.setattr(kc, "timed", lambda fn, flush, iters=20: (10.0, "graph"))
-    monkeypatch.setattr(kv, "L2Flusher", lambda: None)
-    monkeypatch.setattr(kv, "copy_bandwidth_gbps", lambda: 4000.0)
-    monkeypatch.setattr(kv, "matmul_tflops", lambda: 800.0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "CPU stand-in")
     report = tmp_path / "k.md"
     argv = ["--out", str(report), "--only", "mla", "--mla-heads", "16", "--mla-qlens", "1"]
     kv.main(argv + ["--mla-shapes", "3x100", "--mla-shared-prefix", "--iters", "1"])
