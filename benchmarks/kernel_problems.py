@@ -151,10 +151,15 @@ def make_mla_shape(batch, context, heads, q_len, device="cuda", seed=0, cache="b
     return shape
 
 
+def to_e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """`x` quantized to e4m3 with the per-tensor `scale` (x / scale, rounded)."""
+    return (x.float() / scale).to(torch.float8_e4m3fn)
+
+
 def on_fp8_grid(x: torch.Tensor, scale: float) -> torch.Tensor:
     """`x` (float32) rounded to e4m3 at `scale` and back: exact in bf16 where `scale` is a
     power of two."""
-    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+    return to_e4m3(x, scale).float() * scale
 
 
 def bf16_latents(shape) -> torch.Tensor:
@@ -189,9 +194,8 @@ def flashmla_fp8_kwargs(shape) -> dict:
     shape's query lies on that grid), the fp8 cache with its head axis, and descale_q /
     descale_k, the query's and the cache's scales as one-element float32 tensors."""
     b, ql, h = shape.batch, shape.q_len, shape.heads
-    q8 = (shape.q.float() / Q_FP8_SCALE).to(torch.float8_e4m3fn)
     return dict(
-        q=q8.view(b, ql, h, LORA + ROPE),
+        q=to_e4m3(shape.q, Q_FP8_SCALE).view(b, ql, h, LORA + ROPE),
         k_cache=shape.kv.unsqueeze(-2),
         block_table=shape.meta.block_table,
         cache_seqlens=shape.meta.seq_lens,

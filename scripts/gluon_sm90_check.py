@@ -45,6 +45,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from atom_plugin.attention.metadata import PagedAttentionMetadata  # noqa: E402
+from atom_plugin.attention.mla import launch_plan  # noqa: E402
 from atom_plugin.attention.mla import triton as triton_mla  # noqa: E402
 from atom_plugin.attention.mla import triton_kernels as mla_triton_kernels  # noqa: E402
 from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # noqa: E402
@@ -250,9 +251,10 @@ def check_gluon(ptx: str | None, loops: bool = False) -> bool:
     version = tuple(int(p) for p in triton.__version__.split(".")[:2])
     if version not in ((3, 6), (3, 7), (3, 8)):
         print(f"warning: Triton {triton.__version__}; vLLM runs 3.6 to 3.8", file=sys.stderr)
+    rows16_problems = launch_plan.rows16_problems(None)
     for schedule, dtype in CASES:
-        if schedule == "rows16" and version < (3, 7):
-            print(f"rows16: not compiled (Triton {triton.__version__}; it needs 3.7 or newer)")
+        if schedule == "rows16" and rows16_problems:
+            print(f"rows16: not compiled ({'; '.join(rows16_problems)})")
             continue
         for block_h, tokens in PACKINGS if schedule != "rows16" else ((16, 1),):
             compile_case(schedule, dtype, block_h, tokens)

@@ -11,28 +11,17 @@ from mla_cases import (
     make_mla_batch,
     plan_for,
     query_in_parts,
+    run_decode,
     tolerance,
 )
 
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.mla.plan import plan_mla_decode
-from atom_plugin.attention.mla.reference import mla_decode_reference
 from atom_plugin.attention.mla.triton import mla_decode_triton
 
 BF16_64 = MLAStepLayout(torch.bfloat16, 64)
 CPU = torch.device("cpu")
-
-
-def _run(fn, batch, plan=None):
-    """`fn` (the reference or the Triton launcher) on the batch; the reference plans
-    from the metadata itself unless handed `plan`."""
-    T, H, _ = batch.q.shape
-    out = torch.full((T, H, 512), 7.0, dtype=batch.q.dtype, device=batch.q.device)
-    lse = fn(
-        batch.q, batch.kv_cache, batch.meta, plan, scale=0.3, output=out, kv_scale=batch.kv_scale
-    )
-    return out, lse
 
 
 def test_plan_without_a_layout_keeps_to_triton():
@@ -123,13 +112,13 @@ def test_gpu_gluon_decode_edges(heads, cache, q_len, schedule):
     with scale 0.5, 2-token causal rows; at the planned split count, 1 and 200."""
     reqs = [(min(n, q_len), ctx) for n, ctx in EDGE_REQS]
     b = gpu_edge_batch(reqs, heads, cache)
-    want_out, want_lse = _run(mla_decode_reference, b)
+    want_out, want_lse = run_decode("torch", b, 512)
     tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
     config = {"kernel": "gluon", "schedule": schedule}
     for splits in (None, 1, 200):
         plan = plan_for(b, "triton", config=config, num_splits=splits, layout=BF16_64)
         assert (plan.launch.kernel, plan.launch.schedule) == ("gluon", schedule)
-        out, lse = _run(mla_decode_triton, b, plan=plan)
+        out, lse = run_decode("triton", b, 512, plan=plan)
         T = b.meta.num_actual_tokens
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
         # every row is written, a padding token's with zeros (its output was the sentinel)
@@ -150,11 +139,11 @@ def test_gpu_gluon_fp16():
         pad_rows=2,
         nan_unused=True,
     )
-    want_out, want_lse = _run(mla_decode_reference, b)
+    want_out, want_lse = run_decode("torch", b, 512)
     layout = MLAStepLayout(torch.float16, 64)
     plan = plan_mla_decode(b.meta, b.q.shape[0], 64, kernel_impl="triton", layout=layout)
     assert plan.launch.kernel == "gluon"
-    out, lse = _run(mla_decode_triton, b, plan=plan)
+    out, lse = run_decode("triton", b, 512, plan=plan)
     torch.testing.assert_close(out, want_out, **tolerance(torch.float16))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -193,12 +182,12 @@ def test_gpu_gluon_dcp_token_kv_lens():
     )
     lens = torch.tensor([150, 500, 501, 0, 35], dtype=torch.int32, device="cuda")
     ref_plan = plan_mla_decode(b.meta, b.q.shape[0], 128, kernel_impl="torch", token_kv_lens=lens)
-    want_out, want_lse = _run(mla_decode_reference, b, plan=ref_plan)
+    want_out, want_lse = run_decode("torch", b, 512, plan=ref_plan)
     plan = plan_mla_decode(
         b.meta, b.q.shape[0], 128, kernel_impl="triton", token_kv_lens=lens, layout=BF16_64
     )
     assert plan.launch.kernel == "gluon"
-    out, lse = _run(mla_decode_triton, b, plan=plan)
+    out, lse = run_decode("triton", b, 512, plan=plan)
     torch.testing.assert_close(out, want_out, **tolerance(torch.bfloat16))
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
@@ -227,7 +216,7 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
     b = gpu_edge_batch([(2, 777), (1, 65), (1, 2051)], heads, cache)
     plan = plan_for(b, "triton", config=config, layout=BF16_64)
     assert plan.launch.kernel == config["kernel"]
-    whole, whole_lse = _run(mla_decode_triton, b, plan=plan)
+    whole, whole_lse = run_decode("triton", b, 512, plan=plan)
     out = torch.full_like(whole, 7.0)
     parts = query_in_parts(b.q, 512)
     lse = mla_decode_triton(
@@ -270,7 +259,7 @@ def test_gpu_gluon_replays_from_a_cuda_graph(cache, schedule):
     b.meta.seq_lens[:3].copy_(torch.tensor([4000, 1500, 1], dtype=torch.int32))
     plan_mla_decode(b.meta, T, 64, kernel_impl="triton", out=bufs)  # the next step's plan
     graph.replay()
-    want, _ = _run(mla_decode_reference, b)
+    want, _ = run_decode("torch", b, 512)
     T = b.meta.num_actual_tokens
     torch.testing.assert_close(
         out[:T], want[:T], **tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)

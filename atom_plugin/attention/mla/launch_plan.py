@@ -272,11 +272,13 @@ def plan_launch(
             rows16 = gluon and fp8_cache and num_heads <= 16 and q_max == 1
             if kernel != "per_token" and rows16 and not rows16_problems(layout):
                 kernel, config = "gluon", {"schedule": "rows16"}
-    if kernel == "gluon":
-        cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
-        problems = rows16_problems(layout) if cfg["schedule"] == "rows16" else []
+    elif kernel == "gluon" and config.get("schedule") == "rows16":
+        # a config named it (the rule asks above before it picks it): say why it cannot run
+        problems = rows16_problems(layout)
         if problems:
             raise ValueError("the rows16 schedule cannot run this step: " + "; ".join(problems))
+    if kernel == "gluon":
+        cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
         shape = gluon_shapes.launch_shape(cfg["schedule"])
         cfg.update(
             BLOCK_N=shape.block_n,
