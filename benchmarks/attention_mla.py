@@ -246,9 +246,13 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True, configs=()
 
 def _time_config(shape, flush, config: dict, reference) -> dict:
     """One chosen launch configuration on `shape`: its time, what ran and how far its
-    output is from the plan's own; an error where the configuration cannot run here."""
+    output is from the plan's own; an error where the configuration cannot run here.
+    A config's "num_splits" fixes the split count (the rest, if any, is the plan's
+    config; none: the plan's own kernel)."""
+    launch_config = dict(config)
+    num_splits = launch_config.pop("num_splits", None)
     try:
-        us, out, plan = shape.time_new(flush, config)
+        us, out, plan = shape.time_new(flush, launch_config or None, num_splits)
     except Exception as exc:  # a chosen config may not run here: Gluon's limits, shared memory
         return {"config": config, "error": f"{type(exc).__name__}: {exc}"[:200]}
     launch = plan.launch
@@ -263,8 +267,9 @@ def _time_config(shape, flush, config: dict, reference) -> dict:
 
 def parse_configs(text: str, caches) -> list[dict]:
     """`--configs`: a JSON list of launch configurations, each checked as the plan would
-    check it for every cache asked; a ValueError names what is wrong."""
-    from atom_plugin.attention.mla.launch_plan import check_config
+    check it for every cache asked (a "num_splits" key: an int in [1, MAX_SPLITS], the
+    split count the plan is given); a ValueError names what is wrong."""
+    from atom_plugin.attention.mla.launch_plan import MAX_SPLITS, check_config
 
     try:
         configs = json.loads(text)
@@ -275,9 +280,20 @@ def parse_configs(text: str, caches) -> list[dict]:
             f'--configs {text!r}: give a JSON list of objects, e.g. [{{"BLOCK_N": 64}}]'
         )
     for config in configs:
+        launch_config = dict(config)
+        splits = launch_config.pop("num_splits", None)
+        if splits is not None and (
+            not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= MAX_SPLITS
+        ):
+            raise ValueError(
+                f"--configs: {json.dumps(config)}: num_splits={splits!r} must be an int in "
+                f"[1, {MAX_SPLITS}]"
+            )
         for cache in caches:
+            if not launch_config:
+                continue
             try:
-                check_config(config, fp8_cache=cache == "fp8")
+                check_config(launch_config, fp8_cache=cache == "fp8")
             except ValueError as exc:
                 raise ValueError(
                     f"--configs: {json.dumps(config)} ({cache} cache): {exc}"
@@ -298,9 +314,11 @@ def run_mla_benchmarks(
     with_sdpa: bool = True,
     device="cuda",
     configs=(),
+    shared: bool = False,
 ) -> list[dict]:
     """One row per (heads, cache, batch, context, query tokens); both limits measured
-    here unless the caller measured them already."""
+    here unless the caller measured them already. `shared`: every request of a shape
+    reads the same blocks (a shared prefix; the KV bytes counted are still per request)."""
     copy_gbps = copy_gbps or copy_bandwidth_gbps(device)
     matmul_rate = matmul_rate or matmul_tflops(device)
     flush = flush or L2Flusher(device)
@@ -309,7 +327,7 @@ def run_mla_benchmarks(
     for h in heads:
         for cache in caches:
             for b, c, ql in shapes:
-                shape = Shape(b, c, h, ql, cache, device)
+                shape = Shape(b, c, h, ql, cache, device, shared=shared)
                 rows.append(bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa, configs))
                 print(_row_line(rows[-1]), flush=True)
                 del shape
@@ -385,6 +403,12 @@ def main(argv=None) -> int:
     p.add_argument("--caches", default=",".join(CACHES), help="comma-separated: bf16, fp8")
     p.add_argument("--no-spec", action="store_true", help="leave out the SPEC_SHAPES rows")
     p.add_argument(
+        "--shared",
+        action="store_true",
+        help="every request of a shape reads the same blocks (a shared prefix, as prefix "
+        "caching shares a prompt's)",
+    )
+    p.add_argument(
         "--configs",
         default="[]",
         help="JSON list of launch configurations timed beside the plan's own on every row",
@@ -405,6 +429,7 @@ def main(argv=None) -> int:
     header = (
         f"{facts}; copy bandwidth {copy_gbps:.0f} GB/s (read+write); dense bf16 matmul "
         f"{matmul_rate:.0f} TFLOP/s"
+        + ("; every request reads one shared context's blocks" if args.shared else "")
     )
     print(header, flush=True)
     result = {"run": facts, "copy_gbps": copy_gbps, "matmul_tflops": matmul_rate}
@@ -418,6 +443,7 @@ def main(argv=None) -> int:
         matmul_rate=matmul_rate,
         flush=flush,
         configs=configs,
+        shared=args.shared,
     )
     result["rows"] = rows
     table = format_table(rows)

@@ -1,7 +1,10 @@
 """benchmarks/attention_mla.py without a GPU: `--configs`, checked as the plan checks a
 configuration, and the table's columns for it."""
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from benchmarks import attention_mla
 
@@ -14,6 +17,9 @@ from benchmarks import attention_mla
         ('[{"BLOCKN": 64}]', "unknown packed MLA decode config keys ['BLOCKN']"),
         ('[{"kernel": "fast"}]', "kernel must be one of"),
         ('[{"kernel": "per_token", "tma": true}]', "fp8 tiles through pointer loads only"),
+        ('[{"num_splits": 0}]', "num_splits=0 must be an int in [1, 256]"),
+        ('[{"num_splits": "8"}]', "num_splits='8' must be an int in [1, 256]"),
+        ('[{"num_splits": 8, "BLOCKN": 64}]', "unknown packed MLA decode config keys"),
     ],
 )
 def test_bad_configs_are_refused_naming_what_is_wrong(text, named, capsys):
@@ -24,8 +30,55 @@ def test_bad_configs_are_refused_naming_what_is_wrong(text, named, capsys):
 
 
 def test_good_configs_pass_the_check():
-    configs = attention_mla.parse_configs('[{"BLOCK_N": 64, "num_warps": 8}, {}]', ["fp8"])
-    assert configs == [{"BLOCK_N": 64, "num_warps": 8}, {}]
+    text = '[{"BLOCK_N": 64, "num_warps": 8}, {}, {"num_splits": 16}]'
+    configs = attention_mla.parse_configs(text, ["fp8"])
+    assert configs == [{"BLOCK_N": 64, "num_warps": 8}, {}, {"num_splits": 16}]
+
+
+class _RecordingShape:
+    """Stands in for a GPU shape: records what the plan was asked for."""
+
+    def __init__(self):
+        self.asked = []
+
+    def time_new(self, flush, config=None, num_splits=None):
+        self.asked.append((config, num_splits))
+        launch = SimpleNamespace(kernel="gluon", schedule="rows16", num_splits=num_splits or 32)
+        return 50.0, torch.zeros(2), SimpleNamespace(launch=launch)
+
+
+@pytest.mark.parametrize(
+    ("config", "asked"),
+    [
+        ({"num_splits": 16}, (None, 16)),
+        ({"kernel": "gluon", "schedule": "rows16", "num_splits": 8},
+         ({"kernel": "gluon", "schedule": "rows16"}, 8)),
+        ({"BLOCK_N": 64}, ({"BLOCK_N": 64}, None)),
+    ],
+)  # fmt: skip
+def test_a_configs_split_count_goes_to_the_plan_and_the_rest_as_its_config(config, asked):
+    shape = _RecordingShape()
+    timed = attention_mla._time_config(shape, None, config, torch.zeros(2))
+    assert shape.asked == [asked]
+    assert timed["config"] == config and timed["num_splits"] == (asked[1] or 32)
+
+
+def test_shared_reaches_every_shape(monkeypatch):
+    made = []
+
+    def shape(*args, **kwargs):
+        made.append(kwargs.get("shared"))
+        return object()
+
+    monkeypatch.setattr(attention_mla, "Shape", shape)
+    monkeypatch.setattr(attention_mla, "bench_shape", lambda *a, **k: {})
+    monkeypatch.setattr(attention_mla, "_row_line", lambda row: "")
+    monkeypatch.setattr(attention_mla.torch.cuda, "empty_cache", lambda: None)
+    attention_mla.run_mla_benchmarks(
+        (16,), (1, 8), (8192,), ("fp8",), (), copy_gbps=1.0, matmul_rate=1.0, flush=object(),
+        device="cpu", shared=True,
+    )  # fmt: skip
+    assert made == [True, True]
 
 
 def _row(**extra):
