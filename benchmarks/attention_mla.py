@@ -204,13 +204,6 @@ def target_met(row: dict) -> bool | None:
     return row["tflops"] >= 550
 
 
-def kernel_name(launch) -> str:
-    """The stage-1 kernel a launch runs; the Gluon kernel with its schedule."""
-    if launch.kernel == "gluon":
-        return f"gluon/{launch.schedule}"
-    return launch.kernel
-
-
 def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True, configs=()) -> dict:
     us, out, plan = shape.time_new(flush)
     limit_us = max(shape.kv_bytes / (copy_gbps * 1e3), shape.flops / (matmul_rate * 1e6))
@@ -220,7 +213,7 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True, configs=()
         "batch": shape.batch,
         "context": shape.context,
         "q_len": shape.q_len,
-        "kernel": kernel_name(plan.launch),
+        "kernel": plan.launch.name,
         "num_splits": plan.launch.num_splits,
         "merge_block_s": plan.launch.merge_block_s,
         "tokens_per_program": plan.launch.tokens,
@@ -259,7 +252,7 @@ def _time_config(shape, flush, config: dict, reference) -> dict:
     return {
         "config": config,
         "us": us,
-        "kernel": kernel_name(launch),
+        "kernel": launch.name,
         "num_splits": launch.num_splits,
         "maxdiff": _maxdiff(reference, out),
     }

@@ -46,6 +46,8 @@ def worker_facts(worker) -> dict:
     import torch
     from vllm.platforms import current_platform
 
+    from atom_plugin.attention.mla.plan import PLANNED_LAUNCHES
+
     return {
         "pid": os.getpid(),  # the engine core's process (the measuring one, or its own)
         "cpus": sorted(os.sched_getaffinity(0)),  # the CPUs its thread may run on
@@ -62,6 +64,8 @@ def worker_facts(worker) -> dict:
         # in any process that imports it; a GPU engine must still have torch's own.
         "torch_cuda_event": f"{torch.cuda.Event.__module__}.{torch.cuda.Event.__qualname__}",
         "versions": _versions(),
+        # the plugin's MLA decode launches planned so far, by kernel (captures and eager steps)
+        "mla_launches": dict(PLANNED_LAUNCHES),
     }
 
 

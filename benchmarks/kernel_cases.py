@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks import attention_mla
 from benchmarks._report import progress
 from benchmarks._timing import graphed, time_us
 from benchmarks.kernel_problems import (
@@ -143,7 +142,7 @@ def mla_case(batch, context, heads, q_len, flush, iters=20, cache="bf16", shared
     plan = None
     try:
         plan = shape.plan()
-        row["kernel"] = attention_mla.kernel_name(plan.launch)
+        row["kernel"] = plan.launch.name
     except Exception as exc:
         row["plugin_error"] = f"plan: {short_error(exc)}"
 

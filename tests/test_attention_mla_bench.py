@@ -43,7 +43,7 @@ class _RecordingShape:
 
     def time_new(self, flush, config=None, num_splits=None):
         self.asked.append((config, num_splits))
-        launch = SimpleNamespace(kernel="gluon", schedule="rows16", num_splits=num_splits or 32)
+        launch = SimpleNamespace(name="gluon/rows16", num_splits=num_splits or 32)
         return 50.0, torch.zeros(2), SimpleNamespace(launch=launch)
 
 

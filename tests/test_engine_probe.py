@@ -18,6 +18,7 @@ class _Builder:
         from atom_plugin.attention.mla.plan import TritonMLAPlan
 
         launch = Namespace(kernel="packed", schedule="lockstep", num_splits=4, tokens=1)
+        launch.name = "packed"
         launch.token_chunks = 1
         plan = TritonMLAPlan(torch.zeros(1), torch.zeros(1), make_launch=lambda: launch)
         tokens = common_attn_metadata.num_actual_tokens

@@ -10,7 +10,9 @@ same sequences. Greedy tokens of random bf16 models flip on near ties, so output
 compared as logprobs: the plugin's distance from vLLM's reference backend
 (FLASH_ATTN for MHA, TRITON_MLA for MLA) may be at most TOLERANCE_FACTOR times the
 distance between that reference and vLLM's second backend on the same sequences
-(TRITON_ATTN, FLASHMLA), plus LOGPROB_FLOOR.
+(TRITON_ATTN, FLASHMLA), plus LOGPROB_FLOOR. The MLA model runs twice: at 32 heads on a
+bf16 cache, and at 16 heads (DeepSeek's TP8 slice) on an fp8 cache, where the plugin's
+decode takes the Gluon kernel's rows16 schedule (counted, so the test sees it ran).
 
     python3 -m pytest -q tests/test_gpu_engine.py      # on the H200, vLLM's CUDA build
 """
@@ -86,7 +88,7 @@ SCORE = textwrap.dedent(
 @dataclass(frozen=True)
 class Config:
     name: str
-    model: str  # "mha" or "mla"
+    model: str  # "mha", "mla" or "mla16-fp8" (MODELS)
     backend: str
     runner: str = "mrv2"  # or "v1" (vLLM 0.32 and 0.33 only)
     eager: bool = False
@@ -132,6 +134,8 @@ PLUGIN = [
     Config("mla-mrv2-prefix", "mla", "ATOM_AITER_MLA", extra={**CHUNKED, **PREFIX}),
     Config("mla-v1-graphs", "mla", "ATOM_AITER_MLA", runner="v1", extra=CHUNKED),
     Config("mla-v1-eager", "mla", "ATOM_AITER_MLA", runner="v1", eager=True),
+    Config("mla16-fp8-mrv2-graphs", "mla16-fp8", "ATOM_AITER_MLA", extra=CHUNKED),
+    Config("mla16-fp8-mrv2-eager", "mla16-fp8", "ATOM_AITER_MLA", eager=True),
     Config("tbo-decode-graphs", "mha", "ATOM_AITER", runner="v1", extra=TBO_DECODE),
     Config(
         "tbo-prefill-graphs", "mha", "ATOM_AITER", runner="v1", extra={**TBO_PREFILL, **CHUNKED}
@@ -141,7 +145,15 @@ PLUGIN = [
 ]
 # (reference, second backend) per model: the second one's distance from the reference
 # is the yardstick.
-REFERENCES = {"mha": ("FLASH_ATTN", "TRITON_ATTN"), "mla": ("TRITON_MLA", "FLASHMLA")}
+REFERENCES = {
+    "mha": ("FLASH_ATTN", "TRITON_ATTN"),
+    "mla": ("TRITON_MLA", "FLASHMLA"),
+    "mla16-fp8": ("TRITON_MLA", "FLASHMLA"),
+}
+# What a model's engines (the plugin's and the references') take beside ENGINE
+MODEL_ENGINE = {"mla16-fp8": {"kv_cache_dtype": "fp8"}}
+# The plugin's MLA decode kernel a model's engines must have run (PLANNED_LAUNCHES)
+EXPECTED_MLA_KERNEL = {"mla16-fp8": "gluon/rows16"}
 EXPECTED_RUNNER = {
     "mrv2": "vllm.v1.worker.gpu.model_runner",
     "v1": "vllm.v1.worker.gpu_model_runner",
@@ -196,7 +208,10 @@ def models(tmp_path_factory):
     mla = build_tiny_deepseek(
         tmp_path_factory.mktemp("gpu-deepseek"), num_heads=32, nope_dim=128, v_dim=128
     )
-    return {"mha": str(mha), "mla": str(mla)}
+    mla16 = build_tiny_deepseek(
+        tmp_path_factory.mktemp("gpu-deepseek16"), num_heads=16, nope_dim=128, v_dim=128
+    )
+    return {"mha": str(mha), "mla": str(mla), "mla16-fp8": str(mla16)}
 
 
 def _selected(session) -> list[Config]:
@@ -253,6 +268,7 @@ def runs(models, request):
     def plugin_run(c: Config):
         llm = {
             **ENGINE,
+            **MODEL_ENGINE.get(c.model, {}),
             "model": models[c.model],
             "attention_config": {"backend": c.backend},
             "enforce_eager": c.eager,
@@ -278,7 +294,12 @@ def runs(models, request):
         sequences = [s for c in _ran(plugin, model) for s in plugin[c.name]["sequences"]]
         if not sequences:
             return (model, backend), AssertionError(f"no {model} configuration ran")
-        llm = {**ENGINE, "model": models[model], "attention_config": {"backend": backend}}
+        llm = {
+            **ENGINE,
+            **MODEL_ENGINE.get(model, {}),
+            "model": models[model],
+            "attention_config": {"backend": backend},
+        }
         env = engine_env(**IN_PROCESS_ENGINE, ATOM_PLUGIN_DISABLE=None)
         try:
             return (model, backend), _run(backend, llm, env, None, sequences, False)
@@ -349,6 +370,9 @@ def test_plugin_backend_matches_vllms_backend_by_logprobs(runs, config):
     assert facts["prefix_caching"] == config.prefix_caching, facts
     if facts["extensible_kv_cache"] is not None:  # a release with the extensible KV cache
         assert facts["extensible_kv_cache"] == config.extensible, facts
+    kernel = EXPECTED_MLA_KERNEL.get(config.model)
+    if kernel is not None:  # the decode's launches (graph captures, eager steps) took it
+        assert facts["mla_launches"].get(kernel, 0) > 0, facts["mla_launches"]
     ref_name, second_name = REFERENCES[config.model]
     ref = _reference_rows(plugin, reference, config, ref_name)
     second = _reference_rows(plugin, reference, config, second_name)

@@ -265,6 +265,23 @@ def test_the_launch_is_planned_at_its_first_read_once(monkeypatch):
     assert len(calls) == 2 and chosen.planned_launch.num_splits == 3
 
 
+def test_each_planned_launch_is_counted_once_by_its_kernels_name(monkeypatch):
+    """PLANNED_LAUNCHES (what the engine tests read to see which kernel a decode ran)."""
+    from collections import Counter
+
+    from atom_plugin.attention.mla import plan as mla_plan
+
+    monkeypatch.setattr(mla_plan, "PLANNED_LAUNCHES", Counter())
+    b = make_mla_batch([(1, 5), (1, 9)], heads=4, lora=16, rope=16)
+    unread = plan_mla_decode(b.meta, 2, 4, kernel_impl="triton")
+    assert mla_plan.PLANNED_LAUNCHES == Counter()  # a graph's replayed step plans nothing
+    plan = plan_mla_decode(b.meta, 2, 4, kernel_impl="triton")
+    plan.launch, plan.launch  # noqa: B018 - read by every layer, planned once
+    assert dict(mla_plan.PLANNED_LAUNCHES) == {"per_token": 1} and unread.planned_launch is None
+    gluon = dataclasses.replace(plan.launch, kernel="gluon", schedule="rows16")
+    assert gluon.name == "gluon/rows16"  # the Gluon kernel is named with its schedule
+
+
 def _forbid_selection(monkeypatch):
     """Make every way to the kernel-path choice raise."""
 

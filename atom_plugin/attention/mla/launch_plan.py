@@ -215,6 +215,11 @@ class TritonMLALaunch:
     merge_block_s: int  # splits per merge tile (`merge_block_s`)
     schedule: str = "lockstep"  # gluon: "lockstep", "alternate" or "rows16" (GLUON_SCHEDULES)
 
+    @property
+    def name(self) -> str:
+        """The stage-1 kernel this launch runs; the Gluon kernel with its schedule."""
+        return f"gluon/{self.schedule}" if self.kernel == "gluon" else self.kernel
+
 
 def plan_launch(
     num_reqs: int,

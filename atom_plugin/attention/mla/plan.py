@@ -9,6 +9,7 @@ the GPU back, except AITER's planning (its page count is data-dependent).
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -160,6 +161,12 @@ class TorchMLAPlan:
     token_kv_len: torch.Tensor
 
 
+# Launches planned in this process, by kernel name (`TritonMLALaunch.name`). A decode step
+# that a CUDA graph replays runs the launch planned at its capture, so under graphs this
+# counts captures and eager steps: what the engine tests read to see which kernel ran.
+PLANNED_LAUNCHES: Counter[str] = Counter()
+
+
 @dataclass(frozen=True)
 class TritonMLAPlan:
     """The Triton path's plan: the token plan and the step's launch (stage-1 kernel,
@@ -173,7 +180,9 @@ class TritonMLAPlan:
 
     @functools.cached_property
     def launch(self) -> TritonMLALaunch:
-        return self.make_launch()
+        launch = self.make_launch()
+        PLANNED_LAUNCHES[launch.name] += 1
+        return launch
 
     @property
     def planned_launch(self) -> TritonMLALaunch | None:
