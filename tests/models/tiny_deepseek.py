@@ -24,6 +24,7 @@ def build_tiny_deepseek(
     num_experts: int = 4,
     experts_per_token: int = 2,
     seed: int = 0,
+    max_positions: int = 1024,
 ) -> Path:
     """`moe_from_layer`: layers from that one on are MoE (`num_experts` routed experts, top
     `experts_per_token`, one shared expert); None keeps every layer's MLP dense."""
@@ -62,4 +63,5 @@ def build_tiny_deepseek(
         v_head_dim=v_dim,
         head_dim=rope_dim,
         rope_scaling=None,
+        max_position_embeddings=max_positions,
     )
