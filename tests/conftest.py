@@ -107,3 +107,21 @@ def k3_channel_off():
     before = k3_enforcement.record(off)
     yield off
     k3_enforcement.record(before)
+
+
+@pytest.fixture
+def nan_partials(monkeypatch):
+    """Stage 1's partial buffers start as NaN (as unfilled memory may hold); the buffers
+    of each call are kept."""
+    made = []
+
+    def partials(T, H, splits, kv_lora_rank, device):
+        mid_o = torch.full((T, H, splits, kv_lora_rank), float("nan"), device=device)
+        mid_lse = torch.full((T, H, splits), float("nan"), device=device)
+        made.append((mid_o, mid_lse))
+        return mid_o, mid_lse
+
+    from atom_plugin.attention.mla import triton as mla_triton
+
+    monkeypatch.setattr(mla_triton, "split_partials", partials)
+    return made

@@ -226,6 +226,36 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cache, config",
+    [
+        ("bf16", {"kernel": "per_token"}),
+        ("fp8", {"kernel": "packed"}),
+        ("bf16", {"kernel": "gluon", "schedule": "lockstep"}),
+        ("fp8", {"kernel": "gluon", "schedule": "lockstep"}),
+        pytest.param("fp8", {"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
+    ],
+)
+def test_gpu_splits_without_keys_are_neither_written_nor_read(nan_partials, cache, config):
+    """256 splits over contexts of 1 to 700 keys (as a graph planned for a long context
+    replays short ones): the splits past a row's keys leave their partials as they were
+    (NaN here), and the merge, which does not read them, matches the reference."""
+    b = gpu_edge_batch([(1, 700), (1, 1), (1, 65)], 16, cache)
+    want_out, want_lse = run_decode("torch", b, 512)
+    plan = plan_for(b, "triton", config=config, num_splits=256, layout=BF16_64)
+    out, lse = run_decode("triton", b, 512, plan=plan)
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    torch.testing.assert_close(out, want_out, **tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+    ((mid_o, mid_lse),) = nan_partials
+    T = b.meta.num_actual_tokens  # (stage 1 visits no padding token)
+    mid_o, keyless = mid_o[:T], mid_lse[:T] == float("-inf")
+    assert keyless.sum() > keyless.numel() // 2
+    assert mid_o[keyless].isnan().all()  # left unwritten
+    assert not mid_o[~keyless].isnan().any()  # written where keyed
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cache, schedule", GLUON_PATHS)
 def test_gpu_gluon_replays_from_a_cuda_graph(cache, schedule):
     """Captured with the plan in persistent buffers and a launch planned for the

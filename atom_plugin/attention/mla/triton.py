@@ -83,6 +83,14 @@ def _gluon_input_problems(q: torch.Tensor, kv_cache, lora: int, fp8: bool) -> tu
     return KEPT_PER_CACHE.get(key, find)
 
 
+def split_partials(T: int, H: int, splits: int, kv_lora_rank: int, device):
+    """Stage 1's partial outputs and lses per (token, head, split), left unfilled: a
+    split without keys may leave its partial unwritten (its lse is -inf), and the merge
+    reads no partial of such a split."""
+    mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=device)
+    return mid_o, torch.empty((T, H, splits), dtype=torch.float32, device=device)
+
+
 def _run_triton_stage1(
     q_c, q_pe, kv_cache, meta, T, kv_len, req, mid_o, mid_lse, kv_scale, scale, launch, kv_lora_rank
 ):
@@ -192,8 +200,7 @@ def mla_decode_triton(
         lse[:T] = float("-inf")
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
-        mid_o = torch.empty((T, H, splits, kv_lora_rank), dtype=torch.float32, device=q_c.device)
-        mid_lse = torch.empty((T, H, splits), dtype=torch.float32, device=q_c.device)
+        mid_o, mid_lse = split_partials(T, H, splits, kv_lora_rank, q_c.device)
     if launch.kernel == "gluon":
         problems = _gluon_input_problems(q_c, kv_cache, kv_lora_rank, fp8)
         if problems:

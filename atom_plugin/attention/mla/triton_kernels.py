@@ -226,7 +226,10 @@ def _mla_decode_stage1(
     lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     mid = MID_O + t[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
+    # a split past the rows' keys leaves its partial unwritten (the merge reads only
+    # splits whose lse is finite); one split is the output itself and always written
+    if (start < end) | (num_splits == 1):
+        tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
 
 
@@ -341,7 +344,8 @@ def _mla_decode_per_token(
     lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     mid = MID_O + t.to(tl.int64) * stride_mt + offs_h[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
+    if (start < end) | (num_splits == 1):  # as in the packed kernel
+        tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
@@ -372,7 +376,9 @@ def _mla_decode_stage2(
     so a one-pass tile holds no more than twice the real rows. The column programs of a
     row each weigh its (few) splits; the first stores the row's lse. A token of no request
     gets zeros and lse -inf (stage 1 wrote no partials for it), so the caller's output
-    needs no filling beforehand."""
+    needs no filling beforehand. A split whose lse is -inf (no key: a graph planned for a
+    longer context than the step's leaves many such) weighs 0 and its partial, which
+    stage 1 leaves unwritten, is not read."""
     h = tl.program_id(0)
     t = tl.program_id(1)
     offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -397,9 +403,10 @@ def _mla_decode_stage2(
         w = tl.exp(lse - m_safe)
         denom = tl.sum(w, 0)
         w = w / tl.where(denom > 0, denom, 1.0)  # normalized per split, not per column
+        keyed = mask_s & (lse > float("-inf"))  # splits without keys weigh 0: not read
         parts = tl.load(
             mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
-            mask=mask_s[:, None] & mask_dv[None, :],
+            mask=keyed[:, None] & mask_dv[None, :],
             other=0.0,
         )
         out = tl.sum(w[:, None] * parts, 0)
@@ -425,9 +432,10 @@ def _mla_decode_stage2(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         rescale = tl.exp(m - m_safe)
         w = tl.exp(lse - m_safe)
+        keyed = mask_s & (lse > float("-inf"))
         parts = tl.load(
             mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
-            mask=mask_s[:, None] & mask_dv[None, :],
+            mask=keyed[:, None] & mask_dv[None, :],
             other=0.0,
         )
         acc = acc * rescale + tl.sum(w[:, None] * parts, 0)
