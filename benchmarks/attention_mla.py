@@ -240,12 +240,10 @@ def bench_shape(shape, flush, copy_gbps, matmul_rate, with_sdpa=True, configs=()
 def _time_config(shape, flush, config: dict, reference) -> dict:
     """One chosen launch configuration on `shape`: its time, what ran and how far its
     output is from the plan's own; an error where the configuration cannot run here.
-    A config's "num_splits" fixes the split count (the rest, if any, is the plan's
-    config; none: the plan's own kernel)."""
-    launch_config = dict(config)
-    num_splits = launch_config.pop("num_splits", None)
+    A config's "num_splits" fixes the split count (`split_count_apart`)."""
+    launch_config, num_splits = split_count_apart(config)
     try:
-        us, out, plan = shape.time_new(flush, launch_config or None, num_splits)
+        us, out, plan = shape.time_new(flush, launch_config, num_splits)
     except Exception as exc:  # a chosen config may not run here: Gluon's limits, shared memory
         return {"config": config, "error": f"{type(exc).__name__}: {exc}"[:200]}
     launch = plan.launch
@@ -256,6 +254,13 @@ def _time_config(shape, flush, config: dict, reference) -> dict:
         "num_splits": launch.num_splits,
         "maxdiff": _maxdiff(reference, out),
     }
+
+
+def split_count_apart(config: dict) -> tuple[dict | None, int | None]:
+    """A --configs entry as the plan takes it: its launch config (None where it names only
+    a split count: the plan's own kernel) and its "num_splits" (None: the plan's)."""
+    launch_config = {k: v for k, v in config.items() if k != "num_splits"}
+    return launch_config or None, config.get("num_splits")
 
 
 def parse_configs(text: str, caches) -> list[dict]:
@@ -273,18 +278,13 @@ def parse_configs(text: str, caches) -> list[dict]:
             f'--configs {text!r}: give a JSON list of objects, e.g. [{{"BLOCK_N": 64}}]'
         )
     for config in configs:
-        launch_config = dict(config)
-        splits = launch_config.pop("num_splits", None)
-        if splits is not None and (
-            not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= MAX_SPLITS
-        ):
+        launch_config, splits = split_count_apart(config)
+        if splits is not None and (type(splits) is not int or not 1 <= splits <= MAX_SPLITS):
             raise ValueError(
                 f"--configs: {json.dumps(config)}: num_splits={splits!r} must be an int in "
                 f"[1, {MAX_SPLITS}]"
             )
-        for cache in caches:
-            if not launch_config:
-                continue
+        for cache in caches if launch_config else ():
             try:
                 check_config(launch_config, fp8_cache=cache == "fp8")
             except ValueError as exc:

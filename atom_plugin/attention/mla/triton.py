@@ -194,8 +194,9 @@ def mla_decode_triton(
         T = req.shape[0]
     splits = launch.num_splits
     if splits == 1:  # stage 1 writes the result itself: no partials, no merge
-        # Stage 1 visits the requests' tokens only; the merge, where it runs, writes every
-        # row (zeros for a token of no request), so only here is the output filled first.
+        # Stage 1 visits the requests' tokens only and writes no partial of a split
+        # without keys; the merge, where it runs, writes every row (zeros for a token of no
+        # request), so only here is the output filled first.
         output[:T].zero_()
         lse[:T] = float("-inf")
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)

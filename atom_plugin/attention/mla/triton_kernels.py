@@ -226,9 +226,9 @@ def _mla_decode_stage1(
     lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     mid = MID_O + t[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    # a split past the rows' keys leaves its partial unwritten (the merge reads only
-    # splits whose lse is finite); one split is the output itself and always written
-    if (start < end) | (num_splits == 1):
+    # a split past the rows' keys leaves its partial unwritten: the merge reads only
+    # splits whose lse is finite, and one split's partial is the output, zeroed first
+    if start < end:
         tl.store(mid + offs_dv[None, :], out, mask=mask_m[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
 
@@ -344,7 +344,7 @@ def _mla_decode_per_token(
     lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     mid = MID_O + t.to(tl.int64) * stride_mt + offs_h[:, None] * stride_mh + split * stride_ms
     out = out.to(MID_O.dtype.element_ty)  # the output's dtype when there is one split
-    if (start < end) | (num_splits == 1):  # as in the packed kernel
+    if start < end:  # as in the packed kernel
         tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
 

@@ -222,6 +222,6 @@ def stage1(
     t_o = (q_start + tok_o).to(gl.int64)
     offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_layout))
     mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
-    if (num_tiles > 0) | (num_splits == 1):  # a split without keys: lse only (stage 2)
+    if num_tiles > 0:  # a split without keys: its lse only (as the Triton kernels)
         gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
     gl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
