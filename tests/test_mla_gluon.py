@@ -233,6 +233,7 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
         ("fp8", {"kernel": "packed"}),
         ("bf16", {"kernel": "gluon", "schedule": "lockstep"}),
         ("fp8", {"kernel": "gluon", "schedule": "lockstep"}),
+        ("bf16", {"kernel": "gluon", "schedule": "alternate"}),
         pytest.param("fp8", {"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
     ],
 )

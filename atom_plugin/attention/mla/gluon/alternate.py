@@ -248,7 +248,8 @@ def consumer(
     t_o = (q_start + tok_o).to(gl.int64)
     offs_dv = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
     mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
-    gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
+    if num_tiles > 0:  # a split without keys: its lse only (as the Triton kernels)
+        gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
     if W == 0:
         lse = gl.where(
             has, m_i * 0.6931471805599453 + gl.log(gl.where(has, l_tot, 1.0)), float("-inf")
