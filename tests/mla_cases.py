@@ -153,3 +153,14 @@ def run_decode(path, batch, lora, plan=None, **plan_kw):
         kv_scale=batch.kv_scale,
     )
     return out, lse
+
+
+def check_splits_without_keys(partials, num_tokens: int) -> None:
+    """The one decode call's stage-1 partials, as the nan_partials fixture kept them: over
+    half the splits had no key, their partials stayed NaN (unwritten), the rest were
+    written. Stage 1 visits no padding token, so only the first `num_tokens` rows count."""
+    ((mid_o, mid_lse),) = partials
+    mid_o, keyless = mid_o[:num_tokens], mid_lse[:num_tokens] == float("-inf")
+    assert keyless.sum() > keyless.numel() // 2
+    assert mid_o[keyless].isnan().all()  # left unwritten
+    assert not mid_o[~keyless].isnan().any()  # written where keyed

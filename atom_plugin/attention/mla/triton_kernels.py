@@ -403,7 +403,7 @@ def _mla_decode_stage2(
         w = tl.exp(lse - m_safe)
         denom = tl.sum(w, 0)
         w = w / tl.where(denom > 0, denom, 1.0)  # normalized per split, not per column
-        keyed = mask_s & (lse > float("-inf"))  # splits without keys weigh 0: not read
+        keyed = lse > float("-inf")  # splits without keys (and past the count) weigh 0: not read
         parts = tl.load(
             mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
             mask=keyed[:, None] & mask_dv[None, :],
@@ -432,7 +432,7 @@ def _mla_decode_stage2(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         rescale = tl.exp(m - m_safe)
         w = tl.exp(lse - m_safe)
-        keyed = mask_s & (lse > float("-inf"))
+        keyed = lse > float("-inf")
         parts = tl.load(
             mid + offs_s[:, None] * stride_ms + offs_dv[None, :],
             mask=keyed[:, None] & mask_dv[None, :],
