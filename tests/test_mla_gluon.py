@@ -63,6 +63,16 @@ def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
         )
 
 
+@pytest.fixture
+def triton_version(monkeypatch):
+    """Sets the Triton version the launch plan reads."""
+
+    def use(version: tuple[int, int]) -> None:
+        monkeypatch.setattr(mla_launch_plan, "_triton_version", lambda: version)
+
+    return use
+
+
 @pytest.mark.parametrize(
     "fp8, heads, context, splits, want",
     [
@@ -74,9 +84,18 @@ def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
         (True, 128, 32768, 2, "lockstep"),  # fp8
     ],
 )
-def test_gluon_schedule_rule(fp8, heads, context, splits, want):
+def test_gluon_schedule_rule(triton_version, fp8, heads, context, splits, want):
+    triton_version((3, 7))
     assert mla_launch_plan.gluon_schedule(None, fp8, heads, context, splits) == want
     assert mla_launch_plan.gluon_schedule("lockstep", fp8, heads, context, splits) == "lockstep"
+    # Triton 3.8 compiles the alternate schedule with spills in its loop: lockstep throughout,
+    # unless a config names it
+    triton_version((3, 8))
+    assert mla_launch_plan.gluon_schedule(None, fp8, heads, context, splits) == "lockstep"
+    if not fp8:
+        assert mla_launch_plan.gluon_schedule("alternate", fp8, heads, context, splits) == (
+            "alternate"
+        )
 
 
 def test_gluon_alternate_refuses_fp8():

@@ -175,6 +175,11 @@ def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
 # above 16 heads or with speculative tokens it runs where a config names it.
 GLUON_SCHEDULES = ("lockstep", "alternate", "rows16")
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
+# Triton 3.8 compiles the alternate schedule with 560 bytes of spills, 69 local loads in
+# one consumer warpgroup's tile loop (3.7.1: 100 bytes, none in a tile loop); on an
+# H100 it ran 1.18-1.48x the lockstep schedule's time at the same split count on every
+# 16-bit shape measured (docs/benchmarks.md, the run of 2026-12-07 at 09:03).
+ALTERNATE_BEFORE_TRITON = (3, 8)
 
 
 def gluon_schedule(
@@ -182,14 +187,16 @@ def gluon_schedule(
 ) -> str:
     """The Gluon kernel's schedule: `named` if given, else 'alternate' (warp-specialized,
     warpgroups on alternate tiles) for 16-bit caches above 16 heads when each program
-    scores at least ALTERNATE_MIN_TILES tiles, else 'lockstep'. The alternate schedule
-    is faster where each program has that many tiles to overlap, slower with fewer and at
-    16 heads; it takes 16-bit caches only."""
+    scores at least ALTERNATE_MIN_TILES tiles and Triton is older than
+    ALTERNATE_BEFORE_TRITON, else 'lockstep'. The alternate schedule is faster where each
+    program has that many tiles to overlap, slower with fewer and at 16 heads; it takes
+    16-bit caches only."""
     if named is not None:
         return named
     tiles = cdiv(context, splits * 64)
     wide = not fp8_cache and num_heads > 16
-    return "alternate" if wide and tiles >= ALTERNATE_MIN_TILES else "lockstep"
+    compiles_well = _triton_version() < ALTERNATE_BEFORE_TRITON
+    return "alternate" if wide and compiles_well and tiles >= ALTERNATE_MIN_TILES else "lockstep"
 
 
 @dataclass(frozen=True)
