@@ -44,7 +44,9 @@
 #   mla-heads   the MLA engine benchmark at 128 heads (deepseek-v3-attn-4l, two engines at a time)
 #               and 64 heads (deepseek-v3-tp2, four at a time), 4 layers each, MLA16_CASES on
 #               HEADS_WORKLOADS (lat-8, decode-2k), HEADS_REPEATS rounds (default 3), prefix
-#               cache on; HEADS_ARGS adds arguments (--engine-process). About 6-11 minutes.
+#               cache on; HEADS_ARGS adds arguments (--engine-process); HEADS_SHAPES picks the
+#               shapes (both take more than one 600 s device call: name one a call). About 6-11
+#               minutes.
 #   mla-configs the MLA decode kernel at 16 heads with launch configurations beside the plan's own
 #               (benchmarks/attention_mla.py --configs): MLA_CONFIGS (JSON list; default block,
 #               warp, stage, TMA, Gluon and fp8-math variants), MLA_CONFIG_CACHES (default fp8).
@@ -186,7 +188,7 @@ for what in "$@"; do
         2>&1 | tee "$OUT/graph_launch_cost_$VLLM.md" || status=1 ;;
     mla-heads)
       cases=${MLA16_CASES:-ATOM_AITER_MLA,FLASH_ATTN_MLA,FLASHMLA,TRITON_MLA}
-      for shape in deepseek-v3-attn-4l deepseek-v3-tp2; do
+      for shape in ${HEADS_SHAPES:-deepseek-v3-attn-4l deepseek-v3-tp2}; do
         stage "MLA at ${shape}'s heads, vLLM $VLLM"
         out=/tmp/engine-$shape-$VLLM
         rm -rf "$out"
