@@ -125,3 +125,14 @@ def nan_partials(monkeypatch):
 
     monkeypatch.setattr(mla_triton, "split_partials", partials)
     return made
+
+
+@pytest.fixture
+def triton_version(monkeypatch):
+    """Sets the Triton version the MLA launch plan reads (`launch_plan._triton_version`)."""
+    from atom_plugin.attention.mla import launch_plan
+
+    def use(version: tuple[int, int]) -> None:
+        monkeypatch.setattr(launch_plan, "_triton_version", lambda: version)
+
+    return use

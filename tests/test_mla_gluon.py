@@ -63,16 +63,6 @@ def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
         )
 
 
-@pytest.fixture
-def triton_version(monkeypatch):
-    """Sets the Triton version the launch plan reads."""
-
-    def use(version: tuple[int, int]) -> None:
-        monkeypatch.setattr(mla_launch_plan, "_triton_version", lambda: version)
-
-    return use
-
-
 @pytest.mark.parametrize(
     "fp8, heads, context, splits, want",
     [

@@ -112,13 +112,13 @@ def test_rows16_plan_holds_one_token_of_16_heads(monkeypatch, heads, q_len, grou
     )  # fmt: skip
 
 
-def test_rows16_refuses_what_it_cannot_run(monkeypatch):
+def test_rows16_refuses_what_it_cannot_run(monkeypatch, triton_version):
     monkeypatch.setattr(mla_launch_plan, "gluon_mla_problems", lambda device, layout: [])
     with pytest.raises(ValueError, match="rows16 schedule takes fp8 caches only"):
         _plan(16, 1, fp8=False)
     with pytest.raises(ValueError, match="512 latent and 64 rope columns, not 256 and 64"):
         _plan(16, 1, layout=MLAStepLayout(torch.bfloat16, 64, kv_lora_rank=256))
-    monkeypatch.setattr(mla_launch_plan, "_triton_version", lambda: (3, 6))
+    triton_version((3, 6))
     with pytest.raises(ValueError, match="needs Triton 3.7 or newer.*this is Triton 3.6"):
         _plan(16, 1)
 
@@ -129,7 +129,7 @@ def _planned(reqs, q_len, heads=16, fp8=True):
     )
 
 
-def test_the_plan_picks_rows16_for_one_token_of_16_heads_on_fp8(monkeypatch):
+def test_the_plan_picks_rows16_for_one_token_of_16_heads_on_fp8(monkeypatch, triton_version):
     monkeypatch.setattr(mla_launch_plan, "gluon_mla_problems", lambda device, layout: [])
     monkeypatch.setattr(mla_launch_plan, "device_sm_count", lambda device: 132)
     launch = _planned(64, 1)
@@ -138,5 +138,5 @@ def test_the_plan_picks_rows16_for_one_token_of_16_heads_on_fp8(monkeypatch):
     assert _planned(64, 2).schedule != "rows16"  # speculative tokens fill 64-row tiles
     assert _planned(64, 1, heads=128).schedule != "rows16"
     assert _planned(1, 1).kernel == "per_token"  # the smallest steps
-    monkeypatch.setattr(mla_launch_plan, "_triton_version", lambda: (3, 6))
+    triton_version((3, 6))
     assert _planned(64, 1).kernel == "packed"  # where rows16 cannot compile
