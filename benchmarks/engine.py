@@ -45,6 +45,7 @@ from pathlib import Path
 
 from benchmarks import gpu_clocks, host_load, host_pace
 from benchmarks.engine_probe import parse_profile_entry
+from benchmarks.engine_profiles import kernel_differences, profile_report
 from benchmarks.engine_shapes import MLA_SHAPES, WORKLOADS, parse_workloads, write_shape
 
 REPO = Path(__file__).resolve().parent.parent
@@ -334,7 +335,9 @@ def report(results: list[dict]) -> str:
             out += f"\n{r['case']} failed:\n```\n{r['error'][-1500:]}\n```\n"
         for prof in r.get("profiles", []):
             out += profile_report(r["case"], prof)
-    out += kernel_differences(results)
+    out += kernel_differences(
+        results, {r["case"] for r in results if parse_case(r["case"])[0] in PLUGIN_BACKENDS}
+    )
     return out
 
 
@@ -388,67 +391,6 @@ def probe_report(results: list[dict], labels: list[str]) -> str:
     head = ["", "**Step probe** (medians a model step)", "", "| row | " + " | ".join(cases) + " |"]
     head.append("|---" * (len(cases) + 1) + "|")
     return "\n".join(head + lines) + "\n"
-
-
-def profile_report(case: str, prof: dict) -> str:
-    lines = [
-        f"\n**{case}, profiled {prof['workload']} ({prof['phase']}, {prof['steps']} steps)**: "
-        f"wall {prof['wall_ms_per_step']:.3f} ms a step, GPU busy "
-        f"{prof['gpu_busy_ms_per_step']:.3f} ms, {prof['kernels_per_step']:.0f} kernels, "
-        f"{prof['h2d_copies_per_step']:.1f} host-to-device copies a step "
-        f"({prof.get('h2d_copies_in_build_per_step', 0):.1f} from the metadata builders, "
-        f"which made {prof.get('syncs_in_build_per_step', 0):.1f} sync calls a step)"
-        + (
-            f"; inside CUDA graphs {prof['graph_gap_us_median']:.2f} us between kernels "
-            f"(median), {prof['graph_gaps_us_per_step']:.0f} us idle a step"
-            if prof.get("graph_gap_us_median") is not None
-            else ""
-        )
-        + (f"; trace {prof['trace']}" if prof.get("trace") else ""),
-        "",
-        "| kernel | calls a step | us a step | mean us |",
-        "|---|---|---|---|",
-    ]
-    for k in prof["kernels"]:
-        lines.append(
-            f"| `{k['name']}` | {k['calls_per_step']:.1f} | {k['us_per_step']:.1f} | "
-            f"{k['mean_us']:.1f} |"
-        )
-    for name, h in prof["host"].items():
-        lines.append(f"| host `{name}` | {h['per_step']:.1f} | | {h['mean_us']:.1f} |")
-    return "\n".join(lines) + "\n"
-
-
-def kernel_differences(results: list[dict]) -> str:
-    """Per profiled pass, the kernels a plugin case ran that no vLLM case of the same
-    pass and phase ran (among each profile's top kernels)."""
-    by_pass: dict[tuple[str, str], dict[str, dict]] = {}
-    for r in results:
-        for prof in r.get("profiles") or []:
-            if "kernels" in prof:
-                by_pass.setdefault((prof["workload"], prof["phase"]), {})[r["case"]] = prof
-    lines = []
-    for (workload, phase), profs in by_pass.items():
-        theirs = {
-            k["name"]
-            for case, prof in profs.items()
-            if parse_case(case)[0] not in PLUGIN_BACKENDS
-            for k in prof["kernels"]
-        }
-        for case, prof in profs.items():
-            if parse_case(case)[0] not in PLUGIN_BACKENDS or not theirs:
-                continue
-            for k in prof["kernels"]:
-                if k["name"] not in theirs:
-                    lines.append(
-                        f"| {case} | {workload} {phase} | `{k['name']}` | "
-                        f"{k['calls_per_step']:.1f} | {k['us_per_step']:.1f} |"
-                    )
-    if not lines:
-        return ""
-    head = "\n**Kernels only the plugin ran** (of each profile's top kernels)\n\n"
-    head += "| case | pass | kernel | calls a step | us a step |\n|---|---|---|---|---|\n"
-    return head + "\n".join(lines) + "\n"
 
 
 def _pinned(result: dict) -> str:

@@ -275,6 +275,51 @@ def test_kernels_only_the_plugin_ran_are_listed():
     table = report([plugin, vllm])
     only = table[table.index("Kernels only the plugin ran") :]
     assert "`_mla_stage2`" in only and "`cat`" in only and "`gemm`" not in only
+    # records that kept only their longest kernels get no time split
+    assert "by kernel" not in table
+
+
+def _profile(kernels: dict[str, float]) -> dict:
+    """A complete profile record of a decode pass: kernel name -> us a step."""
+    return {
+        "workload": "decode-2k",
+        "phase": "decode",
+        "steps": 8,
+        "wall_ms_per_step": 3.2,
+        "gpu_busy_ms_per_step": 3.1,
+        "kernels_per_step": 100.0,
+        "h2d_copies_per_step": 2.0,
+        "kernels": [
+            {"name": n, "calls_per_step": 4.0, "us_per_step": us, "mean_us": us / 4}
+            for n, us in sorted(kernels.items(), key=lambda kv: -kv[1])
+        ],
+        "kernels_complete": True,
+        "host": {},
+    }
+
+
+def test_the_time_split_sums_each_side_and_names_the_largest_shared_differences():
+    ours = _profile({"gemm": 380.0, "stage1": 360.0, "write_kv": 30.0, "norm": 20.0})
+    theirs = _profile({"gemm": 381.0, "fa3": 292.0, "combine": 62.0, "concat": 10.0, "norm": 20.0})
+    plugin = {**_runs("ATOM_AITER_MLA", {}), "profiles": [ours]}
+    vllm = {**_runs("FLASH_ATTN_MLA", {}), "profiles": [theirs]}
+    table = report([plugin, vllm])
+    split = table[table.index("by kernel") :]
+    row = next(line for line in split.splitlines() if line.startswith("| ATOM_AITER_MLA"))
+    assert row == (
+        "| ATOM_AITER_MLA | FLASH_ATTN_MLA | decode-2k decode | 390.0 us (2 kernels) "
+        "| 364.0 us (3 kernels) | -1.0 us (2 kernels) | `gemm` -1.0 |"
+    )
+
+
+def test_a_profile_table_lists_the_longest_kernels_and_sums_the_rest():
+    from benchmarks.engine_profiles import REPORT_KERNELS, profile_report
+
+    prof = _profile({f"k{i:02d}": 100.0 - i for i in range(REPORT_KERNELS + 3)})
+    table = profile_report("ATOM_AITER_MLA", prof)
+    assert f"`k{REPORT_KERNELS - 1:02d}`" in table and f"`k{REPORT_KERNELS:02d}`" not in table
+    rest = [100.0 - i for i in range(REPORT_KERNELS, REPORT_KERNELS + 3)]
+    assert f"| 3 other kernels | 12.0 | {sum(rest):.1f} | |" in table
 
 
 def test_profile_entries_name_the_pass_and_phase():

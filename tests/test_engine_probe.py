@@ -205,6 +205,22 @@ def test_copies_and_syncs_are_traced_to_the_builders(monkeypatch):
     assert reduced["graph_gap_us_median"] is None  # no graph was launched
 
 
+def test_the_record_keeps_every_kernel_the_longest_first(monkeypatch):
+    """Every kernel (the time split between two cases reads them all), summed by name as
+    the report cuts it (100 characters)."""
+    long_name = "k" * 120
+    events = [(f"kernel{i}", True, 10.0 * i, 10.0 * i + 1 + i % 7, 0) for i in range(40)]
+    events += [(long_name + "a", True, 500.0, 502.0, 0), (long_name + "b", True, 510.0, 512.0, 0)]
+    reduced = _reduce_over_two_steps(monkeypatch, events)
+    kernels = reduced["kernels"]
+    assert reduced["kernels_complete"] and len(kernels) == 41
+    assert [k["us_per_step"] for k in kernels] == sorted(
+        (k["us_per_step"] for k in kernels), reverse=True
+    )
+    cut = next(k for k in kernels if k["name"] == long_name[:100])
+    assert (cut["calls_per_step"], cut["us_per_step"]) == (1.0, 2.0)  # two calls over 2 steps
+
+
 def test_gaps_between_graph_nodes_are_measured_per_launch(monkeypatch):
     """The idle time between the kernels of one CUDA graph launch: the gap before a
     graph's first node and the kernels of other host calls do not count."""
