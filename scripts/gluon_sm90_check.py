@@ -151,6 +151,7 @@ TRITON_CASES = (
     (128, 1, True, 2, {"kernel": "per_token", "tma": False}),
     (16, 1, False, 72, {"kernel": "packed", "tma": True, "merge_dv": 128}),
     (16, 1, False, 72, {"kernel": "packed", "tma": True, "merge_dv": 32}),
+    (128, 1, False, 1, {"kernel": "packed", "tma": True}),  # one split: the keyless fill
 )
 
 
@@ -195,6 +196,7 @@ TRITON_KERNELS = (
     mla_triton_kernels._mla_decode_stage1,
     mla_triton_kernels._mla_decode_per_token,
     mla_triton_kernels._mla_decode_stage2,
+    mla_triton_kernels._mla_fill_keyless,
 )
 
 

@@ -162,10 +162,11 @@ def test_triton_decode_dcp_token_kv_lens():
     b = make_mla_batch([(1, 30), (2, 33)], heads=16, lora=32, rope=16)
     lens = torch.tensor([7, 0, 12], dtype=torch.int32)
     want_out, want_lse = run_decode("torch", b, 32, token_kv_lens=lens)
-    out, lse = run_decode("triton", b, 32, token_kv_lens=lens, num_splits=2)
-    torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
-    torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
-    assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
+    for splits in (2, 1):  # one split: `_mla_fill_keyless` writes the keyless token's rows
+        out, lse = run_decode("triton", b, 32, token_kv_lens=lens, num_splits=splits)
+        torch.testing.assert_close(out, want_out, **tolerance(torch.float32))
+        torch.testing.assert_close(lse, want_lse, **tolerance(torch.float32))
+        assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
 
 
 @INTERPRETER_ONLY
@@ -488,19 +489,33 @@ class _Launches:
 
 
 @INTERPRETER_ONLY
-def test_a_split_decode_is_two_launches_and_no_fills_or_copies(monkeypatch):
-    """What a layer-step runs on the query vLLM hands over (its parts apart) at several
-    splits: stage 1 and the merge, and beside them only allocations and views: no
-    concatenation of the query, no fill of the output or the lse."""
+@pytest.mark.parametrize(
+    "splits, kernels",
+    [
+        (3, ["_mla_decode_stage1", "_mla_decode_stage2"]),
+        # one split: stage 1 stores the output, the keyless tokens' rows written apart
+        (1, ["_mla_fill_keyless", "_mla_decode_stage1"]),
+    ],
+)
+def test_a_decode_launches_its_kernels_and_no_fills_or_copies(monkeypatch, splits, kernels):
+    """What a layer-step runs on the query vLLM hands over (its parts apart): its kernels,
+    and beside them only allocations and views: no concatenation of the query, no fill of
+    the output or the lse."""
     b = make_mla_batch(SINGLE, heads=16, lora=32, rope=16, block_size=BS, pad_rows=1, pad_tokens=2)
-    plan = plan_for(b, "triton", num_splits=3, config={"kernel": "packed"})
+    plan = plan_for(b, "triton", num_splits=splits, config={"kernel": "packed"})
     launches: list[str] = []
-    for name in ("_mla_decode_stage1", "_mla_decode_per_token", "_mla_decode_stage2"):
+    names = (
+        "_mla_decode_stage1",
+        "_mla_decode_per_token",
+        "_mla_decode_stage2",
+        "_mla_fill_keyless",
+    )
+    for name in names:
         monkeypatch.setattr(f"atom_plugin.attention.mla.triton.{name}", _Launches(name, launches))
     parts = query_in_parts(b.q, 32)
     out = torch.empty(b.q.shape[0], 16, 32, dtype=b.q.dtype)
     with _AtenOps() as mode:
         mla_decode_triton(parts, b.kv_cache, b.meta, plan, scale=0.3, output=out, kv_lora_rank=32)
-    assert launches == ["_mla_decode_stage1", "_mla_decode_stage2"]
+    assert launches == kernels
     assert "empty" in mode.ops  # the partials (the recorder sees what runs)
     assert set(mode.ops) <= {"empty", "slice", "unsqueeze", "select", "view"}, mode.ops

@@ -25,9 +25,12 @@ from atom_plugin.attention.mla.triton_kernels import (
     _mla_decode_per_token,
     _mla_decode_stage1,
     _mla_decode_stage2,
+    _mla_fill_keyless,
     _mla_write_kernel,
 )
 from atom_plugin.attention.triton_common import next_power_of_2
+
+KEYLESS_FILL_HEADS = 16  # heads a `_mla_fill_keyless` store covers (16 x 512 columns)
 
 
 def write_mla_kv_triton(kv_c, k_pe, kv_cache, slot_mapping, scale=None) -> None:
@@ -194,11 +197,21 @@ def mla_decode_triton(
         T = req.shape[0]
     splits = launch.num_splits
     if splits == 1:  # stage 1 writes the result itself: no partials, no merge
-        # Stage 1 visits the requests' tokens only and writes no partial of a split
-        # without keys; the merge, where it runs, writes every row (zeros for a token of no
-        # request), so only here is the output filled first.
-        output[:T].zero_()
-        lse[:T] = float("-inf")
+        # Stage 1 writes no row of a token that sees no key; the merge, where it runs,
+        # writes every row. Here those tokens' rows alone are written first (a kernel that
+        # reads each token's key count), not the whole output.
+        _mla_fill_keyless[(T,)](
+            kv_len,
+            output,
+            lse,
+            H,
+            output.stride(0),
+            output.stride(1),
+            lse.stride(0),
+            LORA=kv_lora_rank,
+            BLOCK_H=KEYLESS_FILL_HEADS,
+            BLOCK_DV=next_power_of_2(kv_lora_rank),
+        )
         mid_o, mid_lse = output.unsqueeze(2), lse.unsqueeze(2)
     else:
         mid_o, mid_lse = split_partials(T, H, splits, kv_lora_rank, q_c.device)

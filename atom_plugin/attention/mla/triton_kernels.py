@@ -12,7 +12,8 @@ request see different counts). Head groups are the fastest-varying grid axis, so
 groups that read the same rows run next to each other and mostly hit L2.
 `_mla_decode_per_token` runs one program per (head group, split, query token). Stage 2
 merges the splits with their log-sum-exps, in chunks of splits; with one split, stage 1
-writes the output itself and stage 2 does not run. The stage-1 kernels read the query's
+writes the output itself, stage 2 does not run, and `_mla_fill_keyless` writes the rows
+of the tokens that see no key. The stage-1 kernels read the query's
 latent part (Q) and rope part (QPE) through strides of their own, as vLLM hands them over
 (no concatenation a layer).
 
@@ -347,6 +348,42 @@ def _mla_decode_per_token(
     if start < end:  # as in the packed kernel
         tl.store(mid + offs_dv[None, :], out, mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(MID_LSE + t.to(tl.int64) * stride_lt + offs_h * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _mla_fill_keyless(
+    TOK_KV_LEN,
+    OUT,
+    LSE,
+    H,
+    stride_ot,
+    stride_oh,
+    stride_st,
+    LORA: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """With one split stage 1 stores the output itself, and only for tokens that see a
+    key: a token that sees none (a token of no request, or one whose rank holds none of
+    its keys under decode context parallelism) gets zeros and lse -inf here. One program
+    a token; a token with keys costs a load."""
+    t = tl.program_id(0)
+    if tl.load(TOK_KV_LEN + t) > 0:
+        return
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for h0 in range(0, H, BLOCK_H):
+        heads = h0 + offs_h
+        tl.store(
+            OUT + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_dv[None, :],
+            tl.zeros([BLOCK_H, BLOCK_DV], dtype=OUT.dtype.element_ty),
+            mask=(heads < H)[:, None] & (offs_dv < LORA)[None, :],
+        )
+        tl.store(
+            LSE + t.to(tl.int64) * stride_st + heads,
+            tl.full([BLOCK_H], float("-inf"), dtype=tl.float32),
+            mask=heads < H,
+        )
 
 
 @triton.jit(do_not_specialize=_SPLIT_SHAPED)
