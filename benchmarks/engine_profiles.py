@@ -59,19 +59,18 @@ def kernel_differences(results: list[dict], plugin_cases: set[str]) -> str:
                 by_pass.setdefault((prof["workload"], prof["phase"]), {})[r["case"]] = prof
     only, split = [], []
     for (workload, phase), profs in by_pass.items():
+        ours = {case: prof for case, prof in profs.items() if case in plugin_cases}
         theirs = {case: prof for case, prof in profs.items() if case not in plugin_cases}
         if not theirs:
             continue
         names = {k["name"] for prof in theirs.values() for k in prof["kernels"]}
-        for case, prof in profs.items():
-            if case not in plugin_cases:
-                continue
-            for k in prof["kernels"]:
-                if k["name"] not in names:
-                    only.append(
-                        f"| {case} | {workload} {phase} | `{k['name']}` | "
-                        f"{k['calls_per_step']:.1f} | {k['us_per_step']:.1f} |"
-                    )
+        for case, prof in ours.items():
+            only += [
+                f"| {case} | {workload} {phase} | `{k['name']}` | "
+                f"{k['calls_per_step']:.1f} | {k['us_per_step']:.1f} |"
+                for k in prof["kernels"]
+                if k["name"] not in names
+            ]
             for other, their_prof in theirs.items():
                 row = time_split(prof, their_prof)
                 if row is not None:
