@@ -108,6 +108,31 @@ def gpu_edge_batch(reqs, heads, cache, block_size=64):
     )
 
 
+def ramp_scores(batch: MLABatch, slopes, scale=0.3, tile=64) -> None:
+    """Rewrite `batch` in place so that request r's scores move by about `slopes[r]` in
+    log2 units every `tile` keys: every query row becomes one vector u (plus 10% noise)
+    and each used cache row at position p a small random row plus a_p u / (u . u),
+    a_p = p * slopes[r] / tile / (scale * log2 e). A decode that keeps a running max
+    must move it (and rescale) as the scores grow; one that never did would take exp2
+    of scores far past any float's range."""
+    gen = torch.Generator().manual_seed(1)
+    q, cache = batch.q, batch.kv_cache
+    width = q.shape[-1]
+    u = torch.randint(0, 2, (width,), generator=gen).float() * 2 - 1
+    noise = torch.randn(q.shape, generator=gen) * 0.1
+    batch.q.copy_((u + noise).to(q.dtype))
+    unit = 1.0 if batch.kv_scale is None else float(batch.kv_scale)
+    page = cache.shape[1]
+    table = batch.meta.block_table.cpu()
+    for r, slope in enumerate(slopes):
+        n = int(batch.meta.seq_lens[r])
+        pos = torch.arange(n, dtype=torch.float32)
+        a = pos * slope / tile / (scale * 1.4426950408889634)
+        rows = torch.randn(n, width, generator=gen) * 0.1 + a[:, None] * u / width
+        for p in range(n):
+            cache[int(table[r, p // page]), p % page] = (rows[p] / unit).to(cache.dtype)
+
+
 def query_in_parts(q: torch.Tensor, lora: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The query as vLLM's MLA layer hands it over: the latent part contiguous, the rope
     part a view into a wider row (vLLM splits it off [T, H, nope + rope])."""

@@ -12,6 +12,7 @@ from mla_cases import (
     make_mla_batch,
     plan_for,
     query_in_parts,
+    ramp_scores,
     run_decode,
     tolerance,
 )
@@ -133,6 +134,37 @@ def test_gpu_gluon_decode_edges(heads, cache, q_len, schedule):
         assert not out[:T].isnan().any(), f"NaN read past a mask (splits={splits})"
         # every row is written, a padding token's with zeros (its output was the sentinel)
         assert (out[T:] == 0).all() and (lse[T:] == float("-inf")).all()
+        torch.testing.assert_close(out, want_out, **tol)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+# (query tokens, context) and how fast its scores move (log2 units a 64-key tile): past the
+# rescale threshold every tile, below it (so the running max lags and then moves), and
+# falling (the first tile holds the max)
+RAMP_REQS = [(1, 2051), (1, 1500), (1, 700), (2, 777)]
+RAMP_SLOPES = [12.0, 3.0, -10.0, 20.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache, schedule", GLUON_PATHS)
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_gluon_decode_running_max(heads, cache, schedule):
+    """Scores that grow by hundreds of log2 units over a context, lag their running max
+    or fall after the first tile: every Gluon schedule matches the reference at the
+    plan's split count and at one split (every tile in one program). The rows16
+    schedule moves its running max only when a row outgrows it by more than a factor
+    2^8 (`rows16.RESCALE_LOG2`); a row whose max it never moved would take exp2 of
+    scores past fp16's range."""
+    b = gpu_edge_batch(RAMP_REQS, heads, cache)
+    ramp_scores(b, RAMP_SLOPES)
+    want_out, want_lse = run_decode("torch", b, 512)
+    assert want_lse[: b.meta.num_actual_tokens].isfinite().all()
+    tol = tolerance(torch.bfloat16, FP8[0] if cache == "fp8" else None)
+    config = {"kernel": "gluon", "schedule": schedule}
+    for splits in (None, 1):
+        plan = plan_for(b, "triton", config=config, num_splits=splits, layout=BF16_64)
+        assert (plan.launch.kernel, plan.launch.schedule) == ("gluon", schedule)
+        out, lse = run_decode("triton", b, 512, plan=plan)
         torch.testing.assert_close(out, want_out, **tol)
         torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
 
