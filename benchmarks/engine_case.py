@@ -121,7 +121,10 @@ def run_workload(
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
     while engine.has_unfinished_requests():
         if observer is not None:
-            observer.before_step(prefilling=len(first) < workload.requests)
+            observer.before_step(
+                prefilling=len(first) < workload.requests,
+                requests=workload.requests - len(done),
+            )
         start = time.perf_counter()
         outputs = engine.step()
         end = time.perf_counter()
@@ -326,8 +329,13 @@ def profile(llm, spec: dict, entry: str) -> dict:
 
     name, again, phase = engine_probe.parse_profile_entry(entry)
     w = WORKLOADS[name]
-    # only the profiled steps matter: decode steps need the prefill and a few tokens
-    w = w.scaled(w.requests, 2 if phase == "prefill" else min(w.output_len, 12))
+    # Only the profiled steps matter: a prefill profile needs no more than two tokens. A
+    # decode profile keeps the workload's output length: cut short, the requests whose
+    # prefill ended first finish before the last one's ends, and the profiled steps run a
+    # shrinking batch where the timed passes ran all requests (decode-2k at 12 tokens: 64
+    # requests down to 24).
+    if phase == "prefill":
+        w = w.scaled(w.requests, 2)
     observer = engine_probe.PhaseProfiler(phase)
     run = run_workload(
         llm, w, f"profile-{entry}", seed=0 if again else "profile", observer=observer

@@ -362,11 +362,14 @@ class PhaseProfiler:
         self.prof = profile(activities=activities)
         self.phase, self.max_steps = phase, max_steps
         self.steps = 0
+        self.requests: list[int] = []  # unfinished requests at each profiled step
         self.running = self.done = False
         self.wall_s = 0.0
         self._t0 = 0.0
 
-    def before_step(self, prefilling: bool) -> None:
+    def before_step(self, prefilling: bool, requests: int | None = None) -> None:
+        """`requests`: the requests not yet finished, the step's batch (recorded for the
+        steps profiled)."""
         wanted = prefilling if self.phase == "prefill" else not prefilling
         if not self.running and not self.done and wanted:
             self.prof.start()
@@ -374,6 +377,8 @@ class PhaseProfiler:
             self._t0 = time.perf_counter()
         elif self.running and (not wanted or self.steps >= self.max_steps):
             self.stop()
+        if self.running and requests is not None:
+            self.requests.append(requests)
 
     def after_step(self) -> None:
         if self.running:
@@ -433,6 +438,10 @@ def reduce_trace(profiler: PhaseProfiler, label: str, trace_path: Path | None) -
         "workload": label,
         "phase": profiler.phase,
         "steps": profiler.steps,
+        # the fewest and the most requests a profiled step ran (None: not recorded)
+        "requests_per_step": (
+            [min(profiler.requests), max(profiler.requests)] if profiler.requests else None
+        ),
         "wall_ms_per_step": 1e3 * profiler.wall_s / steps,
         "gpu_busy_ms_per_step": busy / 1e3 / steps,
         "kernels_per_step": sum(len(v) for v in kernels.values()) / steps,

@@ -12,10 +12,19 @@ REPORT_KERNELS = 25  # kernels a profile's table lists, the longest first; the r
 LARGEST_DIFFERENCES = 4  # kernels both cases ran, named in the split by |difference|
 
 
+def _batch(requests: list[int] | None) -> str:
+    """The profiled steps' requests, as the report's title names them."""
+    if not requests:
+        return ""
+    low, high = requests
+    return f", {low} requests a step" if low == high else f", {low}-{high} requests a step"
+
+
 def profile_report(case: str, prof: dict) -> str:
     """One profiled pass: its step figures and its longest kernels a step."""
     lines = [
-        f"\n**{case}, profiled {prof['workload']} ({prof['phase']}, {prof['steps']} steps)**: "
+        f"\n**{case}, profiled {prof['workload']} ({prof['phase']}, {prof['steps']} steps"
+        f"{_batch(prof.get('requests_per_step'))})**: "
         f"wall {prof['wall_ms_per_step']:.3f} ms a step, GPU busy "
         f"{prof['gpu_busy_ms_per_step']:.3f} ms, {prof['kernels_per_step']:.0f} kernels, "
         f"{prof['h2d_copies_per_step']:.1f} host-to-device copies a step "

@@ -322,6 +322,17 @@ def test_a_profile_table_lists_the_longest_kernels_and_sums_the_rest():
     assert f"| 3 other kernels | 12.0 | {sum(rest):.1f} | |" in table
 
 
+def test_a_profile_title_names_the_requests_its_steps_ran():
+    from benchmarks.engine_profiles import profile_report
+
+    prof = _profile({"gemm": 10.0})
+    assert "(decode, 8 steps)**" in profile_report("X", prof)  # older records: not recorded
+    prof["requests_per_step"] = [64, 64]
+    assert "(decode, 8 steps, 64 requests a step)**" in profile_report("X", prof)
+    prof["requests_per_step"] = [24, 64]
+    assert "(decode, 8 steps, 24-64 requests a step)**" in profile_report("X", prof)
+
+
 def test_profile_entries_name_the_pass_and_phase():
     from benchmarks.engine_probe import parse_profile_entry
 

@@ -120,20 +120,42 @@ def test_the_probe_measures_the_gpu_time_between_steps(monkeypatch):
 def test_the_phase_profiler_covers_the_phase_it_names():
     from benchmarks.engine_probe import PhaseProfiler, reduce_trace
 
-    def drive(profiler, prefilling):
-        for p in prefilling:
-            profiler.before_step(p)
+    def drive(profiler, prefilling, requests):
+        for p, n in zip(prefilling, requests, strict=True):
+            profiler.before_step(p, requests=n)
             sum(range(1000))
             profiler.after_step()
         profiler.stop()
 
     decode = PhaseProfiler("decode", max_steps=3)
-    drive(decode, [True, True, False, False, False, False, False])
+    drive(decode, [True, True, False, False, False, False, False], [8, 8, 8, 7, 5, 5, 1])
     prefill = PhaseProfiler("prefill")
-    drive(prefill, [True, True, False, False])
+    drive(prefill, [True, True, False, False], [8, 8, 8, 8])
     assert (decode.steps, prefill.steps) == (3, 2)
     reduced = reduce_trace(decode, "lat-1", None)
     assert (reduced["phase"], reduced["steps"]) == ("decode", 3)
+    # the batch of the profiled steps alone: 8, 7 and 5 requests
+    assert reduced["requests_per_step"] == [5, 8]
+    assert reduce_trace(prefill, "lat-1", None)["requests_per_step"] == [8, 8]
+
+
+def test_a_decode_profile_runs_the_workloads_output_length(monkeypatch):
+    """Cut short, a decode profile's early requests finish while the last ones prefill,
+    and its steps run fewer requests than the timed passes; a prefill profile needs two
+    tokens."""
+    from benchmarks import engine_case, engine_probe
+    from benchmarks.engine_shapes import WORKLOADS
+
+    ran = []
+    monkeypatch.setattr(
+        engine_case, "run_workload", lambda llm, w, *a, **k: ran.append(w) or {"wall_s": 1.0}
+    )
+    monkeypatch.setattr(engine_probe, "reduce_trace", lambda *a: {})
+    spec = {"case": "X"}
+    engine_case.profile(None, spec, "decode-2k:decode")
+    engine_case.profile(None, spec, "decode-2k@again:prefill")
+    assert [w.output_len for w in ran] == [WORKLOADS["decode-2k"].output_len, 2]
+    assert {w.requests for w in ran} == {WORKLOADS["decode-2k"].requests}
 
 
 def test_the_probe_names_the_plan_a_decode_graph_replays():
