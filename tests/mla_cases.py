@@ -120,7 +120,7 @@ def ramp_scores(batch: MLABatch, slopes, scale=0.3, tile=64) -> None:
     width = q.shape[-1]
     u = torch.randint(0, 2, (width,), generator=gen).float() * 2 - 1
     noise = torch.randn(q.shape, generator=gen) * 0.1
-    batch.q.copy_((u + noise).to(q.dtype))
+    q.copy_((u + noise).to(q.dtype))
     unit = 1.0 if batch.kv_scale is None else float(batch.kv_scale)
     page = cache.shape[1]
     table = batch.meta.block_table.cpu()
