@@ -207,10 +207,10 @@ def _softmax_tile(s_acc, n0, row_len, qk_scale, m_i, l_i):
 
 
 @gluon.jit
-def _scores(q, kc, kpe, s_layout: gl.constexpr):
-    """S = Q_c K_c^T + Q_pe K_pe^T of one tile, issued (two warpgroup MMAs in flight)."""
+def _scores(q, kc, kpe, s_zero):
+    """S = Q_c K_c^T + Q_pe K_pe^T of one tile, issued (two warpgroup MMAs in flight);
+    `s_zero` gives S's shape and layout."""
     qc_smem, qpe_smem = q
-    s_zero = gl.zeros([qc_smem.shape[0], kc.shape[0]], gl.float32, layout=s_layout)
     s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     return warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
 
@@ -231,6 +231,7 @@ def _tiles_in_turn(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
     )
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    s_zero = gl.zeros([acc.shape[0], BN], gl.float32, layout=s_layout)
     for i in range(num_tiles):
         st = i % STAGES
         n0 = start + i * BN
@@ -259,7 +260,7 @@ def _tiles_in_turn(
         elif keep < BN:
             zero_tail(kc, kpe, keep, 64, load_layout)
 
-        s_acc = _scores(q, kc, kpe, s_layout)
+        s_acc = _scores(q, kc, kpe, s_zero)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
         p, alpha, m_i, l_i = _softmax_tile(s_acc, n0, row_len, qk_scale, m_i, l_i)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -292,13 +293,14 @@ def _tiles_lookahead(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
     )
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    s_zero = gl.zeros([acc.shape[0], BN], gl.float32, layout=s_layout)
     dtype: gl.constexpr = kc_ring.dtype
 
     # tile 0: its scores and softmax; its product goes out beside tile 1's scores
     mbarrier.wait(bars.index(0), 0)
     if end - start < BN:
         zero_tail(kc_ring.index(0), kpe_ring.index(0), end - start, 64, load_layout)
-    s_acc = _scores(q, kc_ring.index(0), kpe_ring.index(0), s_layout)
+    s_acc = _scores(q, kc_ring.index(0), kpe_ring.index(0), s_zero)
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
     p, alpha, m_i, l_i = _softmax_tile(s_acc, start, row_len, qk_scale, m_i, l_i)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -310,7 +312,7 @@ def _tiles_lookahead(
         mbarrier.wait(bars.index(nxt), ((i + 1) // STAGES) & 1)
         if end - n1 < BN:
             zero_tail(kc_ring.index(nxt), kpe_ring.index(nxt), end - n1, 64, load_layout)
-        s_acc = _scores(q, kc_ring.index(nxt), kpe_ring.index(nxt), s_layout)
+        s_acc = _scores(q, kc_ring.index(nxt), kpe_ring.index(nxt), s_zero)
         acc = warpgroup_mma(p_op, kc_ring.index(st), acc, is_async=True)
         # the two score MMAs are done (the product may still run)
         s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
