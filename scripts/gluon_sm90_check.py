@@ -106,7 +106,6 @@ PACKINGS = ((64, 1), (32, 2), (16, 4))  # (heads, query tokens) a program's 64 r
 CASES = (
     ("lockstep", torch.bfloat16),
     ("lockstep", torch.float8_e4m3fn),
-    ("lookahead", torch.bfloat16),
     ("alternate", torch.bfloat16),
     ("rows16", torch.float8_e4m3fn),
 )
@@ -271,21 +270,14 @@ def check_gluon(ptx: str | None, loops: bool = False) -> bool:
             over, shared = shared_report(compiled)
             failed |= over
             cache = compiled.src.signature["KC_DESC"].split("[")[0].split("<")[-1]
-            rows = f"{constant(compiled, 'BLOCK_H')}h"
-            rows += f"x{constant(compiled, 'TOKENS')}t"
-            schedule = "lookahead" if constant(compiled, "LOOKAHEAD") else name
-            print(f"{schedule} {cache} {rows}: {shared}; {ptxas_report(compiled.asm['ptx'])}")
+            rows = f"{compiled.src.constants[(compiled.src.fn.arg_names.index('BLOCK_H'),)]}h"
+            rows += f"x{compiled.src.constants[(compiled.src.fn.arg_names.index('TOKENS'),)]}t"
+            print(f"{name} {cache} {rows}: {shared}; {ptxas_report(compiled.asm['ptx'])}")
             if loops:
                 print_loops(compiled)
             if ptx:
-                write_ptx(ptx, f"{schedule}_{cache}_{rows}", compiled)
+                write_ptx(ptx, f"{name}_{cache}_{rows}", compiled)
     return failed
-
-
-def constant(compiled, arg: str):
-    """A compiled variant's value of the constexpr argument `arg` (None if it has none)."""
-    names = compiled.src.fn.arg_names
-    return compiled.src.constants.get((names.index(arg),)) if arg in names else None
 
 
 def check_triton(ptx: str | None, loops: bool = False) -> bool:

@@ -18,7 +18,6 @@ from mla_cases import (
 )
 
 from atom_plugin.attention.mla import launch_plan as mla_launch_plan
-from atom_plugin.attention.mla.gluon import shapes as gluon_shapes
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.mla.plan import plan_mla_decode
 from atom_plugin.attention.mla.triton import mla_decode_triton
@@ -70,9 +69,9 @@ def test_choice_with_gluon(heads, reqs, context, q_len, packed_splits, want):
     [
         (False, 128, 32768, 2, "alternate"),  # 256 tiles a program
         (False, 128, 4096, 2, "alternate"),  # 32
-        (False, 64, 4096, 4, "lookahead"),  # 16
-        (False, 64, 32768, 128, "lookahead"),  # batch 1: 4
-        (False, 16, 32768, 4, "lookahead"),  # 16 heads
+        (False, 64, 4096, 4, "lockstep"),  # 16
+        (False, 64, 32768, 128, "lockstep"),  # batch 1: 4
+        (False, 16, 32768, 4, "lockstep"),  # 16 heads
         (True, 128, 32768, 2, "lockstep"),  # fp8
     ],
 )
@@ -80,37 +79,19 @@ def test_gluon_schedule_rule(triton_version, fp8, heads, context, splits, want):
     triton_version((3, 7))
     assert mla_launch_plan.gluon_schedule(None, fp8, heads, context, splits) == want
     assert mla_launch_plan.gluon_schedule("lockstep", fp8, heads, context, splits) == "lockstep"
-    # Triton 3.8 compiles the alternate schedule with spills in its loop: never the rule's
-    # pick there, unless a config names it
+    # Triton 3.8 compiles the alternate schedule with spills in its loop: lockstep throughout,
+    # unless a config names it
     triton_version((3, 8))
-    rule = mla_launch_plan.gluon_schedule(None, fp8, heads, context, splits)
-    assert rule == ("lockstep" if fp8 else "lookahead")
+    assert mla_launch_plan.gluon_schedule(None, fp8, heads, context, splits) == "lockstep"
     if not fp8:
         assert mla_launch_plan.gluon_schedule("alternate", fp8, heads, context, splits) == (
             "alternate"
         )
 
 
-@pytest.mark.parametrize("schedule", ["lockstep", "lookahead"])
-def test_gluon_plan_takes_its_schedules_shape(monkeypatch, triton_version, schedule):
-    """The rule's schedule (lookahead for a 16-bit cache on Triton 3.8, lockstep for fp8)
-    and a named one launch in that schedule's tiles and stages."""
-    monkeypatch.setattr(mla_launch_plan, "gluon_mla_problems", lambda device, layout: [])
-    triton_version((3, 8))
-    fp8 = schedule == "lockstep"
-    shape = gluon_shapes.launch_shape(schedule)
-    for config in (None, {"kernel": "gluon", "schedule": schedule}):
-        launch = mla_launch_plan.plan_launch(
-            64, 64, 1, 128, 2048, CPU, fp8_cache=fp8, config=config, layout=BF16_64,
-        )  # fmt: skip
-        assert (launch.kernel, launch.schedule) == ("gluon", schedule)
-        assert (launch.block_n, launch.num_stages) == (shape.block_n, shape.stages)
-
-
-@pytest.mark.parametrize("schedule", ["alternate", "lookahead"])
-def test_gluon_16bit_schedules_refuse_fp8(schedule):
-    with pytest.raises(ValueError, match=f"{schedule} schedule takes 16-bit caches"):
-        mla_launch_plan._config(128, True, "gluon", {"schedule": schedule})
+def test_gluon_alternate_refuses_fp8():
+    with pytest.raises(ValueError, match="alternate schedule takes 16-bit caches"):
+        mla_launch_plan._config(128, True, "gluon", {"schedule": "alternate"})
     with pytest.raises(ValueError, match="schedule must be None"):
         mla_launch_plan._config(128, False, "gluon", {"schedule": "seesaw"})
 
@@ -124,9 +105,8 @@ def test_gluon_config_keys():
 NEEDS_ROWS16_TRITON = pytest.mark.skipif(
     bool(mla_launch_plan.rows16_problems(None)), reason="the rows16 schedule needs Triton 3.7"
 )
-GLUON_PATHS = [  # (cache, schedule): lookahead, alternate take 16-bit caches, rows16 fp8 ones
+GLUON_PATHS = [  # (cache, schedule): alternate takes 16-bit caches, rows16 fp8 ones
     ("bf16", "lockstep"),
-    ("bf16", "lookahead"),
     ("bf16", "alternate"),
     ("fp8", "lockstep"),
     pytest.param("fp8", "rows16", marks=NEEDS_ROWS16_TRITON),
@@ -262,18 +242,17 @@ def test_gpu_gluon_dcp_token_kv_lens():
         {"kernel": "packed"},
         {"kernel": "per_token"},
         {"kernel": "gluon", "schedule": "lockstep"},
-        {"kernel": "gluon", "schedule": "lookahead"},
         {"kernel": "gluon", "schedule": "alternate"},
         pytest.param({"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
     ],
-    ids=["packed", "per_token", "lockstep", "lookahead", "alternate", "rows16"],
+    ids=["packed", "per_token", "lockstep", "alternate", "rows16"],
 )
 @pytest.mark.parametrize("heads", [16, 128])
 def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
     """As vLLM hands the query (its latent part apart from a strided view of its rope
     part), every stage-1 kernel gives exactly what it gives for the joined query."""
-    if cache == "fp8" and config.get("schedule") in ("alternate", "lookahead"):
-        pytest.skip(f"the {config['schedule']} schedule takes 16-bit caches only")
+    if cache == "fp8" and config.get("schedule") == "alternate":
+        pytest.skip("the alternate schedule takes 16-bit caches only")
     if cache == "bf16" and config.get("schedule") == "rows16":
         pytest.skip("the rows16 schedule takes fp8 caches only")
     b = gpu_edge_batch([(2, 777), (1, 65), (1, 2051)], heads, cache)
@@ -296,7 +275,6 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
         ("fp8", {"kernel": "packed"}),
         ("bf16", {"kernel": "gluon", "schedule": "lockstep"}),
         ("fp8", {"kernel": "gluon", "schedule": "lockstep"}),
-        ("bf16", {"kernel": "gluon", "schedule": "lookahead"}),
         ("bf16", {"kernel": "gluon", "schedule": "alternate"}),
         pytest.param("fp8", {"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
     ],

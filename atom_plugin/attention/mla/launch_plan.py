@@ -140,10 +140,8 @@ def _config(
         raise ValueError(
             f"schedule must be None (the rule) or one of {GLUON_SCHEDULES}, got {cfg['schedule']!r}"
         )
-    if fp8_cache and cfg.get("schedule") in ("alternate", "lookahead"):
-        raise ValueError(
-            f"the {cfg['schedule']} schedule takes 16-bit caches only (fp8: 'lockstep')"
-        )
+    if fp8_cache and cfg.get("schedule") == "alternate":
+        raise ValueError("the alternate schedule takes 16-bit caches only (fp8: 'lockstep')")
     if not fp8_cache and cfg.get("schedule") == "rows16":
         raise ValueError("the rows16 schedule takes fp8 caches only (16-bit: 'lockstep')")
     dv = cfg["merge_dv"]
@@ -175,7 +173,7 @@ def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
 # 'rows16' (`gluon.rows16`, fp8 caches, 16 query rows a program on mma.sync) is the plan's
 # own choice for one query token of up to 16 heads where it can run (`rows16_problems`);
 # above 16 heads or with speculative tokens it runs where a config names it.
-GLUON_SCHEDULES = ("lockstep", "lookahead", "alternate", "rows16")
+GLUON_SCHEDULES = ("lockstep", "alternate", "rows16")
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
 # Triton 3.8 compiles the alternate schedule with 560 bytes of spills, 69 local loads in
 # one consumer warpgroup's tile loop (3.7.1: 100 bytes, none in a tile loop); on an
@@ -190,20 +188,15 @@ def gluon_schedule(
     """The Gluon kernel's schedule: `named` if given, else 'alternate' (warp-specialized,
     warpgroups on alternate tiles) for 16-bit caches above 16 heads when each program
     scores at least ALTERNATE_MIN_TILES tiles and Triton is older than
-    ALTERNATE_BEFORE_TRITON, else 'lookahead' (scores a tile ahead) for other 16-bit
-    caches and 'lockstep' for fp8 ones (whose widened tile has no second buffer to score
-    ahead into). The alternate schedule is faster where each program has that many tiles
-    to overlap, slower with fewer and at 16 heads; it and lookahead take 16-bit caches
-    only."""
+    ALTERNATE_BEFORE_TRITON, else 'lockstep'. The alternate schedule is faster where each
+    program has that many tiles to overlap, slower with fewer and at 16 heads; it takes
+    16-bit caches only."""
     if named is not None:
         return named
-    if fp8_cache:
-        return "lockstep"
     tiles = cdiv(context, splits * 64)
+    wide = not fp8_cache and num_heads > 16
     compiles_well = _triton_version() < ALTERNATE_BEFORE_TRITON
-    if num_heads > 16 and compiles_well and tiles >= ALTERNATE_MIN_TILES:
-        return "alternate"
-    return "lookahead"
+    return "alternate" if wide and compiles_well and tiles >= ALTERNATE_MIN_TILES else "lockstep"
 
 
 @dataclass(frozen=True)
@@ -227,7 +220,7 @@ class TritonMLALaunch:
     fp16_math: bool  # for an fp8 cache
     merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
     merge_block_s: int  # splits per merge tile (`merge_block_s`)
-    schedule: str = "lockstep"  # gluon: one of GLUON_SCHEDULES
+    schedule: str = "lockstep"  # gluon: "lockstep", "alternate" or "rows16" (GLUON_SCHEDULES)
 
     @property
     def name(self) -> str:
@@ -298,26 +291,20 @@ def plan_launch(
             raise ValueError("the rows16 schedule cannot run this step: " + "; ".join(problems))
     if kernel == "gluon":
         cfg = _config(num_heads, fp8_cache, "gluon", config, max_query_len)
-
-        def shaped(schedule: str | None):
-            """The launch in `schedule`'s shape (None: lockstep's): packing and splits."""
-            shape = gluon_shapes.launch_shape(schedule)
-            cfg.update(
-                BLOCK_N=shape.block_n,
-                num_warps=shape.num_warps,
-                num_stages=shape.stages,
-                per_sm=shape.per_sm,
-                tma=True,
-            )
-            block_m = shape.block_m
-            packed = packing(min(cfg["BLOCK_H"], block_m), block_m)
-            programs = num_reqs * packed[2] * packed[3]
-            return packed, split_count(programs, cfg["BLOCK_N"], sms * cfg["per_sm"], most)
-
-        (block_h, tokens, token_chunks, head_groups), splits = shaped(cfg["schedule"])
+        shape = gluon_shapes.launch_shape(cfg["schedule"])
+        cfg.update(
+            BLOCK_N=shape.block_n,
+            num_warps=shape.num_warps,
+            num_stages=shape.stages,
+            per_sm=shape.per_sm,
+            tma=True,
+        )
+        block_m = shape.block_m
+        block_h, tokens, token_chunks, head_groups = packing(min(cfg["BLOCK_H"], block_m), block_m)
+        splits = split_count(
+            num_reqs * token_chunks * head_groups, cfg["BLOCK_N"], sms * cfg["per_sm"], most
+        )
         schedule = gluon_schedule(cfg["schedule"], fp8_cache, num_heads, context, splits)
-        if cfg["schedule"] is None and schedule != "lockstep":  # the rule's pick: its shape
-            (block_h, tokens, token_chunks, head_groups), splits = shaped(schedule)
     if kernel == "per_token":
         cfg = _config(num_heads, fp8_cache, "per_token", config)
         block_h = max(16, min(cfg["BLOCK_H"], next_power_of_2(num_heads)))

@@ -1,6 +1,5 @@
 """The Gluon MLA decode's stage-1 launch (`run_stage1`): the cache's TMA descriptors and
-the kernel of the launch's schedule (`gluon.lockstep`'s for the lockstep and lookahead
-schedules, `gluon.alternate`, `gluon.rows16`).
+the kernel of the launch's schedule (`gluon.lockstep`'s lockstep one or `gluon.alternate`).
 
 Imports Gluon, through the kernels: the Triton launcher (`mla.triton`) imports this module
 at the first Gluon launch, so the plan, the probe and `atom-plugin info` never do.
@@ -74,7 +73,7 @@ def run_stage1(
     lockstep.stage1[grid](
         q_c,
         q_pe,
-        *cache_descriptors(kv_cache, lora, box_rows=launch.block_n),
+        *cache_descriptors(kv_cache, lora),
         *plan,
         kv_scale if fp8 else q_c,
         *sizes,
@@ -82,6 +81,5 @@ def run_stage1(
         **shape,
         STAGES=launch.num_stages,
         IS_FP8=fp8,
-        LOOKAHEAD=launch.schedule == "lookahead",
         num_warps=shapes.NUM_WARPS,
     )

@@ -83,10 +83,9 @@ def stage1(
     TOKENS: gl.constexpr,
     STAGES: gl.constexpr,
     IS_FP8: gl.constexpr,
-    LOOKAHEAD: gl.constexpr,
 ):
     BM: gl.constexpr = 64
-    BN: gl.constexpr = KC_DESC.block_type.shape[0]  # keys a tile
+    BN: gl.constexpr = 64
     # S [64, BN]: the keys split between the two warpgroups; O [64, LORA]: the columns
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
@@ -142,8 +141,6 @@ def stage1(
         kpe_wide = gl.allocate_shared_memory(
             mma_dtype, [BN, ROPE], gl.NVMMASharedLayout.get_default_for([BN, ROPE], mma_dtype)
         )
-    else:  # 16-bit tiles feed the matmuls from the ring itself
-        kc_wide, kpe_wide = kc_ring, kpe_ring
     fence_async_shared()
     thread_barrier()
 
@@ -160,78 +157,8 @@ def stage1(
     m_i = gl.full([BM], -1.0e30, gl.float32, layout=row_s)
     l_i = gl.zeros([BM], gl.float32, layout=row_s)
     acc = gl.zeros([BM, LORA], gl.float32, layout=o_layout)
-    q = (qc_smem, qpe_smem)
-    keys = (descs, bt_row, ring, start, end, num_tiles, row_len)
-    if LOOKAHEAD:
-        if num_tiles > 0:
-            m_i, l_i, acc = _tiles_lookahead(
-                q, keys, qk_scale, (m_i, l_i, acc), p_layout, load_layout, PAGE
-            )
-    else:
-        m_i, l_i, acc = _tiles_in_turn(
-            q, keys, qk_scale, (m_i, l_i, acc), (kc_wide, kpe_wide), p_layout, load_layout,
-            PAGE, IS_FP8,
-        )  # fmt: skip
-
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(st))
-
-    has = l_i > 0
-    lse = gl.where(has, m_i * 0.6931471805599453 + gl.log(gl.where(has, l_i, 1.0)), float("-inf"))
-    l_o = gl.convert_layout(gl.where(has, l_i, 1.0), row_o)
-    out = acc / l_o[:, None]
-    if IS_FP8:
-        out = out * kv_scale
-    tok_o, head_o, mask_mo = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_o)
-    t_o = (q_start + tok_o).to(gl.int64)
-    offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_layout))
-    mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
-    if num_tiles > 0:  # a split without keys: its lse only (as the Triton kernels)
-        gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
-    gl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)
-
-
-@gluon.jit
-def _softmax_tile(s_acc, n0, row_len, qk_scale, m_i, l_i):
-    """The online softmax of one tile's scores from key `n0` (keys past a row's visible
-    count masked): P, the factor that rescales what came before, the new running max
-    and sum."""
-    BN: gl.constexpr = s_acc.shape[1]
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_acc.type.layout))
-    valid = (n0 + offs_n)[None, :] < row_len[:, None]
-    sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(sc, 1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(sc - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
-
-
-@gluon.jit
-def _scores(q, kc, kpe, s_zero):
-    """S = Q_c K_c^T + Q_pe K_pe^T of one tile, issued (two warpgroup MMAs in flight);
-    `s_zero` gives S's shape and layout."""
-    qc_smem, qpe_smem = q
-    s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
-
-
-@gluon.jit
-def _tiles_in_turn(
-    q, keys, qk_scale, state, wide, p_layout: gl.constexpr, load_layout: gl.constexpr,
-    PAGE: gl.constexpr, IS_FP8: gl.constexpr,
-):  # fmt: skip
-    """The split's tiles one after the other: each tile's scores, softmax and P @ V
-    before the next tile's scores; fp8 tiles widened into `wide` first."""
-    descs, bt_row, ring, start, end, num_tiles, row_len = keys
-    kc_ring, kpe_ring, bars = ring
-    m_i, l_i, acc = state
-    STAGES: gl.constexpr = bars.shape[0]
-    BN: gl.constexpr = kc_ring.shape[1]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
-    )
-    row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    s_zero = gl.zeros([acc.shape[0], BN], gl.float32, layout=s_layout)
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
     for i in range(num_tiles):
         st = i % STAGES
         n0 = start + i * BN
@@ -240,8 +167,7 @@ def _tiles_in_turn(
         kpe = kpe_ring.index(st)
         keep = end - n0  # rows of this tile inside the split
         if IS_FP8:
-            kc_wide, kpe_wide = wide
-            for c in gl.static_range(kc.shape[1] // 128):
+            for c in gl.static_range(LORA // 128):
                 widen(
                     kc.slice(c * 128, 128, dim=1),
                     kc_wide.slice(c * 128, 128, dim=1),
@@ -260,72 +186,42 @@ def _tiles_in_turn(
         elif keep < BN:
             zero_tail(kc, kpe, keep, 64, load_layout)
 
-        s_acc = _scores(q, kc, kpe, s_zero)
+        s_acc = warpgroup_mma(qc_smem, kc.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-        p, alpha, m_i, l_i = _softmax_tile(s_acc, n0, row_len, qk_scale, m_i, l_i)
+
+        valid = (n0 + offs_n)[None, :] < row_len[:, None]
+        sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(kc.dtype), p_layout)
+        p_op = gl.convert_layout(p.to(mma_dtype), p_layout)
         acc = warpgroup_mma(p_op, kc, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        thread_barrier()  # both warpgroups are done with this tile's buffers
         if not IS_FP8:
+            # both warpgroups are done with this stage: fetch the tile STAGES ahead
+            thread_barrier()
             if i + STAGES < num_tiles:
                 issue_tile(descs, bt_row, n0 + STAGES * BN, ring, st, PAGE)
-    return m_i, l_i, acc
+        else:
+            thread_barrier()  # the wide buffer is rewritten by the next tile
 
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
 
-@gluon.jit
-def _tiles_lookahead(
-    q, keys, qk_scale, state, p_layout: gl.constexpr, load_layout: gl.constexpr,
-    PAGE: gl.constexpr,
-):  # fmt: skip
-    """The split's 16-bit tiles (at least one) with the scores one tile ahead: tile i+1's
-    Q K^T is issued before tile i's P @ V, and tile i+1's softmax runs while that
-    product is in flight, so the tensor cores are fed while the warps do the softmax.
-    Tile i's buffers are refilled once its product is done, with the tile needed
-    STAGES - 2 tiles later: a ring of two stages would wait on every fetch."""
-    descs, bt_row, ring, start, end, num_tiles, row_len = keys
-    kc_ring, kpe_ring, bars = ring
-    m_i, l_i, acc = state
-    STAGES: gl.constexpr = bars.shape[0]
-    BN: gl.constexpr = kc_ring.shape[1]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
-    )
-    row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    s_zero = gl.zeros([acc.shape[0], BN], gl.float32, layout=s_layout)
-    dtype: gl.constexpr = kc_ring.dtype
-
-    # tile 0: its scores and softmax; its product goes out beside tile 1's scores
-    mbarrier.wait(bars.index(0), 0)
-    if end - start < BN:
-        zero_tail(kc_ring.index(0), kpe_ring.index(0), end - start, 64, load_layout)
-    s_acc = _scores(q, kc_ring.index(0), kpe_ring.index(0), s_zero)
-    s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-    p, alpha, m_i, l_i = _softmax_tile(s_acc, start, row_len, qk_scale, m_i, l_i)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-    for i in range(num_tiles - 1):
-        st = i % STAGES
-        nxt = (i + 1) % STAGES
-        n1 = start + (i + 1) * BN
-        mbarrier.wait(bars.index(nxt), ((i + 1) // STAGES) & 1)
-        if end - n1 < BN:
-            zero_tail(kc_ring.index(nxt), kpe_ring.index(nxt), end - n1, 64, load_layout)
-        s_acc = _scores(q, kc_ring.index(nxt), kpe_ring.index(nxt), s_zero)
-        acc = warpgroup_mma(p_op, kc_ring.index(st), acc, is_async=True)
-        # the two score MMAs are done (the product may still run)
-        s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
-        p, alpha, m_i, l_i = _softmax_tile(s_acc, n1, row_len, qk_scale, m_i, l_i)
-        p_next = gl.convert_layout(p.to(dtype), p_layout)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = p_next
-        thread_barrier()  # both warpgroups are done with tile i's buffers
-        if i + STAGES < num_tiles:
-            issue_tile(descs, bt_row, start + (i + STAGES) * BN, ring, st, PAGE)
-
-    last = (num_tiles - 1) % STAGES
-    acc = warpgroup_mma(p_op, kc_ring.index(last), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return m_i, l_i, acc
+    has = l_i > 0
+    lse = gl.where(has, m_i * 0.6931471805599453 + gl.log(gl.where(has, l_i, 1.0)), float("-inf"))
+    l_o = gl.convert_layout(gl.where(has, l_i, 1.0), row_o)
+    out = acc / l_o[:, None]
+    if IS_FP8:
+        out = out * kv_scale
+    tok_o, head_o, mask_mo = query_rows(first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, row_o)
+    t_o = (q_start + tok_o).to(gl.int64)
+    offs_dv = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_layout))
+    mid = MID_O + t_o[:, None] * stride_mt + head_o[:, None] * stride_mh + split * stride_ms
+    if num_tiles > 0:  # a split without keys: its lse only (as the Triton kernels)
+        gl.store(mid + offs_dv[None, :], out.to(MID_O.dtype.element_ty), mask=mask_mo[:, None])
+    gl.store(MID_LSE + t * stride_lt + head * stride_lh + split, lse, mask=mask_m)

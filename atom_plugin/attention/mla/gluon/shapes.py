@@ -1,8 +1,7 @@
 """The Gluon MLA decode kernels' tiles, warps and stages, which the launch plan and the
 probe read on the host. Gluon-free: importing this (or the plan, or the probe) never
 imports `triton.experimental.gluon`; only the launcher (`gluon_launch.run_stage1`) imports
-the kernels (`lockstep`, which runs the lockstep and lookahead schedules, `alternate`,
-`rows16`), at their first launch.
+the kernels (`lockstep`, `alternate`, `rows16`), at their first launch.
 """
 
 from __future__ import annotations
@@ -15,12 +14,6 @@ BLOCK_N = 64  # keys per tile
 # The lockstep schedule (`lockstep`)
 NUM_WARPS = 8  # two warpgroups
 STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared memory
-
-# The lookahead schedule (`lockstep` with the scores a tile ahead): half the tiles and
-# twice the stages fill the same shared memory, and keep two tiles in flight while the
-# third is scored ahead
-LOOKAHEAD_BLOCK_N = 32
-LOOKAHEAD_STAGES = 4
 
 # The alternate schedule (`alternate`)
 CHUNK_COLS = 64  # columns of one TMA box: a 512 + 64 row arrives in nine
@@ -50,10 +43,7 @@ class GluonShape:
 
 
 def launch_shape(schedule: str) -> GluonShape:
-    """The launch shape of a Gluon schedule ('lockstep', 'lookahead', 'alternate',
-    'rows16')."""
-    if schedule == "lookahead":
-        return GluonShape(BLOCK_M, LOOKAHEAD_BLOCK_N, NUM_WARPS, LOOKAHEAD_STAGES, 1)
+    """The launch shape of a Gluon schedule ('lockstep', 'alternate', 'rows16')."""
     if schedule == "rows16":
         return GluonShape(ROWS16_BLOCK_M, ROWS16_BLOCK_N, ROWS16_NUM_WARPS, ROWS16_STAGES, 2)
     return GluonShape(BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, 1)
