@@ -367,7 +367,7 @@ class PhaseProfiler:
         self.wall_s = 0.0
         self._t0 = 0.0
 
-    def before_step(self, prefilling: bool, requests: int | None = None) -> None:
+    def before_step(self, prefilling: bool, requests: int) -> None:
         """`requests`: the requests not yet finished, the step's batch (recorded for the
         steps profiled)."""
         wanted = prefilling if self.phase == "prefill" else not prefilling
@@ -377,7 +377,7 @@ class PhaseProfiler:
             self._t0 = time.perf_counter()
         elif self.running and (not wanted or self.steps >= self.max_steps):
             self.stop()
-        if self.running and requests is not None:
+        if self.running:
             self.requests.append(requests)
 
     def after_step(self) -> None:

@@ -51,8 +51,7 @@ def make_mla_batch(
     if nan_unused:
         used = torch.zeros(num_blocks, block_size, dtype=torch.bool)
         for r, (_, s) in enumerate(reqs):
-            for p in range(s):
-                used[int(table[r, p // block_size]), p % block_size] = True
+            used[context_rows(table, r, s, block_size)] = True
         backing[~used] = float("nan")
     kv_scale = None
     if cache_dtype in FP8:
@@ -77,6 +76,13 @@ def make_mla_batch(
     )
     q = (torch.randn(t + pad_tokens, heads, width, generator=gen) * 0.5).to(dtype).to(device)
     return MLABatch(meta, q, kv_cache, None if kv_scale is None else kv_scale.to(device))
+
+
+def context_rows(table: torch.Tensor, r: int, n: int, page: int):
+    """Request r's first n cache rows as (block, row in block) index tensors, through its
+    row of the block table (a CPU tensor)."""
+    pos = torch.arange(n)
+    return table[r, pos // page].long(), pos % page
 
 
 def tolerance(dtype, cache_dtype=None):
@@ -129,8 +135,10 @@ def ramp_scores(batch: MLABatch, slopes, scale=0.3, tile=64) -> None:
         pos = torch.arange(n, dtype=torch.float32)
         a = pos * slope / tile / (scale * 1.4426950408889634)
         rows = torch.randn(n, width, generator=gen) * 0.1 + a[:, None] * u / width
-        for p in range(n):
-            cache[int(table[r, p // page]), p % page] = (rows[p] / unit).to(cache.dtype)
+        blocks, slots = context_rows(table, r, n, page)
+        cache[blocks.to(cache.device), slots.to(cache.device)] = (rows / unit).to(
+            cache.device, cache.dtype
+        )
 
 
 def query_in_parts(q: torch.Tensor, lora: int) -> tuple[torch.Tensor, torch.Tensor]:
