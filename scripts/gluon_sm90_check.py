@@ -52,6 +52,7 @@ from atom_plugin.attention.mla.gluon import alternate as gluon_mla_alternate  # 
 from atom_plugin.attention.mla.gluon import launch as gluon_launch  # noqa: E402
 from atom_plugin.attention.mla.gluon import lockstep as gluon_mla  # noqa: E402
 from atom_plugin.attention.mla.gluon import rows16 as gluon_mla_rows16  # noqa: E402
+from atom_plugin.attention.mla.gluon import scorer as gluon_mla_scorer  # noqa: E402
 from atom_plugin.attention.mla.gluon.shapes import launch_shape  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
@@ -107,6 +108,7 @@ CASES = (
     ("lockstep", torch.bfloat16),
     ("lockstep", torch.float8_e4m3fn),
     ("alternate", torch.bfloat16),
+    ("scorer", torch.bfloat16),
     ("rows16", torch.float8_e4m3fn),
 )
 
@@ -264,6 +266,7 @@ def check_gluon(ptx: str | None, loops: bool = False) -> bool:
     for name, fn in (
         ("lockstep", gluon_mla.stage1),
         ("alternate", gluon_mla_alternate.stage1),
+        ("scorer", gluon_mla_scorer.stage1),
         ("rows16", gluon_mla_rows16.stage1),
     ):
         for compiled in fn.device_caches[0][0].values():

@@ -89,9 +89,10 @@ def test_gluon_schedule_rule(triton_version, fp8, heads, context, splits, want):
         )
 
 
-def test_gluon_alternate_refuses_fp8():
-    with pytest.raises(ValueError, match="alternate schedule takes 16-bit caches"):
-        mla_launch_plan._config(128, True, "gluon", {"schedule": "alternate"})
+@pytest.mark.parametrize("schedule", ["alternate", "scorer"])
+def test_gluon_warp_specialized_schedules_refuse_fp8(schedule):
+    with pytest.raises(ValueError, match=f"{schedule} schedule takes 16-bit caches"):
+        mla_launch_plan._config(128, True, "gluon", {"schedule": schedule})
     with pytest.raises(ValueError, match="schedule must be None"):
         mla_launch_plan._config(128, False, "gluon", {"schedule": "seesaw"})
 
@@ -105,9 +106,10 @@ def test_gluon_config_keys():
 NEEDS_ROWS16_TRITON = pytest.mark.skipif(
     bool(mla_launch_plan.rows16_problems(None)), reason="the rows16 schedule needs Triton 3.7"
 )
-GLUON_PATHS = [  # (cache, schedule): alternate takes 16-bit caches, rows16 fp8 ones
+GLUON_PATHS = [  # (cache, schedule): alternate and scorer take 16-bit caches, rows16 fp8 ones
     ("bf16", "lockstep"),
     ("bf16", "alternate"),
+    ("bf16", "scorer"),
     ("fp8", "lockstep"),
     pytest.param("fp8", "rows16", marks=NEEDS_ROWS16_TRITON),
 ]
@@ -243,16 +245,17 @@ def test_gpu_gluon_dcp_token_kv_lens():
         {"kernel": "per_token"},
         {"kernel": "gluon", "schedule": "lockstep"},
         {"kernel": "gluon", "schedule": "alternate"},
+        {"kernel": "gluon", "schedule": "scorer"},
         pytest.param({"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
     ],
-    ids=["packed", "per_token", "lockstep", "alternate", "rows16"],
+    ids=["packed", "per_token", "lockstep", "alternate", "scorer", "rows16"],
 )
 @pytest.mark.parametrize("heads", [16, 128])
 def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
     """As vLLM hands the query (its latent part apart from a strided view of its rope
     part), every stage-1 kernel gives exactly what it gives for the joined query."""
-    if cache == "fp8" and config.get("schedule") == "alternate":
-        pytest.skip("the alternate schedule takes 16-bit caches only")
+    if cache == "fp8" and config.get("schedule") in ("alternate", "scorer"):
+        pytest.skip(f"the {config['schedule']} schedule takes 16-bit caches only")
     if cache == "bf16" and config.get("schedule") == "rows16":
         pytest.skip("the rows16 schedule takes fp8 caches only")
     b = gpu_edge_batch([(2, 777), (1, 65), (1, 2051)], heads, cache)
@@ -276,6 +279,7 @@ def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
         ("bf16", {"kernel": "gluon", "schedule": "lockstep"}),
         ("fp8", {"kernel": "gluon", "schedule": "lockstep"}),
         ("bf16", {"kernel": "gluon", "schedule": "alternate"}),
+        ("bf16", {"kernel": "gluon", "schedule": "scorer"}),
         pytest.param("fp8", {"kernel": "gluon", "schedule": "rows16"}, marks=NEEDS_ROWS16_TRITON),
     ],
 )

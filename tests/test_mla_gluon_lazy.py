@@ -29,7 +29,7 @@ with contextlib.redirect_stdout(io.StringIO()) as info:
     main(["info"])
 
 
-KERNEL_MODULES = ("common", "lockstep", "alternate", "launch")  # those that import Gluon
+KERNEL_MODULES = ("common", "lockstep", "alternate", "scorer", "launch")  # those that import Gluon
 
 
 def gluon_modules():

@@ -140,8 +140,10 @@ def _config(
         raise ValueError(
             f"schedule must be None (the rule) or one of {GLUON_SCHEDULES}, got {cfg['schedule']!r}"
         )
-    if fp8_cache and cfg.get("schedule") == "alternate":
-        raise ValueError("the alternate schedule takes 16-bit caches only (fp8: 'lockstep')")
+    if fp8_cache and cfg.get("schedule") in ("alternate", "scorer"):
+        raise ValueError(
+            f"the {cfg['schedule']} schedule takes 16-bit caches only (fp8: 'lockstep')"
+        )
     if not fp8_cache and cfg.get("schedule") == "rows16":
         raise ValueError("the rows16 schedule takes fp8 caches only (16-bit: 'lockstep')")
     dv = cfg["merge_dv"]
@@ -173,7 +175,7 @@ def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
 # 'rows16' (`gluon.rows16`, fp8 caches, 16 query rows a program on mma.sync) is the plan's
 # own choice for one query token of up to 16 heads where it can run (`rows16_problems`);
 # above 16 heads or with speculative tokens it runs where a config names it.
-GLUON_SCHEDULES = ("lockstep", "alternate", "rows16")
+GLUON_SCHEDULES = ("lockstep", "alternate", "scorer", "rows16")
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
 # Triton 3.8 compiles the alternate schedule with 560 bytes of spills, 69 local loads in
 # one consumer warpgroup's tile loop (3.7.1: 100 bytes, none in a tile loop); on an

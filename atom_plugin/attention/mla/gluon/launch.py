@@ -1,5 +1,6 @@
 """The Gluon MLA decode's stage-1 launch (`run_stage1`): the cache's TMA descriptors and
-the kernel of the launch's schedule (`gluon.lockstep`'s lockstep one or `gluon.alternate`).
+the kernel of the launch's schedule (`gluon.lockstep`, `gluon.alternate`, `gluon.scorer`
+or `gluon.rows16`).
 
 Imports Gluon, through the kernels: the Triton launcher (`mla.triton`) imports this module
 at the first Gluon launch, so the plan, the probe and `atom-plugin info` never do.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_plugin.attention.mla.gluon import alternate, lockstep, rows16, shapes
+from atom_plugin.attention.mla.gluon import alternate, lockstep, rows16, scorer, shapes
 from atom_plugin.attention.mla.gluon.common import cache_descriptors
 
 
@@ -41,9 +42,10 @@ def run_stage1(
     shape = dict(
         PAGE=page, LORA=lora, ROPE=width - lora, BLOCK_H=launch.block_h, TOKENS=launch.tokens
     )
-    if launch.schedule == "alternate":
+    if launch.schedule in ("alternate", "scorer"):
+        kernel = alternate if launch.schedule == "alternate" else scorer
         descs = cache_descriptors(kv_cache, lora, shapes.CHUNK_COLS)
-        alternate.stage1[grid](
+        kernel.stage1[grid](
             q_c,
             q_pe,
             *descs,

@@ -1,7 +1,7 @@
 """The Gluon MLA decode kernels' tiles, warps and stages, which the launch plan and the
 probe read on the host. Gluon-free: importing this (or the plan, or the probe) never
 imports `triton.experimental.gluon`; only the launcher (`gluon_launch.run_stage1`) imports
-the kernels (`lockstep`, `alternate`, `rows16`), at their first launch.
+the kernels (`lockstep`, `alternate`, `scorer`, `rows16`), at their first launch.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ BLOCK_N = 64  # keys per tile
 NUM_WARPS = 8  # two warpgroups
 STAGES = 2  # tiles in flight: 2 x 72 KB beside the 72 KB query fill the shared memory
 
-# The alternate schedule (`alternate`)
+# The alternate schedule (`alternate`); the scorer schedule (`scorer`) launches alike, its
+# scoring warpgroup the default partition, its multiplying one in the second consumer's place
 CHUNK_COLS = 64  # columns of one TMA box: a 512 + 64 row arrives in nine
 ALTERNATE_NUM_WARPS = 4  # the kernel's own warps: consumer warpgroup 0 (the default partition)
 # With consumer warpgroup 1 and the loader warp the kernel runs 12 warps (warps are
@@ -43,7 +44,7 @@ class GluonShape:
 
 
 def launch_shape(schedule: str) -> GluonShape:
-    """The launch shape of a Gluon schedule ('lockstep', 'alternate', 'rows16')."""
+    """The launch shape of a Gluon schedule ('lockstep', 'alternate', 'scorer', 'rows16')."""
     if schedule == "rows16":
         return GluonShape(ROWS16_BLOCK_M, ROWS16_BLOCK_N, ROWS16_NUM_WARPS, ROWS16_STAGES, 2)
     return GluonShape(BLOCK_M, BLOCK_N, NUM_WARPS, STAGES, 1)
