@@ -29,57 +29,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
+    chunk_loader,
     program_request,
     query_rows,
     split_keys,
     widen,
 )
-
-
-@gluon.jit
-def loader(
-    W: gl.constexpr,
-    ptrs,
-    smem,
-    bars,
-    work,
-    strides,
-    descs,
-    LORA: gl.constexpr,
-    ROPE: gl.constexpr,
-    BLOCK_H: gl.constexpr,
-    TOKENS: gl.constexpr,
-    PAGE: gl.constexpr,
-):
-    """The TMA warp: each tile in nine chunks, a stage refilled once both warpgroups
-    released it (the partitions share one signature; this one reads few of them)."""
-    kc_ring, kpe_ring = smem[1], smem[2]
-    full, empty = bars[0], bars[1]
-    start, num_tiles = work[5], work[7]
-    kc_desc, kpe_desc, bt_row = descs
-    nbytes: gl.constexpr = kc_desc.block_type.nbytes
-    for t in range(num_tiles):
-        s = t % 2
-        mbarrier.wait(empty.index(s), ((t // 2) & 1) ^ 1)
-        n0 = start + t * 64
-        page = gl.load(bt_row + n0 // PAGE)
-        row0 = page * PAGE + n0 % PAGE
-        for c in gl.static_range(8):
-            bar = full.index(s * 9 + c)
-            mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(
-                kc_desc, [row0, c * 64], bar, kc_ring.index(s).slice(c * 64, 64, dim=1)
-            )
-        bar = full.index(s * 9 + 8)
-        mbarrier.expect(bar, nbytes)
-        tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(s))
 
 
 @gluon.jit
@@ -370,7 +331,7 @@ def stage1(
                 (1, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
             ),
             (
-                loader,
+                chunk_loader,
                 (2, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
             ),
         ],

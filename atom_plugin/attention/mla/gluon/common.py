@@ -1,8 +1,9 @@
-"""Gluon pieces the MLA decode kernels share (`lockstep`, `alternate`, `rows16`): which
-request, query rows and keys a program holds, the ring of TMA tile buffers (`tile_ring`,
-`fill_ring`, `issue_tile`; lockstep and rows16), the pass that widens a tile and zeroes
-its rows past a split's end (`widen`, `zero_tail`), and the cache's TMA descriptors (host
-side).
+"""Gluon pieces the MLA decode kernels share (`lockstep`, `alternate`, `scorer`, `rows16`):
+which request, query rows and keys a program holds, the ring of TMA tile buffers
+(`tile_ring`, `fill_ring`, `issue_tile`; lockstep and rows16), the warp-specialized
+kernels' loader partition (`chunk_loader`; alternate and scorer), the pass that widens a
+tile and zeroes its rows past a split's end (`widen`, `zero_tail`), and the cache's TMA
+descriptors (host side).
 
 Imports Gluon, which exists only in newer Tritons: only the kernels and their launcher
 (`gluon_launch`) import this module, at the first launch.
@@ -128,6 +129,48 @@ def fill_ring(descs, bt_row, start, num_tiles, ring, PAGE: gl.constexpr):
     for s in gl.static_range(STAGES):
         if s < num_tiles:
             issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
+
+
+@gluon.jit
+def chunk_loader(
+    W: gl.constexpr,
+    ptrs,
+    smem,
+    bars,
+    work,
+    strides,
+    descs,
+    LORA: gl.constexpr,
+    ROPE: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    TOKENS: gl.constexpr,
+    PAGE: gl.constexpr,
+):
+    """The loader partition of the warp-specialized kernels (`alternate`, `scorer`): one
+    warp fetching each tile through TMA in nine 64-column chunks, a barrier each, into two
+    stages, a stage refilled once both warpgroups released it. It takes the partitions'
+    one signature and reads the rings (smem[1], smem[2]), their barriers (bars[0]: full,
+    bars[1]: empty) and the split's first key and tile count (work[5], work[7])."""
+    kc_ring, kpe_ring = smem[1], smem[2]
+    full, empty = bars[0], bars[1]
+    start, num_tiles = work[5], work[7]
+    kc_desc, kpe_desc, bt_row = descs
+    nbytes: gl.constexpr = kc_desc.block_type.nbytes
+    for t in range(num_tiles):
+        s = t % 2
+        mbarrier.wait(empty.index(s), ((t // 2) & 1) ^ 1)
+        n0 = start + t * 64
+        page = gl.load(bt_row + n0 // PAGE)
+        row0 = page * PAGE + n0 % PAGE
+        for c in gl.static_range(8):
+            bar = full.index(s * 9 + c)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(
+                kc_desc, [row0, c * 64], bar, kc_ring.index(s).slice(c * 64, 64, dim=1)
+            )
+        bar = full.index(s * 9 + 8)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(kpe_desc, [row0, 0], bar, kpe_ring.index(s))
 
 
 def cache_descriptors(

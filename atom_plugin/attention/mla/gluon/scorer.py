@@ -10,7 +10,7 @@ through shared memory; each warpgroup keeps half of the output columns and multi
 into it. Warpgroup 1's product of tile i runs while warpgroup 0 scores tile i + 1.
 
 - a tile arrives through TMA in nine 64-column chunks with a barrier each (the loader
-  warp of `gluon.alternate`), so the scores start as the first chunk lands; a stage is
+  warp of `gluon.common`), so the scores start as the first chunk lands; a stage is
   refilled once both warpgroups have multiplied over it;
 - the shared memory holds the query (latent and rope), two 64-key stages, one P buffer
   and the rescale factors (229 KB).
@@ -31,8 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from atom_plugin.attention.gluon_common import thread_barrier
-from atom_plugin.attention.mla.gluon.alternate import loader
 from atom_plugin.attention.mla.gluon.common import (
+    chunk_loader,
     program_request,
     query_rows,
     split_keys,
@@ -300,8 +300,8 @@ def stage1(
 
     qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
     bt_row = BLOCK_TABLE + r.to(gl.int64) * stride_bt
-    # The partitions take one signature (Gluon 3.6's workers share it), `gluon.alternate`'s
-    # loader's: the buffers it reads (the rings) and its barriers (full, empty) first.
+    # The partitions take one signature (Gluon 3.6's workers share it), laid out as
+    # `chunk_loader` reads it.
     ptrs = (Q, QPE, TOK_KV_LEN, MID_O, MID_LSE)
     smem = (qc_smem, kc_ring, kpe_ring, p_smem, alpha_smem, l_smem, qpe_smem)
     bars = (full, empty, p_bar, p_free, l_bar)
@@ -329,7 +329,7 @@ def stage1(
                 (1, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
             ),
             (
-                loader,
+                chunk_loader,
                 (2, ptrs, smem, bars, work, strides, descs, LORA, ROPE, BLOCK_H, TOKENS, PAGE),
             ),
         ],
