@@ -51,6 +51,11 @@
 #               (benchmarks/attention_mla.py --configs): MLA_CONFIGS (JSON list; default block,
 #               warp, stage, TMA, Gluon and fp8-math variants), MLA_CONFIG_CACHES (default fp8).
 #               About two minutes.
+#   mla-schedule
+#               a Gluon MLA decode schedule (MLA_SCHEDULE, e.g. scorer): its GPU tests
+#               (tests/test_mla_gluon.py -k MLA_SCHEDULE), then its kernel time beside the
+#               lockstep schedule's at 64 and 128 heads on a bf16 cache (benchmarks/attention_mla.py
+#               --configs; the engine's decode-2k and lat-8 shapes among them). About two minutes.
 #   graph-cost  whether one of the plugin's kernels (or vLLM's FA3, or idle CUDA contexts beside)
 #               makes every later CUDA-graph node of a process slower
 #               (benchmarks/graph_node_cost.py). About a minute.
@@ -178,6 +183,16 @@ for what in "$@"; do
         --caches "${MLA_CONFIG_CACHES:-fp8}" --batches 8,64 --contexts 2048,8192 --no-spec \
         --configs "$configs" --markdown "$OUT/mla_configs_$VLLM.md" \
         2>&1 | tee "$OUT/mla_configs_$VLLM.log" || status=1 ;;
+    mla-schedule)
+      sched=${MLA_SCHEDULE:?MLA_SCHEDULE names a Gluon schedule, e.g. scorer}
+      stage "Gluon MLA decode, the $sched schedule: GPU tests, then beside lockstep (vLLM $VLLM)"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_mla_gluon.py \
+        -k "$sched" 2>&1 | tee "$OUT/gpu_tests_${sched}_$VLLM.log" || status=1
+      configs='[{"kernel": "gluon", "schedule": "lockstep"}, {"kernel": "gluon", "schedule": "'$sched'"}]'
+      timeout 280 python3 -m benchmarks attention_mla --heads 128,64 --caches bf16 \
+        --batches 8,64,128 --contexts 1024,2048,8192,32768 --no-spec --configs "$configs" \
+        --json "$OUT/mla_${sched}_$VLLM.json" --markdown "$OUT/mla_${sched}_$VLLM.md" \
+        2>&1 | tee "$OUT/mla_${sched}_$VLLM.log" || status=1 ;;
     graph-cost)
       stage "CUDA-graph node cost after each trigger (vLLM $VLLM)"
       timeout 300 python3 -m benchmarks graph_node_cost \
@@ -250,7 +265,7 @@ for what in "$@"; do
       done
       python3 -m benchmarks.compare_runs "$OUT/${kind}_before.json" "$OUT/${kind}_after.json" \
         --out "$OUT/${kind}_same.md" || status=1 ;;
-    *) echo "unknown stage '$what'; stages: install tests bench-tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host host-pace mla-configs graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
+    *) echo "unknown stage '$what'; stages: install tests bench-tests k3-tests tbo-mha tbo-mla tbo-k3 tbo-bench kernels kernels-quick mla16 mla-host host-pace mla-configs mla-schedule graph-cost graph-launch mla-heads mha mla anchors profile k3 k3-serve same-mha same-mla" >&2; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
