@@ -222,7 +222,7 @@ class TritonMLALaunch:
     fp16_math: bool  # for an fp8 cache
     merge_block_dv: int  # output columns per merge program (`merge_block_dv`)
     merge_block_s: int  # splits per merge tile (`merge_block_s`)
-    schedule: str = "lockstep"  # gluon: "lockstep", "alternate" or "rows16" (GLUON_SCHEDULES)
+    schedule: str = "lockstep"  # gluon: one of GLUON_SCHEDULES
 
     @property
     def name(self) -> str:
