@@ -36,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
     chunk_loader,
+    chunk_ring,
     program_request,
     query_rows,
     split_keys,
@@ -273,9 +274,7 @@ def stage1(
     row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
     start, end, num_tiles = split_keys(row_len, num_splits, split, 64)
 
-    chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, LORA], dtype)
-    kc_ring = gl.allocate_shared_memory(dtype, [2, 64, LORA], chunk_layout)
-    kpe_ring = gl.allocate_shared_memory(dtype, [2, 64, ROPE], KPE_DESC.layout)
+    kc_ring, kpe_ring, full, empty = chunk_ring(KPE_DESC, dtype, LORA)
     p_smem = gl.allocate_shared_memory(
         dtype, [2, 64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], dtype)
     )
@@ -283,16 +282,11 @@ def stage1(
     max_smem = gl.allocate_shared_memory(gl.float32, [2, 64], vec)
     l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], vec)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    full = gl.allocate_shared_memory(gl.int64, [18, 1], bar_layout)
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     max_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     p_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     l_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    for i in gl.static_range(18):
-        mbarrier.init(full.index(i), count=1)
     for i in gl.static_range(2):
-        mbarrier.init(empty.index(i), count=2)
         mbarrier.init(max_bar.index(i), count=1)
         mbarrier.init(p_bar.index(i), count=1)
         mbarrier.init(p_free.index(i), count=1)

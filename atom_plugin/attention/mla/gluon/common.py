@@ -1,7 +1,8 @@
 """Gluon pieces the MLA decode kernels share (`lockstep`, `alternate`, `scorer`, `rows16`):
 which request, query rows and keys a program holds, the ring of TMA tile buffers
 (`tile_ring`, `fill_ring`, `issue_tile`; lockstep and rows16), the warp-specialized
-kernels' loader partition (`chunk_loader`; alternate and scorer), the pass that widens a
+kernels' loader partition and what it fills (`chunk_loader`, `chunk_ring`; alternate and
+scorer), the pass that widens a
 tile and zeroes its rows past a split's end (`widen`, `zero_tail`), and the cache's TMA
 descriptors (host side).
 
@@ -129,6 +130,26 @@ def fill_ring(descs, bt_row, start, num_tiles, ring, PAGE: gl.constexpr):
     for s in gl.static_range(STAGES):
         if s < num_tiles:
             issue_tile(descs, bt_row, start + s * BN, ring, s, PAGE)
+
+
+@gluon.jit
+def chunk_ring(KPE_DESC, dtype: gl.constexpr, LORA: gl.constexpr):
+    """What `chunk_loader` fills: two 64-key stages of a tile's latent and rope parts, a
+    barrier per 64-column chunk and stage that its TMA copy completes (`full`, nine a
+    stage) and one per stage that both warpgroups arrive at once done with it (`empty`),
+    initialized; the caller fences them with its other barriers."""
+    ROPE: gl.constexpr = KPE_DESC.block_type.shape[1]
+    chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, LORA], dtype)
+    kc_ring = gl.allocate_shared_memory(dtype, [2, 64, LORA], chunk_layout)
+    kpe_ring = gl.allocate_shared_memory(dtype, [2, 64, ROPE], KPE_DESC.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    full = gl.allocate_shared_memory(gl.int64, [18, 1], bar_layout)
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    for i in gl.static_range(18):
+        mbarrier.init(full.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(empty.index(i), count=2)
+    return kc_ring, kpe_ring, full, empty
 
 
 @gluon.jit
