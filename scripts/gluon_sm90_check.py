@@ -20,7 +20,7 @@ the merge) through their launcher (`mla.triton.mla_decode_triton`) for the confi
 in TRITON_CASES and writes theirs. `--triton` compiles those alone and checks their
 shared memory, with any Triton that has a CUDA backend (the project's venv's: a CPU
 test runs it). `--loops` also prints each variant's innermost loops, its work per KV
-tile, counted by opcode (`sass_loops`).
+tile, counted by opcode, and its matrix instructions by shape (`sass_loops`).
 
 The stand-in driver below answers the compiler's questions (device 0, target sm_90) and
 launches nothing: every launch after a compile is a no-op, so a launcher runs to its end.
@@ -56,7 +56,7 @@ from atom_plugin.attention.mla.gluon import scorer as gluon_mla_scorer  # noqa: 
 from atom_plugin.attention.mla.gluon.shapes import launch_shape  # noqa: E402
 from atom_plugin.attention.mla.launch_plan import TritonMLALaunch, merge_block_s  # noqa: E402
 from atom_plugin.attention.mla.plan import plan_mla_decode  # noqa: E402
-from scripts.sass_loops import disassemble, innermost_loops, triton_tool  # noqa: E402
+from scripts.sass_loops import disassemble, innermost_loops, mma_shapes, triton_tool  # noqa: E402
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may take on an H100 / H200
 
@@ -307,9 +307,13 @@ def check_triton(ptx: str | None, loops: bool = False) -> bool:
 
 
 def print_loops(compiled) -> None:
-    """A compiled variant's innermost loops, counted by opcode (`sass_loops`)."""
-    for loop in innermost_loops(disassemble(compiled.asm["cubin"])):
+    """A compiled variant's innermost loops, counted by opcode, and its matrix
+    instructions by shape (`sass_loops`)."""
+    sass = disassemble(compiled.asm["cubin"])
+    for loop in innermost_loops(sass):
         print(f"  loop at {loop.start:#06x}: {loop.summary()}")
+    shapes = ", ".join(f"{op} {n}" for op, n in sorted(mma_shapes(sass).items()))
+    print(f"  matrix instructions: {shapes or 'none'}")
 
 
 def shared_report(compiled) -> tuple[bool, str]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.sass_loops import innermost_loops
+from scripts.sass_loops import innermost_loops, mma_shapes
 
 # An outer loop (.L_x_0 .. 0x0090) around an inner one (.L_x_1 .. 0x0070), then a two-
 # instruction spin-wait: nvdisasm -c's layout, predicates and modifiers included.
@@ -67,6 +67,28 @@ def test_innermost_loops_keep_the_inner_loop_and_count_opcodes():
     # the spin-wait is a loop too; the outer loop holds the inner one and is left out
     assert [(x.start, x.end) for x in loops] == [(0x20, 0x70), (0xA0, 0xB0)]
     assert [(x.start, x.end) for x in innermost_loops(LISTING, min_size=3)] == [(0x20, 0x70)]
+
+
+# Warpgroup MMAs as nvdisasm -c writes them: 32-key scores over a query chunk, a predicated
+# one, and a 256-column product; an HMMA and instructions whose names hold "MMA" elsewhere.
+WARPGROUP = """
+        /*0100*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0110*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;
+        /*0120*/               @P0 HGMMA.64x32x16.F32.BF16 R24, gdesc[UR12], R24 ;
+        /*0130*/                   WARPGROUP.ARRIVE ;
+        /*0140*/                   HGMMA.64x256x16.F32.BF16 R40, R8, gdesc[UR16], R40 ;
+        /*0150*/                   HMMA.16816.F32 R8, R12, R16, R8 ;
+        /*0160*/                   MOV R1, c[0x0][0x28] ;
+"""
+
+
+def test_mma_shapes_count_each_shape_apart():
+    assert mma_shapes(WARPGROUP) == {
+        "HGMMA.64x32x16.F32.BF16": 3,
+        "HGMMA.64x256x16.F32.BF16": 1,
+        "HMMA.16816.F32": 1,
+    }
+    assert mma_shapes(BRANCHY) == {"HMMA.16816.F32": 1}
 
 
 def test_the_fp8_tile_loop_widens_and_multiplies():
