@@ -13,7 +13,7 @@ into it. Warpgroup 1's product of tile i runs while warpgroup 0 scores tile i + 
   warp of `gluon.common`), so the scores start as the first chunk lands; a stage is
   refilled once both warpgroups have multiplied over it;
 - the shared memory holds the query (latent and rope), two 64-key stages, one P buffer
-  and the rescale factors (229 KB).
+  and the rescale factors (230,320 bytes).
 
 Like `gluon.lockstep`, this module imports Gluon and only the launcher (`gluon_launch`)
 imports it; its warps and registers are in `gluon_shapes`.
