@@ -273,14 +273,18 @@ def check_gluon(ptx: str | None, loops: bool = False) -> bool:
             over, shared = shared_report(compiled)
             failed |= over
             cache = compiled.src.signature["KC_DESC"].split("[")[0].split("<")[-1]
-            rows = f"{compiled.src.constants[(compiled.src.fn.arg_names.index('BLOCK_H'),)]}h"
-            rows += f"x{compiled.src.constants[(compiled.src.fn.arg_names.index('TOKENS'),)]}t"
+            rows = f"{constant(compiled, 'BLOCK_H')}hx{constant(compiled, 'TOKENS')}t"
             print(f"{name} {cache} {rows}: {shared}; {ptxas_report(compiled.asm['ptx'])}")
             if loops:
                 print_loops(compiled)
             if ptx:
                 write_ptx(ptx, f"{name}_{cache}_{rows}", compiled)
     return failed
+
+
+def constant(compiled, arg: str):
+    """A compiled variant's value of its constexpr argument `arg`."""
+    return compiled.src.constants[(compiled.src.fn.arg_names.index(arg),)]
 
 
 def check_triton(ptx: str | None, loops: bool = False) -> bool:

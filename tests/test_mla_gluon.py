@@ -89,7 +89,7 @@ def test_gluon_schedule_rule(triton_version, fp8, heads, context, splits, want):
         )
 
 
-@pytest.mark.parametrize("schedule", ["alternate", "scorer"])
+@pytest.mark.parametrize("schedule", mla_launch_plan.SIXTEEN_BIT_SCHEDULES)
 def test_gluon_warp_specialized_schedules_refuse_fp8(schedule):
     with pytest.raises(ValueError, match=f"{schedule} schedule takes 16-bit caches"):
         mla_launch_plan._config(128, True, "gluon", {"schedule": schedule})
@@ -254,7 +254,7 @@ def test_gpu_gluon_dcp_token_kv_lens():
 def test_gpu_decode_takes_the_query_in_parts(heads, config, cache):
     """As vLLM hands the query (its latent part apart from a strided view of its rope
     part), every stage-1 kernel gives exactly what it gives for the joined query."""
-    if cache == "fp8" and config.get("schedule") in ("alternate", "scorer"):
+    if cache == "fp8" and config.get("schedule") in mla_launch_plan.SIXTEEN_BIT_SCHEDULES:
         pytest.skip(f"the {config['schedule']} schedule takes 16-bit caches only")
     if cache == "bf16" and config.get("schedule") == "rows16":
         pytest.skip("the rows16 schedule takes fp8 caches only")

@@ -140,7 +140,7 @@ def _config(
         raise ValueError(
             f"schedule must be None (the rule) or one of {GLUON_SCHEDULES}, got {cfg['schedule']!r}"
         )
-    if fp8_cache and cfg.get("schedule") in ("alternate", "scorer"):
+    if fp8_cache and cfg.get("schedule") in SIXTEEN_BIT_SCHEDULES:
         raise ValueError(
             f"the {cfg['schedule']} schedule takes 16-bit caches only (fp8: 'lockstep')"
         )
@@ -176,6 +176,7 @@ def check_config(config: dict, fp8_cache: bool, num_heads: int = 16) -> None:
 # own choice for one query token of up to 16 heads where it can run (`rows16_problems`);
 # above 16 heads or with speculative tokens it runs where a config names it.
 GLUON_SCHEDULES = ("lockstep", "alternate", "scorer", "rows16")
+SIXTEEN_BIT_SCHEDULES = ("alternate", "scorer")  # the warp-specialized ones: no fp8 path
 ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate schedule runs
 # Triton 3.8 compiles the alternate schedule with 560 bytes of spills, 69 local loads in
 # one consumer warpgroup's tile loop (3.7.1: 100 bytes, none in a tile loop); on an

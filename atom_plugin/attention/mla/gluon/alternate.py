@@ -39,8 +39,9 @@ from atom_plugin.attention.mla.gluon.common import (
     chunk_ring,
     program_request,
     query_rows,
+    query_smem,
     split_keys,
-    widen,
+    zero_chunked_tail,
 )
 
 
@@ -109,13 +110,7 @@ def consumer(
             kc = kc_ring.index(W)
             keep = end - n0
             if keep < 64:  # the split's last, partial tile: its stale rows to zero
-                for c in gl.static_range(8):
-                    mbarrier.wait(full.index(W * 9 + c), ph)
-                    widen(kc.slice(c * 64, 64, dim=1), kc.slice(c * 64, 64, dim=1), keep, 64, blk)
-                mbarrier.wait(full.index(W * 9 + 8), ph)
-                widen(kpe_ring.index(W), kpe_ring.index(W), keep, 64, blk)
-                fence_async_shared()
-                thread_barrier()
+                zero_chunked_tail(kc, kpe_ring.index(W), full, W, ph, keep, blk)
             s_acc = s_zero
             for c in gl.static_range(8):  # scores as the chunks land
                 mbarrier.wait(full.index(W * 9 + c), ph)
@@ -261,16 +256,7 @@ def stage1(
         first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, blk)
     )
     t = (q_start + tok).to(gl.int64)
-    offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, blk))
-    q_c = gl.load(
-        Q + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_c[None, :],
-        mask=mask_m[:, None],
-        other=0.0,
-    )
-    qc_smem = gl.allocate_shared_memory(
-        dtype, [64, LORA], gl.NVMMASharedLayout.get_default_for([64, LORA], dtype)
-    )
-    qc_smem.store(q_c)
+    qc_smem = query_smem(Q, t, head, mask_m, stride_qt, stride_qh, LORA, blk)
     row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
     start, end, num_tiles = split_keys(row_len, num_splits, split, 64)
 

@@ -1,10 +1,11 @@
 """Gluon pieces the MLA decode kernels share (`lockstep`, `alternate`, `scorer`, `rows16`):
-which request, query rows and keys a program holds, the ring of TMA tile buffers
+which request, query rows and keys a program holds, a query part in shared memory
+(`query_smem`), one tile's online softmax (`online_softmax`), the ring of TMA tile buffers
 (`tile_ring`, `fill_ring`, `issue_tile`; lockstep and rows16), the warp-specialized
-kernels' loader partition and what it fills (`chunk_loader`, `chunk_ring`; alternate and
-scorer), the pass that widens a
-tile and zeroes its rows past a split's end (`widen`, `zero_tail`), and the cache's TMA
-descriptors (host side).
+kernels' loader partition and what it fills (`chunk_loader`, `chunk_ring`,
+`zero_chunked_tail`; alternate and scorer), the pass that widens a tile and zeroes its
+rows past a split's end (`widen`, `zero_tail`), and the cache's TMA descriptors (host
+side).
 
 Imports Gluon, which exists only in newer Tritons: only the kernels and their launcher
 (`gluon_launch`) import this module, at the first launch.
@@ -55,6 +56,40 @@ def query_rows(
     tok = first + offs // BLOCK_H
     head = pid_h * BLOCK_H + offs % BLOCK_H
     return tok, head, (tok < q_len) & (head < num_heads) & (offs < TOKENS * BLOCK_H)
+
+
+@gluon.jit
+def query_smem(PTR, t, head, mask_m, stride_t, stride_h, WIDTH: gl.constexpr, layout: gl.constexpr):
+    """Columns [0, WIDTH) of the query rows (token `t`, `head`; rows outside `mask_m`
+    zero) from PTR into NVMMA-swizzled shared memory, as the score MMAs read them."""
+    offs = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    rows = gl.load(
+        PTR + t[:, None] * stride_t + head[:, None] * stride_h + offs[None, :],
+        mask=mask_m[:, None],
+        other=0.0,
+    )
+    dtype: gl.constexpr = PTR.dtype.element_ty
+    ROWS: gl.constexpr = t.shape[0]
+    buf = gl.allocate_shared_memory(
+        dtype, [ROWS, WIDTH], gl.NVMMASharedLayout.get_default_for([ROWS, WIDTH], dtype)
+    )
+    buf.store(rows)
+    return buf
+
+
+@gluon.jit
+def online_softmax(s_acc, n0, row_len, qk_scale, m_i, l_i):
+    """One tile's step of the online softmax over scores `s_acc` of keys from `n0` (in
+    the exp2 domain after `qk_scale`; keys at or past a row's visible count masked): P,
+    the factor that rescales what came before, the new running max and sum."""
+    BN: gl.constexpr = s_acc.shape[1]
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_acc.type.layout))
+    valid = (n0 + offs_n)[None, :] < row_len[:, None]
+    sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, 1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(sc - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
@@ -150,6 +185,15 @@ def chunk_ring(KPE_DESC, dtype: gl.constexpr, LORA: gl.constexpr):
     for i in gl.static_range(2):
         mbarrier.init(empty.index(i), count=2)
     return kc_ring, kpe_ring, full, empty
+
+
+@gluon.jit
+def zero_chunked_tail(kc, kpe, full, st, ph, keep, layout: gl.constexpr):
+    """`zero_tail` for a tile of `chunk_ring`'s stage `st` (phase `ph`), once its nine
+    chunks have landed."""
+    for c in gl.static_range(9):
+        mbarrier.wait(full.index(st * 9 + c), ph)
+    zero_tail(kc, kpe, keep, 64, layout)
 
 
 @gluon.jit

@@ -41,6 +41,7 @@ from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
     fill_ring,
     issue_tile,
+    online_softmax,
     program_request,
     query_rows,
     split_keys,
@@ -158,7 +159,6 @@ def stage1(
     l_i = gl.zeros([BM], gl.float32, layout=row_s)
     acc = gl.zeros([BM, LORA], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
     for i in range(num_tiles):
         st = i % STAGES
         n0 = start + i * BN
@@ -190,13 +190,7 @@ def stage1(
         s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
 
-        valid = (n0 + offs_n)[None, :] < row_len[:, None]
-        sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = online_softmax(s_acc, n0, row_len, qk_scale, m_i, l_i)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(mma_dtype), p_layout)
         acc = warpgroup_mma(p_op, kc, acc, is_async=True)

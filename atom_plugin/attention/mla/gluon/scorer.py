@@ -34,10 +34,12 @@ from atom_plugin.attention.gluon_common import thread_barrier
 from atom_plugin.attention.mla.gluon.common import (
     chunk_loader,
     chunk_ring,
+    online_softmax,
     program_request,
     query_rows,
+    query_smem,
     split_keys,
-    widen,
+    zero_chunked_tail,
 )
 
 
@@ -83,7 +85,6 @@ def scorer(
     m_i = gl.full([64], -1.0e30, gl.float32, layout=row_s)
     l_i = gl.zeros([64], gl.float32, layout=row_s)
     acc = gl.zeros([64, HALF], gl.float32, layout=o_layout)
-    offs_n = gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
     for i in range(num_tiles):
         st = i % 2
         ph = (i // 2) & 1
@@ -92,13 +93,7 @@ def scorer(
         kpe = kpe_ring.index(st)
         keep = end - n0
         if keep < 64:  # the split's last, partial tile: its stale rows to zero
-            for c in gl.static_range(8):
-                mbarrier.wait(full.index(st * 9 + c), ph)
-                widen(kc.slice(c * 64, 64, dim=1), kc.slice(c * 64, 64, dim=1), keep, 64, blk)
-            mbarrier.wait(full.index(st * 9 + 8), ph)
-            widen(kpe, kpe, keep, 64, blk)
-            fence_async_shared()
-            thread_barrier()
+            zero_chunked_tail(kc, kpe, full, st, ph, keep, blk)
         s_acc = gl.zeros([64, 64], gl.float32, layout=s_layout)
         for c in gl.static_range(8):  # scores as the chunks land
             mbarrier.wait(full.index(st * 9 + c), ph)
@@ -112,13 +107,7 @@ def scorer(
         mbarrier.wait(full.index(st * 9 + 8), ph)
         s_acc = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s_acc, is_async=True)
         s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-        valid = (n0 + offs_n)[None, :] < row_len[:, None]
-        sc = gl.where(valid, s_acc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = online_softmax(s_acc, n0, row_len, qk_scale, m_i, l_i)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p16 = p.to(dtype)
         # P and the rescale for warpgroup 1, once it has multiplied the last P
@@ -170,15 +159,7 @@ def multiplier(
     MID_O = ptrs[3]
     kc_ring, p_smem, alpha_smem, l_smem = smem[1], smem[3], smem[4], smem[5]
     empty, p_bar, p_free, l_bar = bars[1], bars[2], bars[3], bars[4]
-    q_start, q_len, first, pid_h, split, num_tiles, num_heads = (
-        work[0],
-        work[1],
-        work[2],
-        work[3],
-        work[4],
-        work[7],
-        work[9],
-    )
+    q_start, q_len, first, pid_h, split, _, _, num_tiles, _, num_heads = work
     stride_mt, stride_mh, stride_ms = strides[4], strides[5], strides[6]
     HALF: gl.constexpr = LORA // 2
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -251,26 +232,8 @@ def stage1(
         first, pid_h, q_len, num_heads, BLOCK_H, TOKENS, gl.SliceLayout(1, blk)
     )
     t = (q_start + tok).to(gl.int64)
-    offs_c = gl.arange(0, LORA, layout=gl.SliceLayout(0, blk))
-    offs_r = gl.arange(0, ROPE, layout=gl.SliceLayout(0, blk))
-    q_c = gl.load(
-        Q + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_c[None, :],
-        mask=mask_m[:, None],
-        other=0.0,
-    )
-    q_pe = gl.load(
-        QPE + t[:, None] * stride_pt + head[:, None] * stride_ph + offs_r[None, :],
-        mask=mask_m[:, None],
-        other=0.0,
-    )
-    qc_smem = gl.allocate_shared_memory(
-        dtype, [64, LORA], gl.NVMMASharedLayout.get_default_for([64, LORA], dtype)
-    )
-    qpe_smem = gl.allocate_shared_memory(
-        dtype, [64, ROPE], gl.NVMMASharedLayout.get_default_for([64, ROPE], dtype)
-    )
-    qc_smem.store(q_c)
-    qpe_smem.store(q_pe)
+    qc_smem = query_smem(Q, t, head, mask_m, stride_qt, stride_qh, LORA, blk)
+    qpe_smem = query_smem(QPE, t, head, mask_m, stride_pt, stride_ph, ROPE, blk)
     row_len = gl.load(TOK_KV_LEN + t, mask=mask_m, other=0)
     start, end, num_tiles = split_keys(row_len, num_splits, split, 64)
 
