@@ -181,7 +181,7 @@ ALTERNATE_MIN_TILES = 32  # 64-key tiles per program from which the alternate sc
 # Triton 3.8 compiles the alternate schedule with 560 bytes of spills, 69 local loads in
 # one consumer warpgroup's tile loop (3.7.1: 100 bytes, none in a tile loop); on an
 # H100 it ran 1.18-1.48x the lockstep schedule's time at the same split count on every
-# 16-bit shape measured (docs/benchmarks.md, the run of 2026-12-07 at 09:03).
+# 16-bit shape measured (docs/benchmarks.md as of 1003537, the run of 2026-12-07 at 09:03).
 ALTERNATE_BEFORE_TRITON = (3, 8)
 
 
