@@ -19,8 +19,10 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
-_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
-_MMA = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?(H?G?MMA\.[A-Za-z0-9.]+)")
+# an instruction: its address, predicate, opcode and modifiers (`.64x32x16.F32.BF16`)
+_ADDRESS = re.compile(
+    r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9]+)*)"
+)
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\b.*`?\((\.L_x_\d+)\)")
 
@@ -117,4 +119,5 @@ def mma_shapes(sass: str) -> Counter:
     """The kernel's matrix instructions counted by their whole mnemonic, shape and types
     included (`HGMMA.64x64x16.F32.BF16`: a warpgroup MMA of 64 rows, 64 columns and 16
     reduction steps), where `innermost_loops` counts them by opcode alone."""
-    return Counter(m.group(1) for m in map(_MMA.search, sass.splitlines()) if m)
+    found = map(_ADDRESS.search, sass.splitlines())
+    return Counter(m[3] + m[4] for m in found if m and m[3].endswith("MMA"))
