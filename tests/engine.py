@@ -105,8 +105,32 @@ CONFIG_CHECK = textwrap.dedent(
 )
 
 
+# Starts an engine for each case (a case may name its own model) and prints each
+# case's error, or None where the engine started: the errors raised past the config, while
+# the model's layers are built. Run it with IN_PROCESS_ENGINE: an engine core in a process
+# of its own logs the cause and raises only "Engine core initialization failed".
+START_CHECK = textwrap.dedent(
+    """
+    import json, sys
+    from vllm import LLM
+
+    if __name__ == "__main__":
+        model, cases = sys.argv[1], json.loads(sys.argv[2])
+        errors = {}
+        for name, extra in cases.items():
+            args = {"model": model, "dtype": "float32", "max_model_len": 256, **extra}
+            try:
+                LLM(enforce_eager=True, **args)
+                errors[name] = None
+            except Exception as e:  # what vLLM's start would raise
+                errors[name] = f"{type(e).__name__}: {e}"
+        print("RESULT " + json.dumps(errors), flush=True)
+    """
+)
+
+
 def config_errors(proc: subprocess.CompletedProcess) -> dict:
-    """CONFIG_CHECK's answer: case -> the error its config raised, or None."""
+    """CONFIG_CHECK's (or START_CHECK's) answer: case -> the error its config raised, or None."""
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(line[len("RESULT ") :])

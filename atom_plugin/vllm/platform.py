@@ -11,6 +11,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from atom_plugin import manager
+from atom_plugin.vllm.attention.refusal import backend_refusal
 from atom_plugin.vllm.compat.runners import has_v1_runner, model_runner
 from atom_plugin.vllm.guard import PluginRefusal, running_vllm, setup_step
 from atom_plugin.vllm.k3.enforcement import (
@@ -40,11 +41,11 @@ class AtomPlatformMixin:
             if spec is not None:
                 flag = f"--attention-backend {selected_backend.name.lower()}"
                 with setup_step(f"the {spec.name} attention backend", asked_by=flag):
-                    return cls._checked_backend_path(spec.class_path, attn_selector_config)
+                    return cls._checked_backend_path(spec.class_path, attn_selector_config, flag)
         return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
 
     @classmethod
-    def _checked_backend_path(cls, class_path: str, selector) -> str:
+    def _checked_backend_path(cls, class_path: str, selector, flag: str) -> str:
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
         path = dotted(class_path)
@@ -53,10 +54,7 @@ class AtomPlatformMixin:
             device_capability=cls.get_device_capability(), **selector._asdict()
         )
         if reasons:
-            raise PluginRefusal(
-                f"Selected backend {backend.get_name()} is not valid for this "
-                f"configuration ({selector!r}). Reason: {reasons}"
-            )
+            raise PluginRefusal(backend_refusal(backend, selector, reasons, flag, running_vllm()))
         logger.info_once("Using %s backend (atom-plugin).", backend.get_name())
         return path
 
