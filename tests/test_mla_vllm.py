@@ -118,3 +118,63 @@ def test_block_size_preference_feeds_the_hopper_kernel(monkeypatch, default, wan
     assert backend.get_preferred_block_size(default) == base
     monkeypatch.setattr(attention_mla, "gluon_mla_problems", lambda: [])
     assert backend.get_preferred_block_size(default) == want
+
+
+@pytest.mark.parametrize("in_parts", [False, True], ids=["whole", "parts"])
+def test_an_fp8_query_from_the_layer_is_dequantized_to_the_model_dtype(monkeypatch, in_parts):
+    """vLLM 0.34's Kimi-K3 layer on ROCm (AITER's MLA on, fp8 cache) hands forward_mqa an
+    e4m3 query stored as x / q_scale, though the impl says it takes none: the decode runs
+    on that query scaled back, in the dtype vLLM built the layers in, as it would on the
+    model-dtype query."""
+    from types import SimpleNamespace
+
+    from mla_cases import make_mla_batch, plan_for, query_in_parts
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.attention.backend import AttentionType
+
+    from atom_plugin.attention.mla import checks
+    from atom_plugin.vllm.attention import mla as attention_mla
+
+    with set_current_vllm_config(VllmConfig()), set_default_torch_dtype(torch.bfloat16):
+        impl = attention_mla.AtomAiterMLAImpl(
+            num_heads=16, head_size=576, scale=0.3, num_kv_heads=1, alibi_slopes=None,
+            sliding_window=None, kv_cache_dtype="fp8", logits_soft_cap=None,
+            attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None,
+            q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            qk_head_dim=192, v_head_dim=128, kv_b_proj=None, indexer=None,
+        )  # fmt: skip
+    batch = make_mla_batch(
+        [(1, 40), (1, 70)], heads=16, dtype=torch.bfloat16, cache_dtype=torch.float8_e4m3fn
+    )
+    metadata = SimpleNamespace(
+        decode=attention_mla.AtomMLADecodeMetadata(
+            block_table=batch.meta.block_table,
+            seq_lens=batch.meta.seq_lens,
+            dcp_tot_seq_lens=None,
+            paged=batch.meta,
+            plan=plan_for(batch, "torch"),
+        )
+    )
+    q_scale = torch.tensor([0.25])
+    layer = SimpleNamespace(_k_scale=batch.kv_scale, _q_scale=q_scale)
+    quantized = (batch.q.float() / q_scale).to(torch.float8_e4m3fn)
+    scaled_back = (quantized.float() * q_scale).to(torch.bfloat16)
+    calls = []
+    dequantize = checks.dequantized_query
+    monkeypatch.setattr(
+        attention_mla, "dequantized_query", lambda *a: calls.append(a[1:]) or dequantize(*a)
+    )
+
+    def decode(q):
+        return impl.forward_mqa(
+            query_in_parts(q, 512) if in_parts else q, batch.kv_cache, metadata, layer
+        )
+
+    out, lse = decode(quantized)
+    assert calls == [(q_scale, torch.bfloat16)]
+    want_out, want_lse = decode(scaled_back)
+    assert len(calls) == 1  # a model-dtype query goes to the decode as it is
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)

@@ -25,6 +25,14 @@ def whole_query(q: MLAQuery) -> torch.Tensor:
     return torch.cat(q, dim=-1) if isinstance(q, tuple) else q
 
 
+def dequantized_query(q: MLAQuery, scale: torch.Tensor, dtype: torch.dtype) -> MLAQuery:
+    """An fp8 query stored as x / scale (vLLM's fused MLA query kernels' convention, scale
+    the layer's q_scale) back in `dtype`, in the form it came in."""
+    if isinstance(q, tuple):
+        return tuple(part.to(torch.float32).mul(scale).to(dtype) for part in q)
+    return q.to(torch.float32).mul(scale).to(dtype)
+
+
 def check_mla_shapes(q: MLAQuery, kv_cache: torch.Tensor, output: torch.Tensor, kv_lora_rank: int):
     if kv_cache.dim() != 3:
         raise ValueError(

@@ -41,9 +41,11 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
+from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.aiter import unit_scale
 from atom_plugin.attention.mla import ops as mla_ops
+from atom_plugin.attention.mla.checks import dequantized_query, query_parts
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.mla.plan import (
     MLAPlan,
@@ -333,8 +335,9 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
                 f"ATOM_AITER_MLA supports decoder self-attention only, got attn_type={attn_type!r}"
             )
         # An fp8 cache is dequantized inside the decode kernels; queries stay in the
-        # model dtype.
+        # model dtype, which vLLM makes torch's default while it builds the layers.
         self.supports_quant_query_input = False
+        self._query_dtype = torch.get_default_dtype()
         self._fp8_cache = kv_cache_dtype.startswith("fp8")
         self._write_impl: str | None = None  # the cache write's kernel path, once known
 
@@ -350,7 +353,16 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # The query's latent and rope parts go to the decode apart (the Triton path reads
         # each through its own strides), and the decode writes every output row: no
         # concatenation and no fill kernel a layer.
-        latent = q[0] if isinstance(q, tuple) else q
+        if is_fp8(query_parts(q, self.kv_lora_rank)[0].dtype):
+            # A layer that quantized the query whatever supports_quant_query_input says
+            # (vLLM 0.34's Kimi-K3 layer on ROCm with AITER's MLA on and an fp8 cache)
+            logger.info_once(
+                "ATOM_AITER_MLA: this model's MLA layer hands the decode fp8 queries; they "
+                "are dequantized with the layer's q_scale to %s",
+                self._query_dtype,
+            )
+            q = dequantized_query(q, layer._q_scale, self._query_dtype)
+        latent, _ = query_parts(q, self.kv_lora_rank)
         out = latent.new_empty(latent.shape[0], latent.shape[1], self.kv_lora_rank)
         lse = mla_ops.mla_decode(
             q,
