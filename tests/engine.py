@@ -83,54 +83,41 @@ def generate(
     )
 
 
-# Builds vLLM's engine config for each case (the start's checks, the platform's included)
-# and prints each case's error, or None where the config was accepted.
-CONFIG_CHECK = textwrap.dedent(
-    """
-    import json, sys
-    from vllm.engine.arg_utils import EngineArgs
+def _case_check(build: str) -> str:
+    """A script that runs `build` on each case's engine arguments (`args`: the model, a
+    case's own or the one given, and the case's settings) and prints each case's error, or
+    None where it went through."""
+    return textwrap.dedent(
+        """
+        import json, sys
 
-    if __name__ == "__main__":
-        model, cases = sys.argv[1], json.loads(sys.argv[2])
-        errors = {}
-        for name, extra in cases.items():
-            args = {"model": model, "dtype": "float32", "max_model_len": 256, **extra}
-            try:
-                EngineArgs(**args).create_engine_config()
-                errors[name] = None
-            except Exception as e:  # what vLLM's start would raise
-                errors[name] = f"{type(e).__name__}: {e}"
-        print("RESULT " + json.dumps(errors), flush=True)
-    """
+        if __name__ == "__main__":
+            model, cases = sys.argv[1], json.loads(sys.argv[2])
+            errors = {}
+            for name, extra in cases.items():
+                args = {"model": model, "dtype": "float32", "max_model_len": 256, **extra}
+                try:
+                    BUILD
+                    errors[name] = None
+                except Exception as e:  # what vLLM's start would raise
+                    errors[name] = f"{type(e).__name__}: {e}"
+            print("RESULT " + json.dumps(errors), flush=True)
+        """
+    ).replace("BUILD", build)
+
+
+# vLLM's engine config for each case: the start's checks, the platform's included.
+CONFIG_CHECK = _case_check(
+    "from vllm.engine.arg_utils import EngineArgs; EngineArgs(**args).create_engine_config()"
 )
-
-
-# Starts an engine for each case (a case may name its own model) and prints each
-# case's error, or None where the engine started: the errors raised past the config, while
-# the model's layers are built. Run it with IN_PROCESS_ENGINE: an engine core in a process
-# of its own logs the cause and raises only "Engine core initialization failed".
-START_CHECK = textwrap.dedent(
-    """
-    import json, sys
-    from vllm import LLM
-
-    if __name__ == "__main__":
-        model, cases = sys.argv[1], json.loads(sys.argv[2])
-        errors = {}
-        for name, extra in cases.items():
-            args = {"model": model, "dtype": "float32", "max_model_len": 256, **extra}
-            try:
-                LLM(enforce_eager=True, **args)
-                errors[name] = None
-            except Exception as e:  # what vLLM's start would raise
-                errors[name] = f"{type(e).__name__}: {e}"
-        print("RESULT " + json.dumps(errors), flush=True)
-    """
-)
+# An engine for each case: the errors raised past the config, while the model's layers are
+# built. Run it with IN_PROCESS_ENGINE: an engine core in a process of its own logs the
+# cause and raises only "Engine core initialization failed".
+START_CHECK = _case_check("from vllm import LLM; LLM(enforce_eager=True, **args)")
 
 
 def config_errors(proc: subprocess.CompletedProcess) -> dict:
-    """CONFIG_CHECK's (or START_CHECK's) answer: case -> the error its config raised, or None."""
+    """CONFIG_CHECK's or START_CHECK's answer: case -> the error it raised, or None."""
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(line[len("RESULT ") :])
