@@ -45,7 +45,7 @@ from atom_plugin.attention.dtypes import is_fp8
 from atom_plugin.attention.metadata import PagedAttentionMetadata
 from atom_plugin.attention.mha.aiter import unit_scale
 from atom_plugin.attention.mla import ops as mla_ops
-from atom_plugin.attention.mla.checks import dequantized_query, query_parts
+from atom_plugin.attention.mla.checks import dequantized_query
 from atom_plugin.attention.mla.gluon.probe import MLAStepLayout, gluon_mla_problems
 from atom_plugin.attention.mla.plan import (
     MLAPlan,
@@ -353,16 +353,8 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # The query's latent and rope parts go to the decode apart (the Triton path reads
         # each through its own strides), and the decode writes every output row: no
         # concatenation and no fill kernel a layer.
-        if is_fp8(query_parts(q, self.kv_lora_rank)[0].dtype):
-            # A layer that quantized the query whatever supports_quant_query_input says
-            # (vLLM 0.34's Kimi-K3 layer on ROCm with AITER's MLA on and an fp8 cache)
-            logger.info_once(
-                "ATOM_AITER_MLA: this model's MLA layer hands the decode fp8 queries; they "
-                "are dequantized with the layer's q_scale to %s",
-                self._query_dtype,
-            )
-            q = dequantized_query(q, layer._q_scale, self._query_dtype)
-        latent, _ = query_parts(q, self.kv_lora_rank)
+        q = self._in_model_dtype(q, layer)
+        latent = q[0] if isinstance(q, tuple) else q
         out = latent.new_empty(latent.shape[0], latent.shape[1], self.kv_lora_rank)
         lse = mla_ops.mla_decode(
             q,
@@ -375,6 +367,19 @@ class AtomAiterMLAImpl(MLACommonImpl[MLACommonMetadata]):
             kv_scale=layer._k_scale if self._fp8_cache else None,
         )
         return out, lse
+
+    def _in_model_dtype(self, q, layer: AttentionLayer):
+        """The query as the decode takes it: as given, or scaled back from the fp8 a layer
+        quantized it to whatever supports_quant_query_input says (vLLM 0.34's Kimi-K3
+        layer on ROCm with AITER's MLA on and an fp8 cache)."""
+        if not is_fp8((q[0] if isinstance(q, tuple) else q).dtype):
+            return q
+        logger.info_once(
+            "ATOM_AITER_MLA: this model's MLA layer hands the decode fp8 queries; they "
+            "are dequantized with the layer's q_scale to %s",
+            self._query_dtype,
+        )
+        return dequantized_query(q, layer._q_scale, self._query_dtype)
 
     def do_kv_cache_update(
         self,
